@@ -12,6 +12,8 @@
 #ifndef NEREUS_PLAN_H
 #define NEREUS_PLAN_H
 
+#include <stdio.h>
+
 #include "nereus/cost.h"
 
 #ifdef __cplusplus
@@ -80,6 +82,10 @@ int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *c
 
 /* Pool holding a model's persistent state (its train or infer stage's pool). */
 int nrs_plan_home(const nrs_plan_t *p, nrs_role_t r);
+
+/* Human-readable table, and the same as one JSON object. */
+void nrs_plan_print(FILE *out, const nrs_spec_t *s, const nrs_plan_t *p);
+void nrs_plan_print_json(FILE *out, const nrs_spec_t *s, const nrs_plan_t *p);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CLI tests: the nereus command as a user runs it. Ends with "cli: N passed, N failed".
+set -u
+top="$(cd "$(dirname "$0")/../.." && pwd)"
+bin="${NRS_BIN:?set NRS_BIN to the nereus binary}"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+
+check() { # name expected-rc regex-on-stdout+stderr command...
+    local name="$1" want="$2" re="$3"; shift 3
+    "$@" >"$tmp/out" 2>&1; local rc=$?
+    if [ "$rc" -eq "$want" ] && grep -Eq -- "$re" "$tmp/out"; then
+        pass=$((pass + 1)); echo "ok   $name"
+    else
+        fail=$((fail + 1)); echo "FAIL $name (rc $rc, want $want; /$re/)"; sed 's/^/     | /' "$tmp/out" | head -20
+    fi
+}
+
+check "help" 0 "Usage: nereus COMMAND" "$bin" --help
+check "no args is a usage error" 2 "Usage: nereus" "$bin"
+check "unknown command" 2 "unknown command 'frobnicate'" "$bin" frobnicate
+check "version" 0 "^nereus [0-9]+\.[0-9]+" "$bin" version
+check "plan --help" 0 "--baseline fixed" "$bin" plan --help
+check "help plan" 0 "--response-len" "$bin" help plan
+check "validate --help" 0 "FILE:LINE:COL" "$bin" validate --help
+
+for f in "$top"/examples/*.yaml; do
+    check "validate $(basename "$f")" 0 "valid" "$bin" validate "$f"
+done
+
+ex="$top/examples/ppo-llama3-8b.yaml"
+check "plan example" 0 "predicted step time: [0-9.]+ s" "$bin" plan "$ex"
+check "plan lists every PPO model-stage" 0 "critic.train" "$bin" plan "$ex"
+check "plan --nodes 16" 0 "128 GPUs" "$bin" plan "$ex" --nodes 16
+check "plan --gpus 8 --response-len 4096" 0 "response 4096 tokens" "$bin" plan "$ex" --gpus 8 --response-len 4096
+check "plan --baseline fixed" 0 "fixed-baseline plan" "$bin" plan "$ex" --baseline fixed --gpus 64
+"$bin" plan "$ex" --json >"$tmp/plan.json" 2>&1
+check "plan --json is JSON" 0 "step_s" python3 -c "import json,sys; d=json.load(open('$tmp/plan.json')); assert d['step_s']>0 and len(d['stages'])==7; print('step_s', d['step_s'])"
+check "plan --gpus 12 rejected" 1 "12 GPUs is not a whole number of 8-GPU nodes" "$bin" plan "$ex" --gpus 12
+check "plan --gpus and --nodes" 2 "not both" "$bin" plan "$ex" --gpus 8 --nodes 1
+check "plan --gpus junk" 2 "--gpus: 'x8' is not an integer" "$bin" plan "$ex" --gpus x8
+check "plan --baseline unknown" 2 "unknown baseline 'static'" "$bin" plan "$ex" --baseline static
+check "plan bad option" 2 "unknown or incomplete option" "$bin" plan "$ex" --frob
+check "plan missing file" 1 "nosuch.yaml" "$bin" plan "$tmp/nosuch.yaml"
+
+# Infeasible: the 8B PPO job on one 24 GiB GPU.
+sed -e 's/^\( *gpu_mem_gib:\).*/\1 24/' "$ex" >"$tmp/small-gpu.yaml"
+check "plan infeasible names the constraint" 1 "no feasible plan: .* needs [0-9.]+ GiB per GPU at best \(tp=1, pp=1\) but a GPU has [0-9.]+ GiB usable" \
+    "$bin" plan "$tmp/small-gpu.yaml" --gpus 1
+
+# Errors are FILE:LINE:COL: message.
+printf 'cluster:\n  gpu_mem_gib: 80\n  bogus_key: 1\n' >"$tmp/bad1.yaml"
+check "validate unknown key" 1 "bad1.yaml:3:3: " "$bin" validate "$tmp/bad1.yaml"
+printf 'cluster: [1, 2\n' >"$tmp/bad2.yaml"
+check "validate YAML syntax" 1 "bad2.yaml:[0-9]+:[0-9]+: " "$bin" validate "$tmp/bad2.yaml"
+check "validate no file" 2 "no FILE given" "$bin" validate
+check "plan on a bad spec" 1 "bad1.yaml:3:3: " "$bin" plan "$tmp/bad1.yaml"
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,349 @@
+/* Planner tests: exact against brute force on small cases, every plan feasible,
+ * infeasible specs rejected with the reason, the model's sanity properties, and
+ * determinism. Specs are built in code so this suite does not depend on the
+ * loader; the loader's examples are planned by the CLI tests. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "nereus/plan.h"
+
+static void set_model(nrs_model_t *m, int layers, int hidden, int ffn, int heads, int kv, int vocab,
+                      bool value_head)
+{
+    memset(m, 0, sizeof(*m));
+    m->present = true;
+    m->layers = layers;
+    m->hidden = hidden;
+    m->ffn = ffn;
+    m->heads = heads;
+    m->kv_heads = kv;
+    m->vocab = vocab;
+    m->dtype = NRS_DTYPE_BF16;
+    m->value_head = value_head;
+}
+
+/* Llama-3-8B PPO on H100 nodes. */
+static void spec_8b(nrs_spec_t *s, int nodes)
+{
+    memset(s, 0, sizeof(*s));
+    snprintf(s->path, sizeof(s->path), "test-8b");
+    s->cluster = (nrs_cluster_t){.gpu_mem_gib = 80, .peak_tflops = 989, .hbm_gbps = 3350,
+                                 .gpus_per_node = 8, .nodes = nodes, .intra_gbps = 450,
+                                 .inter_gbps = 50, .host_gbps = 25, .efficiency = 0.5};
+    for (int r = 0; r < NRS_ROLE_COUNT; r++)
+        set_model(&s->models[r], 32, 4096, 14336, 32, 8, 128256,
+                  r == NRS_ROLE_CRITIC || r == NRS_ROLE_REWARD);
+    s->algorithm = (nrs_algorithm_t){NRS_ALGO_PPO, true, true};
+    s->workload = (nrs_workload_t){.global_batch = 256, .samples_per_prompt = 1, .prompt_len = 1024,
+                                   .response_len = 1024, .max_response_len = 8192, .ppo_epochs = 1,
+                                   .steps = 1000, .micro_batch_max = 64};
+    s->runtime = (nrs_runtime_t){.transports = 7, .mem_headroom_gib = 2, .emulation_scale = 1e-3,
+                                 .zero1 = true, .verify = true};
+}
+
+/* Deterministic generator for the random small cases. */
+static uint64_t rng_state;
+static int rnd(int lo, int hi)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (int)((rng_state >> 33) % (uint64_t)(hi - lo + 1));
+}
+
+typedef enum { CASE_GRPO_MIN, CASE_GRPO_REF, CASE_PPO } case_kind_t;
+
+/* A small model and cluster where memory binds: capacity of a few MiB. */
+static void spec_small(nrs_spec_t *s, case_kind_t kind, int gpn, int nodes, int samples)
+{
+    memset(s, 0, sizeof(*s));
+    snprintf(s->path, sizeof(s->path), "test-small");
+    int heads = 4 << rnd(0, 1), kv = heads >> rnd(0, 2);
+    int hidden = heads * 32 * rnd(1, 2), layers = rnd(2, 4);
+    s->cluster = (nrs_cluster_t){.gpu_mem_gib = rnd(20, 400) / 1024.0, .peak_tflops = 100,
+                                 .hbm_gbps = 1000, .gpus_per_node = gpn, .nodes = nodes,
+                                 .intra_gbps = rnd(50, 500), .inter_gbps = rnd(5, 50),
+                                 .host_gbps = 10, .efficiency = 0.5};
+    for (int r = 0; r < NRS_ROLE_COUNT; r++)
+        set_model(&s->models[r], layers, hidden, hidden * 4, heads, kv, 2048,
+                  r == NRS_ROLE_CRITIC || r == NRS_ROLE_REWARD);
+    s->algorithm.name = kind == CASE_PPO ? NRS_ALGO_PPO : NRS_ALGO_GRPO;
+    s->algorithm.kl = kind != CASE_GRPO_MIN;
+    s->algorithm.reward_model = kind == CASE_PPO;
+    if (kind != CASE_PPO)
+        s->models[NRS_ROLE_CRITIC].present = false;
+    if (!s->algorithm.kl)
+        s->models[NRS_ROLE_REF].present = false;
+    if (!s->algorithm.reward_model)
+        s->models[NRS_ROLE_REWARD].present = false;
+    s->workload = (nrs_workload_t){.global_batch = samples, .samples_per_prompt = 1,
+                                   .prompt_len = rnd(64, 512), .response_len = rnd(64, 1024),
+                                   .ppo_epochs = 1, .steps = 100, .micro_batch_max = 64};
+    s->workload.max_response_len = s->workload.response_len;
+    s->runtime = (nrs_runtime_t){.transports = 7, .mem_headroom_gib = 0, .emulation_scale = 1,
+                                 .zero1 = rnd(0, 1), .verify = true};
+}
+
+static void plan_ok(const nrs_spec_t *s, int gpus, nrs_plan_mode_t mode, nrs_plan_t *p)
+{
+    nrs_plan_req_t req;
+    char err[NRS_ERR_MAX];
+    nrs_plan_req_init(&req, s);
+    req.gpus = gpus;
+    req.mode = mode;
+    int rc = nrs_plan_best(s, &req, p, err, sizeof(err));
+    if (rc != 0)
+        fail_msg("plan on %d GPUs failed: %s", gpus, err);
+}
+
+/* Every plan the planner returns passes the ground-truth evaluation. */
+static void assert_feasible(const nrs_spec_t *s, const nrs_plan_t *p)
+{
+    nrs_plan_t q = *p;
+    nrs_work_t w;
+    char err[NRS_ERR_MAX];
+    nrs_work_from_spec(s, &w);
+    assert_int_equal(nrs_plan_eval(s, &w, NULL, &q, err, sizeof(err)), 0);
+    assert_true(fabs(q.step_s - p->step_s) <= 1e-12 * p->step_s);
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (q.has[ms])
+            assert_true(q.ms_mem[ms] <= q.capacity_bytes);
+}
+
+static void run_brute_cases(case_kind_t kind, int ncases, const int (*shapes)[3], int nshapes)
+{
+    int agree = 0, infeasible = 0;
+    for (int i = 0; i < ncases; i++) {
+        const int *sh = shapes[i % nshapes]; /* gpn, nodes, samples */
+        nrs_spec_t s;
+        nrs_plan_req_t req;
+        nrs_plan_t a, b;
+        char ea[NRS_ERR_MAX], eb[NRS_ERR_MAX];
+        spec_small(&s, kind, sh[0], sh[1], sh[2]);
+        nrs_plan_req_init(&req, &s);
+        int ra = nrs_plan_best(&s, &req, &a, ea, sizeof(ea));
+        int rb = nrs_plan_brute(&s, &req, &b, eb, sizeof(eb));
+        if (rb != 0 && strstr(eb, "more than"))
+            fail_msg("case %d too large for brute force", i);
+        if (ra != rb)
+            fail_msg("case %d (kind %d, %d GPUs): planner rc %d (%s), brute rc %d (%s)", i, kind,
+                     req.gpus, ra, ra ? ea : "", rb, rb ? eb : "");
+        if (ra != 0) {
+            assert_non_null(strstr(ea, "no feasible plan"));
+            infeasible++;
+            continue;
+        }
+        if (fabs(a.step_s - b.step_s) > 1e-9 * b.step_s)
+            fail_msg("case %d: planner %.9g s, brute force %.9g s", i, a.step_s, b.step_s);
+        assert_feasible(&s, &a);
+        agree++;
+    }
+    print_message("kind %d: %d cases equal to brute force, %d infeasible in both\n", kind, agree,
+                  infeasible);
+    assert_true(agree > 0);
+}
+
+static void test_brute_grpo_min(void **st)
+{
+    (void)st;
+    static const int shapes[][3] = {{8, 1, 8}, {4, 2, 8}, {4, 4, 16}, {2, 8, 16}, {8, 2, 16},
+                                    {4, 1, 4}, {2, 1, 2}, {1, 1, 4}};
+    rng_state = 1;
+    run_brute_cases(CASE_GRPO_MIN, 40, shapes, 8);
+}
+
+static void test_brute_grpo_ref(void **st)
+{
+    (void)st;
+    static const int shapes[][3] = {{4, 2, 8}, {8, 1, 8}, {2, 4, 8}, {4, 1, 4}, {2, 1, 4}};
+    rng_state = 2;
+    run_brute_cases(CASE_GRPO_REF, 20, shapes, 5);
+}
+
+static void test_brute_ppo(void **st)
+{
+    (void)st;
+    static const int shapes[][3] = {{2, 1, 2}, {1, 2, 2}, {2, 1, 1}};
+    rng_state = 3;
+    run_brute_cases(CASE_PPO, 9, shapes, 3);
+}
+
+static void test_infeasible_reason(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t p;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1);
+    s.cluster.gpu_mem_gib = 16;
+    nrs_plan_req_init(&req, &s);
+    req.gpus = 1;
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "no feasible plan: "));
+    assert_non_null(strstr(err, "GiB per GPU at best (tp=1, pp=1) but a GPU has 14.0 GiB usable"));
+    /* Bad requests. */
+    req.gpus = 12;
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "not a whole number of 8-GPU nodes"));
+    req.gpus = 0;
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "out of range"));
+}
+
+static void test_tight_memory_names_stage(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t p;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1);
+    s.cluster.gpu_mem_gib = 6; /* 4 GiB usable: nothing fits even at tp=8 */
+    nrs_plan_req_init(&req, &s);
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "actor.train needs"));
+    assert_non_null(strstr(err, "(tp=8, pp="));
+}
+
+static void test_more_gpus_never_slower(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t p;
+    double prev = 1e300;
+    spec_8b(&s, 1);
+    for (int g = 8; g <= 512; g *= 2) {
+        plan_ok(&s, g, NRS_PLAN_BEST, &p);
+        assert_feasible(&s, &p);
+        print_message("%4d GPUs: %.3f s/step, %d pools\n", g, p.step_s, p.npools);
+        assert_true(p.step_s <= prev * (1 + 1e-12));
+        prev = p.step_s;
+    }
+}
+
+static void test_longer_response_never_faster(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t p;
+    double prev = 0;
+    spec_8b(&s, 4);
+    for (int len = 256; len <= 8192; len *= 2) {
+        s.workload.response_len = len;
+        plan_ok(&s, 32, NRS_PLAN_BEST, &p);
+        print_message("response %5d: %.3f s/step\n", len, p.step_s);
+        assert_true(p.step_s >= prev);
+        prev = p.step_s;
+    }
+}
+
+static void test_fixed_never_better(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t best, fixed;
+    spec_8b(&s, 2);
+    for (int g = 16; g <= 256; g *= 2) {
+        for (int len = 512; len <= 4096; len *= 2) {
+            s.workload.response_len = len;
+            plan_ok(&s, g, NRS_PLAN_BEST, &best);
+            plan_ok(&s, g, NRS_PLAN_FIXED, &fixed);
+            assert_feasible(&s, &fixed);
+            assert_int_equal(fixed.npools, 1);
+            assert_true(fixed.step_s >= best.step_s * (1 - 1e-12));
+        }
+    }
+}
+
+static void test_fixed_keeps_tp_pp(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_plan_req_t req;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    s.models[NRS_ROLE_ACTOR].init_train = (nrs_tp_pp_t){4, 2};
+    s.models[NRS_ROLE_ACTOR].init_generate = (nrs_tp_pp_t){2, 1};
+    plan_ok(&s, 16, NRS_PLAN_FIXED, &a);
+    assert_int_equal(a.layout[NRS_MS_ACTOR_TRAIN].tp, 4);
+    assert_int_equal(a.layout[NRS_MS_ACTOR_TRAIN].pp, 2);
+    assert_int_equal(a.layout[NRS_MS_ACTOR_TRAIN].dp, 2);
+    assert_int_equal(a.layout[NRS_MS_ACTOR_GENERATE].tp, 2);
+    nrs_plan_req_init(&req, &s);
+    req.gpus = 64;
+    req.mode = NRS_PLAN_FIXED;
+    req.fixed_from = &a;
+    assert_int_equal(nrs_plan_best(&s, &req, &b, err, sizeof(err)), 0);
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        if (!a.has[ms])
+            continue;
+        assert_int_equal(b.layout[ms].tp, a.layout[ms].tp);
+        assert_int_equal(b.layout[ms].pp, a.layout[ms].pp);
+        assert_int_equal(b.layout[ms].dp, 64 / (a.layout[ms].tp * a.layout[ms].pp));
+    }
+}
+
+static void test_deterministic(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    spec_8b(&s, 4);
+    plan_ok(&s, 32, NRS_PLAN_BEST, &a);
+    plan_ok(&s, 32, NRS_PLAN_BEST, &b);
+    assert_memory_equal(&a, &b, sizeof(a));
+}
+
+static void test_eval_rejects_bad_plans(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t p, q;
+    nrs_work_t w;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1);
+    plan_ok(&s, 8, NRS_PLAN_BEST, &p);
+    nrs_work_from_spec(&s, &w);
+    q = p;
+    q.layout[NRS_MS_ACTOR_TRAIN].dp = 100;
+    assert_int_equal(nrs_plan_eval(&s, &w, NULL, &q, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "exceeds its pool"));
+    q = p;
+    q.layout[NRS_MS_ACTOR_INFER].tp = q.layout[NRS_MS_ACTOR_TRAIN].tp == 1 ? 2 : 1;
+    assert_int_equal(nrs_plan_eval(&s, &w, NULL, &q, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "must share pool"));
+    q = p;
+    q.pools[0].gpus = 4;
+    assert_int_equal(nrs_plan_eval(&s, &w, NULL, &q, err, sizeof(err)), -1);
+    q = p;
+    s.cluster.gpu_mem_gib = 20;
+    assert_int_equal(nrs_plan_eval(&s, &w, NULL, &q, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "GiB usable"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_brute_grpo_min),
+        cmocka_unit_test(test_brute_grpo_ref),
+        cmocka_unit_test(test_brute_ppo),
+        cmocka_unit_test(test_infeasible_reason),
+        cmocka_unit_test(test_tight_memory_names_stage),
+        cmocka_unit_test(test_more_gpus_never_slower),
+        cmocka_unit_test(test_longer_response_never_faster),
+        cmocka_unit_test(test_fixed_never_better),
+        cmocka_unit_test(test_fixed_keeps_tp_pp),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_eval_rejects_bad_plans),
+    };
+    return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
+}
