@@ -74,6 +74,12 @@ int nrs_cost_stage(const nrs_spec_t *s, nrs_ms_t ms, const nrs_layout_t *l,
 double nrs_cost_sync_s(const nrs_spec_t *s, const nrs_layout_t *train, const nrs_layout_t *gen,
                        int same_pool, const nrs_calib_t *calib);
 
+/* KV-cache bytes one token adds on the most loaded GPU of a (tp, pp) layout:
+ * 2 (K and V) * ceil(layers/pp) * kv heads per tensor rank * head_dim * dtype
+ * bytes; when tp > kv_heads each rank holds one (replicated) kv head. -1 when
+ * (tp, pp) is not valid for the model. (Added by the cost model.) */
+double nrs_cost_kv_token_bytes(const nrs_model_t *m, int tp, int pp);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,7 +42,7 @@ int nrs_cmd_plan(int argc, char **argv)
 
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'g':
             if (nrs_cli_int("--gpus", optarg, 1, 1 << 22, &gpus))

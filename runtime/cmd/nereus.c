@@ -1,5 +1,7 @@
 /* nereus: validate job specs and plan layouts (more subcommands join as the
  * runtime grows). */
+#include "config.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>

@@ -1,0 +1,57 @@
+/* Persistent memory per GPU: weights, gradients, optimizer state.
+ * docs/cost-model.md §3.
+ */
+#include <math.h>
+
+#include "model/model_int.h"
+
+double nrs_cost_capacity_bytes(const nrs_spec_t *s)
+{
+    return (s->cluster.gpu_mem_gib - s->runtime.mem_headroom_gib) * NRS_MDL_GIB;
+}
+
+static int layout_ok(const nrs_model_t *m, const nrs_layout_t *l)
+{
+    if (nrs_mdl_dims_ok(m) != 0 || l->dp < 1)
+        return -1;
+    return nrs_mdl_tp_pp_ok(m, l->tp, l->pp);
+}
+
+/* Parameters on the most loaded GPU of a (tp, pp) layout. */
+static double params_per_gpu(const nrs_model_t *m, const nrs_layout_t *l)
+{
+    return nrs_mdl_per_gpu(nrs_mdl_stage_weights(m, l->pp), l->tp);
+}
+
+static int role_trained(nrs_role_t r)
+{
+    return r == NRS_ROLE_ACTOR || r == NRS_ROLE_CRITIC;
+}
+
+double nrs_cost_persist_bytes(const nrs_spec_t *s, nrs_role_t r, const nrs_layout_t *l)
+{
+    if ((unsigned)r >= NRS_ROLE_COUNT)
+        return INFINITY;
+    const nrs_model_t *m = &s->models[r];
+    if (!m->present)
+        return 0; /* nothing to hold */
+    if (layout_ok(m, l) != 0)
+        return INFINITY; /* never fits: the planner must not pick it */
+
+    double p = params_per_gpu(m, l), b = nrs_dtype_bytes(m->dtype);
+    double bytes = p * b; /* weights */
+    if (role_trained(r)) {
+        double opt = p * nrs_mdl_opt_bytes_per_param(m->dtype);
+        bytes += p * b; /* gradients, same dtype; ZeRO-1 leaves them whole */
+        bytes += s->runtime.zero1 ? opt / l->dp : opt;
+    }
+    return bytes;
+}
+
+double nrs_cost_gen_weight_bytes(const nrs_spec_t *s, const nrs_layout_t *l)
+{
+    const nrs_model_t *m = &s->models[NRS_ROLE_ACTOR];
+    if (layout_ok(m, l) != 0)
+        return INFINITY;
+    return params_per_gpu(m, l) * nrs_dtype_bytes(m->dtype);
+}
