@@ -80,6 +80,10 @@ int nrs_plan_brute(const nrs_spec_t *s, const nrs_plan_req_t *req, nrs_plan_t *o
 int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *calib,
                   nrs_plan_t *p, char *err, size_t errlen);
 
+/* Whether two plans place and lay out every model-stage the same way
+ * (predictions and epochs aside). */
+bool nrs_plan_same_layout(const nrs_plan_t *a, const nrs_plan_t *b);
+
 /* Pool holding a model's persistent state (its train or infer stage's pool). */
 int nrs_plan_home(const nrs_plan_t *p, nrs_role_t r);
 

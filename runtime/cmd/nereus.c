@@ -18,11 +18,14 @@ static const char usage[] =
     "Commands:\n"
     "  validate FILE    check a job spec; errors are printed as FILE:LINE:COL: message\n"
     "  plan FILE        print the layout with the least predicted step time\n"
+    "  simulate FILE --trace TRACE\n"
+    "                   replay a trace of GPUs and response lengths against the\n"
+    "                   policies (nereus, fixed, static-best, oracle)\n"
     "  help [COMMAND]   show this text, or a command's own help\n"
     "  version          print the version\n"
     "\n"
     "Run 'nereus COMMAND --help' for a command's options. Exit status: 0 success,\n"
-    "1 the spec or the plan failed, 2 usage error. Documentation: docs/job-spec.md,\n"
+    "1 the spec, the trace or the plan failed, 2 usage error. Documentation: docs/job-spec.md,\n"
     "docs/cost-model.md, docs/planner.md.\n";
 
 int nrs_cli_load(const char *path, nrs_spec_t *s)
@@ -53,7 +56,7 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"validate", nrs_cmd_validate}, {"plan", nrs_cmd_plan}};
+    } cmds[] = {{"validate", nrs_cmd_validate}, {"plan", nrs_cmd_plan}, {"simulate", nrs_cmd_simulate}};
 
     if (argc < 2) {
         fputs(usage, stderr);

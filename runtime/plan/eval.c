@@ -25,6 +25,14 @@ int nrs_plan_home(const nrs_plan_t *p, nrs_role_t r)
     return p->has[home_ms[r]] ? p->pool_of[home_ms[r]] : -1;
 }
 
+bool nrs_plan_same_layout(const nrs_plan_t *a, const nrs_plan_t *b)
+{
+    return a->total_gpus == b->total_gpus && a->npools == b->npools &&
+           !memcmp(a->pools, b->pools, sizeof(a->pools)) &&
+           !memcmp(a->pool_of, b->pool_of, sizeof(a->pool_of)) &&
+           !memcmp(a->layout, b->layout, sizeof(a->layout));
+}
+
 static int check_shape(const nrs_spec_t *s, const nrs_plan_t *p, char *err, size_t errlen)
 {
     int next = 0;

@@ -1,0 +1,177 @@
+/* The adaptation loop: triggers -> re-plan with the calibrated model -> price the
+ * transition with its scheduled graph -> admission. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adapt/adapt.h"
+
+int nrs_adapt_init(nrs_adapt_t *a, const nrs_spec_t *s, const nrs_cond_t *c, char *err,
+                   size_t errlen)
+{
+    nrs_plan_req_t req;
+    memset(a, 0, sizeof(*a));
+    a->spec = s;
+    a->setup_s = NRS_ADAPT_SETUP_S;
+    a->recheck_step = -1;
+    nrs_calibrator_init(&a->cal, s->policy.calib_alpha);
+    nrs_admission_init(&a->adm, s);
+    nrs_plan_req_init(&req, s);
+    req.gpus = c->gpus;
+    req.work = c->work;
+    if (nrs_plan_best(s, &req, &a->plan, err, errlen) != 0)
+        return -1;
+    a->plan.epoch = 1;
+    a->planned = *c;
+    nrs_calib_init(&a->planned_f);
+    return 0;
+}
+
+void nrs_adapt_measure(nrs_adapt_t *a, const nrs_cond_t *c, nrs_ms_t ms, double seconds)
+{
+    nrs_plan_t p = a->plan;
+    char err[NRS_ERR_MAX];
+    if ((unsigned)ms >= NRS_MS_COUNT || !p.has[ms])
+        return;
+    /* Uncalibrated prediction of what ran: factor 1 for every stage. */
+    if (nrs_plan_eval(a->spec, &c->work, NULL, &p, err, sizeof(err)) != 0)
+        return;
+    nrs_calibrator_add(&a->cal, ms, seconds, p.ms_time[ms]);
+}
+
+void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespan_s)
+{
+    nrs_calibrator_add_sync(&a->cal, seconds, makespan_s + a->setup_s);
+}
+
+static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *now,
+                             const nrs_resize_t *rz, bool memory_failed)
+{
+    nrs_calib_t f;
+    if (now->gpus != a->planned.gpus || (rz && rz->nlost > 0))
+        return NRS_TRIGGER_RESOURCES;
+    if (memory_failed)
+        return NRS_TRIGGER_MEMORY;
+    nrs_plan_t p = a->plan; /* the model sees the next step will not fit */
+    char err[NRS_ERR_MAX];
+    nrs_calibrator_factors(&a->cal, &f);
+    if (nrs_plan_eval(a->spec, &now->work, &f, &p, err, sizeof(err)) != 0)
+        return NRS_TRIGGER_MEMORY;
+    if (now->work.samples != a->planned.work.samples ||
+        fabs(now->work.response_len / a->planned.work.response_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA ||
+        fabs(now->work.prompt_len / a->planned.work.prompt_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA)
+        return NRS_TRIGGER_WORKLOAD;
+    double drift = log1p(a->spec->policy.drift_threshold);
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (a->plan.has[ms] && fabs(log(f.stage[ms] / a->planned_f.stage[ms])) > drift)
+            return NRS_TRIGGER_CALIBRATION;
+    if (fabs(log(f.sync / a->planned_f.sync)) > drift)
+        return NRS_TRIGGER_CALIBRATION;
+    if (a->recheck_step >= 0 && step >= a->recheck_step)
+        return NRS_TRIGGER_WORKLOAD;
+    return NRS_TRIGGER_NONE;
+}
+
+int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
+                                  const nrs_plan_t *to, const nrs_resize_t *rz, double *makespan,
+                                  int *lost_boxes, char *err, size_t errlen)
+{
+    nrs_emu_opts_t o;
+    nrs_emu_graph_t *g = NULL;
+    nrs_emu_stats_t st;
+    int *map = NULL, rc;
+
+    nrs_emu_opts_init(&o);
+    *lost_boxes = 0;
+    if (rz && rz->nlost > 0) {
+        /* Survivors first, in order, then GPUs the old plan never had. */
+        map = malloc(sizeof(int) * (size_t)(to->total_gpus > 0 ? to->total_gpus : 1));
+        if (!map) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        int n = 0, next_new = from->total_gpus;
+        for (int gpu = 0; gpu < from->total_gpus && n < to->total_gpus; gpu++) {
+            bool gone = false;
+            for (int i = 0; i < rz->nlost && !gone; i++)
+                gone = rz->lost[i] == gpu;
+            if (!gone)
+                map[n++] = gpu;
+        }
+        while (n < to->total_gpus)
+            map[n++] = next_new++;
+        o.gpu_map = map;
+        o.ngpu_map = to->total_gpus;
+        o.lost = rz->lost;
+        o.nlost = rz->nlost;
+    }
+    rc = nrs_emu_transition(s, from, to, &o, &g, err, errlen);
+    if (g) {
+        nrs_emu_graph_stats(g, &st);
+        *makespan = st.makespan_s;
+        *lost_boxes = st.nlost;
+        nrs_emu_graph_free(g);
+    }
+    free(map);
+    return rc;
+}
+
+static double current_time(const nrs_adapt_t *a, const nrs_cond_t *now, const nrs_calib_t *f,
+                           bool resources, bool memory_failed)
+{
+    nrs_plan_t p = a->plan;
+    char err[NRS_ERR_MAX];
+    /* Lost or released GPUs end the current plan; so does a failed allocation.
+     * On added GPUs the current plan could go on, on the GPUs it has. */
+    if (memory_failed || (resources && now->gpus < a->plan.total_gpus))
+        return NRS_POLICY_INFEASIBLE;
+    if (nrs_plan_eval(a->spec, &now->work, f, &p, err, sizeof(err)) != 0)
+        return NRS_POLICY_INFEASIBLE;
+    return p.step_s;
+}
+
+int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
+                   bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen)
+{
+    nrs_plan_req_t req;
+    nrs_calib_t f;
+
+    memset(out, 0, sizeof(*out));
+    out->trigger = trigger(a, step, now, rz, memory_failed);
+    if (out->trigger == NRS_TRIGGER_NONE)
+        return 0;
+    if (out->trigger == NRS_TRIGGER_RESOURCES || out->trigger == NRS_TRIGGER_WORKLOAD)
+        nrs_admission_note_change(&a->adm, step);
+    bool resources = out->trigger == NRS_TRIGGER_RESOURCES;
+    bool lost = rz && rz->nlost > 0;
+    nrs_calibrator_factors(&a->cal, &f);
+    nrs_plan_req_init(&req, a->spec);
+    req.gpus = now->gpus;
+    req.work = now->work;
+    req.calib = &f;
+    if (nrs_plan_best(a->spec, &req, &out->cand, err, errlen) != 0)
+        return -1;
+    a->planned = *now;
+    a->planned_f = f;
+    a->recheck_step = -1;
+    double cur = current_time(a, now, &f, resources || lost, memory_failed);
+    if (cur != NRS_POLICY_INFEASIBLE && nrs_plan_same_layout(&out->cand, &a->plan))
+        return 0; /* the best plan is the one we run */
+    int rc = nrs_adapt_transition_makespan(a->spec, &a->plan, &out->cand, lost ? rz : NULL,
+                                           &out->makespan_s, &out->lost_boxes, err, errlen);
+    if (rc == -1)
+        return -1;
+    out->cost_s = (out->makespan_s + a->setup_s) * f.sync;
+    nrs_admission_decide(&a->adm, step, cur, out->cand.step_s, out->cost_s, &out->decision);
+    if (!out->decision.admit) {
+        if (strstr(out->decision.why, "hysteresis"))
+            a->recheck_step = a->adm.last_transition_step + a->spec->policy.hysteresis;
+        return 0;
+    }
+    out->changed = true;
+    out->cand.epoch = a->plan.epoch + 1;
+    a->plan = out->cand;
+    nrs_admission_note_transition(&a->adm, step);
+    return 0;
+}

@@ -1,0 +1,68 @@
+/* The adaptation loop shared by the controller daemon and the simulator: from
+ * the current conditions and measurements, decide whether to re-plan and
+ * whether the new plan pays for its transition (DESIGN §2 rule 5: one policy,
+ * no second copy). Knows nothing of Slurm or of the network. */
+#ifndef NRS_ADAPT_H
+#define NRS_ADAPT_H
+
+#include "nereus/emu.h"
+#include "nereus/policy.h"
+
+/* What the job runs on and processes now. */
+typedef struct {
+    int gpus;
+    nrs_work_t work;
+} nrs_cond_t;
+
+/* How the GPUs changed since the current plan: the old GPUs whose state is
+ * gone (released or failed nodes). Survivors keep their order and come first in
+ * the new numbering; added GPUs follow. */
+typedef struct {
+    const int *lost;
+    int nlost;
+} nrs_resize_t;
+
+typedef struct {
+    const nrs_spec_t *spec;
+    nrs_calibrator_t cal;
+    nrs_admission_t adm;
+    nrs_plan_t plan;       /* current plan (plan.epoch) */
+    nrs_cond_t planned;    /* conditions of the last planning */
+    nrs_calib_t planned_f; /* calibration of the last planning */
+    int recheck_step;      /* re-plan then (hysteresis ran out); -1 none */
+    double setup_s;        /* fixed set-up cost of a transition (communicators) */
+} nrs_adapt_t;
+
+typedef struct {
+    nrs_trigger_t trigger; /* NONE: nothing was planned this step */
+    bool changed;          /* the candidate was adopted */
+    nrs_decision_t decision;
+    nrs_plan_t cand;
+    double makespan_s;     /* transition graph makespan (uncalibrated) */
+    double cost_s;         /* predicted, calibrated: (makespan + setup) * calib.sync */
+    int lost_boxes;        /* > 0: some state survives nowhere (checkpoint needed) */
+} nrs_adapt_out_t;
+
+/* Relative change of the response length that makes a re-plan worth looking at. */
+#define NRS_ADAPT_WORKLOAD_DELTA 0.05
+/* Default fixed set-up cost of a transition, seconds (communicator creation). */
+#define NRS_ADAPT_SETUP_S 1.0
+
+int nrs_adapt_init(nrs_adapt_t *a, const nrs_spec_t *s, const nrs_cond_t *c, char *err,
+                   size_t errlen);
+/* A measured stage time of the current plan under conditions c. */
+void nrs_adapt_measure(nrs_adapt_t *a, const nrs_cond_t *c, nrs_ms_t ms, double seconds);
+/* A measured transition, against the graph makespan it was predicted from. */
+void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespan_s);
+/* One decision point. memory_failed: a stage failed to allocate (forces a move).
+ * 0 on success (out says what happened); -1 with err when the job cannot go on
+ * (no feasible plan on the GPUs left). */
+int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
+                   bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen);
+/* Graph makespan of from -> to under a resize (uncalibrated); -1 on error,
+ * NRS_EMU_ELOST (with *lost_boxes) when state is lost. */
+int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
+                                  const nrs_plan_t *to, const nrs_resize_t *rz, double *makespan,
+                                  int *lost_boxes, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,361 @@
+/* The simulator's step loop. The virtual cluster's true stage times are the cost
+ * model's under the trace's hidden factors; the policy sees them only through
+ * noisy measurements. Reported step latencies are the true (noise-free) times,
+ * so `oracle` (true factors, best plan every step, free transitions) is a lower
+ * bound of every other policy. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adapt/adapt.h"
+#include "sim/sim.h"
+
+static const char *const policy_names[NRS_SIM_POLICY_COUNT] = {"nereus", "fixed", "static-best",
+                                                               "oracle"};
+
+const char *nrs_sim_policy_name(nrs_sim_policy_t p)
+{
+    return (unsigned)p < NRS_SIM_POLICY_COUNT ? policy_names[p] : "?";
+}
+
+int nrs_sim_policy_parse(const char *name, nrs_sim_policy_t *out)
+{
+    for (int i = 0; i < NRS_SIM_POLICY_COUNT; i++)
+        if (!strcmp(name, policy_names[i])) {
+            *out = (nrs_sim_policy_t)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Deterministic N(0,1) from (seed, step, stream): identical for every policy. */
+static double gauss_at(unsigned long seed, int step, int stream)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)step * 0xBF58476D1CE4E5B9ULL ^
+                 (uint64_t)(stream + 1) * 0x94D049BB133111EBULL;
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        u[i] = ((z >> 11) + 0.5) / 9007199254740992.0;
+    }
+    return sqrt(-2 * log(u[0])) * cos(2 * M_PI * u[1]);
+}
+
+typedef struct {
+    const nrs_spec_t *s;
+    const nrs_trace_t *t;
+    nrs_sim_policy_t pol;
+    int gpus, ev;
+    int *lost, nlost;
+    bool memfail, have_plan;
+    nrs_plan_t plan, fixed_from;
+    bool have_fixed_from;
+    nrs_cond_t planned;
+    nrs_adapt_t adapt;
+    char why[256];
+} run_t;
+
+/* Applies the trace's events at `step`: GPU count, failures, memory. */
+static int apply_events(run_t *r, int step, char *err, size_t errlen)
+{
+    int gpn = r->s->cluster.gpus_per_node;
+    r->nlost = 0;
+    r->memfail = false;
+    for (; r->ev < r->t->nevents && r->t->events[r->ev].step == step; r->ev++) {
+        const nrs_event_t *e = &r->t->events[r->ev];
+        if (e->kind == NRS_EV_MEMORY) {
+            r->memfail = true;
+        } else if (e->kind == NRS_EV_GPUS) {
+            for (int g = e->value; g < r->gpus; g++) /* released: their tasks are killed */
+                r->lost[r->nlost++] = g;
+            r->gpus = e->value;
+        } else {
+            if (r->gpus < 2 * gpn || e->value >= r->gpus / gpn) {
+                snprintf(err, errlen, "%s: step %d: node %d cannot fail: the job has %d GPUs",
+                         r->t->path, step, e->value, r->gpus);
+                return -1;
+            }
+            for (int g = e->value * gpn; g < (e->value + 1) * gpn; g++)
+                r->lost[r->nlost++] = g;
+            r->gpus -= gpn;
+        }
+    }
+    return 0;
+}
+
+static void cond_at(const run_t *r, int step, nrs_cond_t *c)
+{
+    c->gpus = r->gpus;
+    nrs_work_from_spec(r->s, &c->work);
+    c->work.response_len = r->t->response[step];
+}
+
+static bool workload_moved(const nrs_cond_t *a, const nrs_cond_t *b)
+{
+    return fabs(a->work.response_len / b->work.response_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA;
+}
+
+/* Fixed and static-best: keep tp/pp, re-plan dp when GPUs change and
+ * micro-batches when the workload moves. Returns the true transition time. */
+static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
+                      char *err, size_t errlen)
+{
+    nrs_plan_req_t req;
+    nrs_plan_t np;
+    bool resources = !r->have_plan || c->gpus != r->planned.gpus || r->nlost > 0;
+    *trans = 0;
+    *moved = false;
+    if (r->have_plan && !resources && !workload_moved(c, &r->planned)) {
+        nrs_plan_t p = r->plan; /* micro-batches re-tuned before memory runs out */
+        if (nrs_plan_eval(r->s, &c->work, NULL, &p, err, errlen) == 0)
+            return 0;
+    }
+    nrs_plan_req_init(&req, r->s);
+    req.gpus = c->gpus;
+    req.work = c->work;
+    req.mode = NRS_PLAN_FIXED;
+    req.fixed_from = r->have_fixed_from ? &r->fixed_from : NULL;
+    if (nrs_plan_best(r->s, &req, &np, err, errlen) != 0)
+        return 1; /* the baseline cannot go on */
+    if (!r->have_fixed_from) {
+        r->fixed_from = np;
+        r->have_fixed_from = true;
+    }
+    if (r->have_plan && resources) {
+        nrs_resize_t rz = {r->lost, r->nlost};
+        double mk;
+        int lostb, rc = nrs_adapt_transition_makespan(r->s, &r->plan, &np, &rz, &mk, &lostb, err,
+                                                      errlen);
+        if (rc == -1)
+            return -1;
+        *trans = (mk + NRS_ADAPT_SETUP_S) * r->t->truth.sync + (lostb ? r->t->checkpoint_s : 0);
+        *moved = true;
+        np.epoch = r->plan.epoch + 1;
+    } else {
+        np.epoch = r->have_plan ? r->plan.epoch : 1;
+    }
+    r->plan = np;
+    r->planned = *c;
+    r->have_plan = true;
+    return 0;
+}
+
+/* Oracle moves are free; they are counted all the same. */
+static int step_oracle(run_t *r, const nrs_cond_t *c, bool *moved, char *err, size_t errlen)
+{
+    nrs_plan_req_t req;
+    nrs_plan_t old = r->plan;
+    if (r->have_plan && c->gpus == r->planned.gpus &&
+        c->work.response_len == r->planned.work.response_len && r->nlost == 0)
+        return 0;
+    nrs_plan_req_init(&req, r->s);
+    req.gpus = c->gpus;
+    req.work = c->work;
+    req.calib = &r->t->truth;
+    unsigned epoch = r->have_plan ? r->plan.epoch : 0;
+    if (nrs_plan_best(r->s, &req, &r->plan, err, errlen) != 0)
+        return 1;
+    *moved = r->have_plan && !nrs_plan_same_layout(&old, &r->plan);
+    r->plan.epoch = *moved || !r->have_plan ? epoch + 1 : epoch;
+    r->planned = *c;
+    r->have_plan = true;
+    return 0;
+}
+
+static int step_nereus(run_t *r, int step, const nrs_cond_t *c, double *trans, bool *moved,
+                       bool *forced, bool *ckpt, char *err, size_t errlen)
+{
+    nrs_adapt_out_t out;
+    nrs_resize_t rz = {r->lost, r->nlost};
+    *trans = 0;
+    *moved = *forced = *ckpt = false;
+    r->why[0] = '\0';
+    if (!r->have_plan) {
+        if (nrs_adapt_init(&r->adapt, r->s, c, err, errlen) != 0)
+            return 1;
+        r->have_plan = true;
+        r->plan = r->adapt.plan;
+        return 0;
+    }
+    if (nrs_adapt_step(&r->adapt, step, c, &rz, r->memfail, &out, err, errlen) != 0)
+        return 1;
+    if (out.trigger != NRS_TRIGGER_NONE)
+        snprintf(r->why, sizeof(r->why), "%s", out.decision.why);
+    if (out.changed) {
+        double t = (out.makespan_s + r->adapt.setup_s) * r->t->truth.sync;
+        nrs_adapt_measure_transition(&r->adapt, t * exp(r->t->noise * gauss_at(r->t->seed, step, 99)),
+                                     out.makespan_s);
+        *ckpt = out.lost_boxes > 0;
+        *trans = t + (*ckpt ? r->t->checkpoint_s : 0);
+        *moved = true;
+        *forced = out.decision.forced;
+    }
+    r->plan = r->adapt.plan;
+    return 0;
+}
+
+/* True and predicted time of the current plan; measurements to the policy. */
+static int run_plan(run_t *r, int step, const nrs_cond_t *c, double *true_s, double *pred_s,
+                    char *err, size_t errlen)
+{
+    nrs_plan_t p = r->plan, q = r->plan;
+    nrs_calib_t f;
+    if (nrs_plan_eval(r->s, &c->work, &r->t->truth, &p, err, errlen) != 0)
+        return 1;
+    *true_s = p.step_s;
+    if (r->pol == NRS_SIM_NEREUS)
+        nrs_calibrator_factors(&r->adapt.cal, &f);
+    else
+        nrs_calib_init(&f);
+    *pred_s = nrs_plan_eval(r->s, &c->work, r->pol == NRS_SIM_ORACLE ? &r->t->truth : &f, &q, err,
+                            errlen) == 0 ? q.step_s : NAN;
+    if (r->pol != NRS_SIM_NEREUS)
+        return 0;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (p.has[ms])
+            nrs_adapt_measure(&r->adapt, c, (nrs_ms_t)ms,
+                              p.ms_time[ms] * exp(r->t->noise * gauss_at(r->t->seed, step, ms)));
+    return 0;
+}
+
+static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *sum, char *err,
+                    size_t errlen)
+{
+    const nrs_trace_t *t = r->t;
+    memset(sum, 0, sizeof(*sum));
+    sum->infeasible_step = -1;
+    r->gpus = t->initial_gpus ? t->initial_gpus : r->s->cluster.nodes * r->s->cluster.gpus_per_node;
+    for (int step = 0; step < t->steps; step++) {
+        nrs_cond_t c;
+        double trans = 0, true_s, pred_s;
+        bool moved = false, forced = false, ckpt = false;
+        int rc;
+        if (apply_events(r, step, err, errlen) != 0)
+            return -1;
+        cond_at(r, step, &c);
+        r->why[0] = '\0';
+        if (r->pol == NRS_SIM_NEREUS)
+            rc = step_nereus(r, step, &c, &trans, &moved, &forced, &ckpt, err, errlen);
+        else if (r->pol == NRS_SIM_ORACLE)
+            rc = step_oracle(r, &c, &moved, err, errlen);
+        else
+            rc = step_fixed(r, &c, &trans, &moved, err, errlen);
+        if (rc == 0)
+            rc = run_plan(r, step, &c, &true_s, &pred_s, err, errlen);
+        if (rc < 0)
+            return -1;
+        if (rc > 0) {
+            sum->infeasible_step = step;
+            snprintf(sum->infeasible_why, sizeof(sum->infeasible_why), "%s", err);
+            err[0] = '\0';
+            break;
+        }
+        sum->steps++;
+        sum->step_sum_s += true_s;
+        sum->transition_s += trans;
+        sum->transitions += moved;
+        sum->forced += forced;
+        sum->checkpoints += ckpt;
+        sum->pred_err += isfinite(pred_s) ? fabs(pred_s / true_s - 1) : 0;
+        if (fn) {
+            nrs_sim_row_t row = {step, c.gpus, c.work.response_len, true_s, pred_s, trans,
+                                 r->plan.epoch, moved, forced, ckpt, &r->plan,
+                                 r->why[0] ? r->why : NULL};
+            fn(&row, arg);
+        }
+    }
+    sum->total_s = sum->step_sum_s + sum->transition_s;
+    if (sum->steps) {
+        sum->mean_step_s = sum->step_sum_s / sum->steps;
+        sum->pred_err /= sum->steps;
+    }
+    sum->transition_share = sum->total_s > 0 ? sum->transition_s / sum->total_s : 0;
+    return 0;
+}
+
+static int run_one(const nrs_spec_t *s, const nrs_trace_t *t, nrs_sim_policy_t pol,
+                   const nrs_plan_t *fixed_from, nrs_sim_row_fn fn, void *arg,
+                   nrs_sim_summary_t *sum, char *err, size_t errlen)
+{
+    run_t *r = calloc(1, sizeof(*r));
+    int maxg = 1 << 22, rc;
+    if (!r || !(r->lost = malloc(sizeof(int) * (size_t)maxg))) {
+        free(r);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    r->s = s;
+    r->t = t;
+    r->pol = pol;
+    if (fixed_from) {
+        r->fixed_from = *fixed_from;
+        r->have_fixed_from = true;
+    }
+    rc = simulate(r, fn, arg, sum, err, errlen);
+    free(r->lost);
+    free(r);
+    return rc;
+}
+
+/* Distinct tp/pp choices of the oracle's plans: the static-best candidates. */
+typedef struct {
+    nrs_plan_t cand[32];
+    int n;
+} cands_t;
+
+static bool same_tp_pp(const nrs_plan_t *a, const nrs_plan_t *b)
+{
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (a->has[ms] && (a->layout[ms].tp != b->layout[ms].tp || a->layout[ms].pp != b->layout[ms].pp))
+            return false;
+    return true;
+}
+
+static void collect(const nrs_sim_row_t *row, void *arg)
+{
+    cands_t *c = arg;
+    for (int i = 0; i < c->n; i++)
+        if (same_tp_pp(&c->cand[i], row->plan))
+            return;
+    if (c->n < 32)
+        c->cand[c->n++] = *row->plan;
+}
+
+int nrs_sim_run(const nrs_spec_t *s, const nrs_trace_t *t, nrs_sim_policy_t pol,
+                nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *sum, char *err, size_t errlen)
+{
+    if (pol != NRS_SIM_STATIC_BEST)
+        return run_one(s, t, pol, NULL, fn, arg, sum, err, errlen);
+    /* Hindsight: every tp/pp the oracle used, kept fixed over the whole trace. */
+    cands_t *c = calloc(1, sizeof(*c));
+    nrs_sim_summary_t probe;
+    int best = -1;
+    double best_total = INFINITY;
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (run_one(s, t, NRS_SIM_ORACLE, NULL, collect, c, &probe, err, errlen) != 0) {
+        free(c);
+        return -1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        if (run_one(s, t, NRS_SIM_FIXED, &c->cand[i], NULL, NULL, &probe, err, errlen) != 0) {
+            free(c);
+            return -1;
+        }
+        if (probe.infeasible_step < 0 && probe.total_s < best_total) {
+            best_total = probe.total_s;
+            best = i;
+        }
+    }
+    int rc = best < 0 ? run_one(s, t, NRS_SIM_FIXED, NULL, fn, arg, sum, err, errlen)
+                      : run_one(s, t, NRS_SIM_FIXED, &c->cand[best], fn, arg, sum, err, errlen);
+    free(c);
+    return rc;
+}
