@@ -1,0 +1,235 @@
+/* Simulator tests: the trace loader's errors, and the policies' ordering on
+ * small traces (oracle a lower bound; nereus no worse than fixed), determinism,
+ * and the adaptation loop's forced move on node loss. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "adapt/adapt.h"
+#include "fixtures.h"
+#include "sim/sim.h"
+
+static char tmpdir[] = "/tmp/nrs-test-sim-XXXXXX";
+
+static const char *write_trace(const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void expect_error(const char *text, const char *where, const char *what)
+{
+    nrs_spec_t s;
+    nrs_trace_t t;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1);
+    const char *p = write_trace("bad.trace", text);
+    assert_int_equal(nrs_trace_load(p, &s, &t, err, sizeof(err)), -1);
+    if (!strstr(err, where) || !strstr(err, what))
+        fail_msg("error '%s' lacks '%s' or '%s'", err, where, what);
+}
+
+static void test_trace_errors(void **st)
+{
+    (void)st;
+    expect_error("", "bad.trace:", "empty trace");
+    expect_error("steps 10\n", "bad.trace:1:1:", "expected 'nereus-trace 1'");
+    expect_error("nereus-trace 1\nseed 3\n", "bad.trace:", "missing 'steps'");
+    expect_error("nereus-trace 1\nsteps 0\n", "bad.trace:2:7:", "not a number in [1, 1e+06]");
+    expect_error("nereus-trace 1\nsteps 10\nfrobnicate 3\n", "bad.trace:3:1:", "unknown directive");
+    expect_error("nereus-trace 1\nsteps 10\ngpus 3\n", "bad.trace:3:1:", "takes 2 arguments, got 1");
+    expect_error("nereus-trace 1\nsteps 10\ngpus 20 8\n", "bad.trace:3:6:", "not a number in [0, 9]");
+    expect_error("nereus-trace 1\nsteps 10\ngpus 2 12\n", "bad.trace:3:8:", "whole number of nodes");
+    expect_error("nereus-trace 1\nsteps 10\ntrue actor.frob 2\n", "bad.trace:3:6:", "unknown model-stage");
+    expect_error("nereus-trace 1\nsteps 10\nnoise 1e999\n", "bad.trace:3:7:", "not a number");
+    expect_error("nereus-trace 1\ngpus 2 8\nsteps 10\n", "bad.trace:2:1:", "'steps' must come before");
+    expect_error("nereus-trace 1\nsteps 10\nramp 5 2 100 200\n", "bad.trace:3:8:", "not a number in [5, 9]");
+    expect_error("nereus-trace 1\nsteps 10\nresponse 1 2.5x\n", "bad.trace:3:12:", "'2.5x' is not a number");
+}
+
+static void test_trace_loads(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    const char *p = write_trace("ok.trace", "# a trace\nnereus-trace 1\nsteps 11  # eleven\n"
+                                            "true actor.train 0.5\ntrue sync 2\n"
+                                            "ramp 0 10 100 200\nresponse 8 999\n"
+                                            "memory 3\ngpus 5 16\ngpus 0 64\nfail 2 1\n");
+    assert_int_equal(nrs_trace_load(p, &s, &t, err, sizeof(err)), 0);
+    assert_int_equal(t.steps, 11);
+    assert_int_equal(t.initial_gpus, 64);
+    assert_true(t.truth.stage[NRS_MS_ACTOR_TRAIN] == 0.5 && t.truth.sync == 2);
+    assert_true(t.truth.stage[NRS_MS_ACTOR_GENERATE] == 1);
+    assert_true(t.response[0] == 100 && t.response[5] == 150 && t.response[7] == 170);
+    assert_true(t.response[8] == 999 && t.response[10] == 999);
+    assert_int_equal(t.nevents, 3); /* sorted by step */
+    assert_int_equal(t.events[0].kind, NRS_EV_FAIL);
+    assert_int_equal(t.events[1].kind, NRS_EV_MEMORY);
+    assert_int_equal(t.events[2].kind, NRS_EV_GPUS);
+    assert_int_equal(t.events[2].value, 16);
+    nrs_trace_free(&t);
+}
+
+static const char small_trace[] =
+    "nereus-trace 1\nsteps 80\nseed 3\nnoise 0.05\ntrue actor.generate 1.3\n"
+    "true actor.train 0.8\ntrue sync 1.5\nramp 0 79 512 4096\ngpus 0 32\ngpus 30 64\nfail 60 1\n";
+
+static void test_policy_ordering(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m[NRS_SIM_POLICY_COUNT];
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    s.workload.steps = 80;
+    /* The example spec's initial layouts: what the fixed baseline keeps. */
+    s.models[NRS_ROLE_ACTOR].init_generate = (nrs_tp_pp_t){2, 1};
+    for (int r = 0; r < NRS_ROLE_COUNT; r++) {
+        s.models[r].init_infer = (nrs_tp_pp_t){2, 1};
+        s.models[r].init_train = (nrs_tp_pp_t){4, 1};
+    }
+    assert_int_equal(nrs_trace_load(write_trace("small.trace", small_trace), &s, &t, err,
+                                    sizeof(err)), 0);
+    for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
+        if (nrs_sim_run(&s, &t, (nrs_sim_policy_t)p, NULL, NULL, &m[p], err, sizeof(err)) != 0)
+            fail_msg("%s: %s", nrs_sim_policy_name((nrs_sim_policy_t)p), err);
+        if (m[p].infeasible_step >= 0)
+            fail_msg("%s stopped at step %d: %s", nrs_sim_policy_name((nrs_sim_policy_t)p),
+                     m[p].infeasible_step, m[p].infeasible_why);
+        assert_int_equal(m[p].steps, 80);
+        print_message("%-12s mean %.3f s total %.1f s, %d transitions (%.3f%%)\n",
+                      nrs_sim_policy_name((nrs_sim_policy_t)p), m[p].mean_step_s, m[p].total_s,
+                      m[p].transitions, 100 * m[p].transition_share);
+    }
+    for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) /* oracle bounds every policy */
+        assert_true(m[NRS_SIM_ORACLE].total_s <= m[p].total_s * (1 + 1e-12));
+    assert_true(m[NRS_SIM_STATIC_BEST].total_s <= m[NRS_SIM_FIXED].total_s * (1 + 1e-12));
+    assert_true(m[NRS_SIM_NEREUS].total_s <= m[NRS_SIM_FIXED].total_s);
+    /* Growing responses on more GPUs: re-planning tp/pp pays off. */
+    assert_true(m[NRS_SIM_NEREUS].mean_step_s < 0.9 * m[NRS_SIM_FIXED].mean_step_s);
+    assert_true(m[NRS_SIM_NEREUS].transitions >= 2); /* the expansion and the failure */
+    assert_true(m[NRS_SIM_NEREUS].forced >= 1);      /* the failure forces a move */
+    /* Calibration learned the hidden factors: prediction error well below
+     * the uncalibrated model's. */
+    assert_true(m[NRS_SIM_NEREUS].pred_err < m[NRS_SIM_FIXED].pred_err / 2);
+    nrs_trace_free(&t);
+}
+
+typedef struct {
+    uint64_t h;
+    int n;
+} digest_t;
+
+static void digest(const nrs_sim_row_t *row, void *arg)
+{
+    digest_t *d = arg;
+    double v[3] = {row->step_s, row->transition_s, row->predicted_s};
+    const unsigned char *b = (const unsigned char *)v;
+    for (size_t i = 0; i < sizeof(v); i++)
+        d->h = (d->h ^ b[i]) * 1099511628211ULL;
+    d->h ^= row->epoch;
+    d->n++;
+}
+
+static void test_deterministic(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    digest_t a = {14695981039346656037ULL, 0}, b = a;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    assert_int_equal(nrs_trace_load(write_trace("small.trace", small_trace), &s, &t, err,
+                                    sizeof(err)), 0);
+    assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, digest, &a, &m, err, sizeof(err)), 0);
+    assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, digest, &b, &m, err, sizeof(err)), 0);
+    assert_int_equal(a.n, 80);
+    assert_true(a.h == b.h);
+    nrs_trace_free(&t);
+}
+
+/* Node loss: the current plan cannot go on, the move is forced and priced by
+ * its transition graph. Without ZeRO-1 every shard has a replica on the other
+ * node and nothing is lost; with it, optimizer shards of the lost node exist
+ * nowhere else and a checkpoint is needed. */
+static void forced_on_loss(bool zero1, nrs_adapt_out_t *out)
+{
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c;
+    char err[NRS_ERR_MAX];
+    int lost[8];
+    spec_8b(&s, 2);
+    s.runtime.zero1 = zero1;
+    c.gpus = 16;
+    nrs_work_from_spec(&s, &c.work);
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    assert_int_equal(nrs_adapt_step(&a, 1, &c, NULL, false, out, err, sizeof(err)), 0);
+    assert_int_equal(out->trigger, NRS_TRIGGER_NONE);
+    for (int i = 0; i < 8; i++)
+        lost[i] = 8 + i;
+    nrs_resize_t rz = {lost, 8};
+    c.gpus = 8;
+    assert_int_equal(nrs_adapt_step(&a, 2, &c, &rz, false, out, err, sizeof(err)), 0);
+    assert_int_equal(out->trigger, NRS_TRIGGER_RESOURCES);
+    assert_true(out->changed && out->decision.forced);
+    assert_int_equal(a.plan.total_gpus, 8);
+    assert_int_equal(a.plan.epoch, 2);
+    assert_true(out->cost_s > 0);
+    print_message("zero1 %d: %s; graph makespan %.3f s, %d boxes lost\n", zero1, out->decision.why,
+                  out->makespan_s, out->lost_boxes);
+}
+
+static void test_adapt_forced_on_loss(void **st)
+{
+    (void)st;
+    nrs_adapt_out_t out;
+    forced_on_loss(false, &out);
+    assert_int_equal(out.lost_boxes, 0);
+    forced_on_loss(true, &out);
+    assert_true(out.lost_boxes > 0);
+}
+
+static int setup(void **st)
+{
+    (void)st;
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trace_errors),
+        cmocka_unit_test(test_trace_loads),
+        cmocka_unit_test(test_policy_ordering),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_adapt_forced_on_loss),
+    };
+    return cmocka_run_group_tests_name("sim", tests, setup, teardown);
+}
