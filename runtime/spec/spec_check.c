@@ -138,7 +138,8 @@ static int check_runtime(nrs_sctx_t *c, const nrs_spec_t *s)
         return nrs_diag_at(&c->d,
                            nrs_seen(rs, NRS_RT_HEADROOM) ? rs->val[NRS_RT_HEADROOM]
                                                          : c->cluster.val[NRS_CL_GPU_MEM],
-                           "runtime.mem_headroom_gib (%g) must be less than cluster.gpu_mem_gib (%g)",
+                           "runtime.mem_headroom_gib (%g) must be less than "
+                           "cluster.gpu_mem_gib (%g)",
                            s->runtime.mem_headroom_gib, s->cluster.gpu_mem_gib);
     return 0;
 }

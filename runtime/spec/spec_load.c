@@ -13,23 +13,34 @@
 _Static_assert(sizeof(nrs_dtype_t) == sizeof(int) && sizeof(nrs_algo_t) == sizeof(int),
                "NRS_F_ENUM stores an int");
 
+/* Designated initializers only: fields left out are zero. */
+#define F_INT(n, o, fl, l, h) \
+    {.name = n, .type = NRS_F_INT, .off = (o), .flags = (fl), .lo = (l), .hi = (h)}
+#define F_DBL(n, o, fl, l, h) \
+    {.name = n, .type = NRS_F_DBL, .off = (o), .flags = (fl), .lo = (l), .hi = (h)}
+#define F_BOOL(n, o) {.name = n, .type = NRS_F_BOOL, .off = (o)}
+#define F_STR(n, o) {.name = n, .type = NRS_F_STR, .off = (o)}
+#define F_ENUM(n, o, e) {.name = n, .type = NRS_F_ENUM, .off = (o), .enums = (e)}
+#define F_FN(n, o, fl, f, a) \
+    {.name = n, .type = NRS_F_FN, .off = (o), .flags = (fl), .fn = (f), .aux = (a)}
+
 #define BIG 1e7 /* upper bound of rates and sizes: far above any real GPU */
 
 /* ---- cluster ------------------------------------------------------------- */
 
 #define CL(f) offsetof(nrs_cluster_t, f)
 static const nrs_field_t cluster_fields[NRS_CL_N] = {
-    [NRS_CL_GPU] = {"gpu", NRS_F_STR, CL(gpu)},
-    [NRS_CL_GPU_MEM] = {"gpu_mem_gib", NRS_F_DBL, CL(gpu_mem_gib), NRS_REQUIRED | NRS_LO_OPEN, 0, 1e6},
-    [NRS_CL_PEAK] = {"peak_tflops", NRS_F_DBL, CL(peak_tflops), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG},
-    [NRS_CL_HBM] = {"hbm_gbps", NRS_F_DBL, CL(hbm_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG},
-    [NRS_CL_GPN] = {"gpus_per_node", NRS_F_INT, CL(gpus_per_node), NRS_REQUIRED, 1, 1024},
-    [NRS_CL_NODES] = {"nodes", NRS_F_INT, CL(nodes), NRS_REQUIRED, 1, 65536},
-    [NRS_CL_INTRA] = {"intra_gbps", NRS_F_DBL, CL(intra_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG},
-    [NRS_CL_INTER] = {"inter_gbps", NRS_F_DBL, CL(inter_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG},
-    [NRS_CL_HOST] = {"host_gbps", NRS_F_DBL, CL(host_gbps), NRS_LO_OPEN, 0, BIG},
-    [NRS_CL_EFF] = {"efficiency", NRS_F_DBL, CL(efficiency), NRS_LO_OPEN, 0, 1},
-    [NRS_CL_TP_ACROSS] = {"tp_across_nodes", NRS_F_BOOL, CL(tp_across_nodes)},
+    [NRS_CL_GPU] = F_STR("gpu", CL(gpu)),
+    [NRS_CL_GPU_MEM] = F_DBL("gpu_mem_gib", CL(gpu_mem_gib), NRS_REQUIRED | NRS_LO_OPEN, 0, 1e6),
+    [NRS_CL_PEAK] = F_DBL("peak_tflops", CL(peak_tflops), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG),
+    [NRS_CL_HBM] = F_DBL("hbm_gbps", CL(hbm_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG),
+    [NRS_CL_GPN] = F_INT("gpus_per_node", CL(gpus_per_node), NRS_REQUIRED, 1, 1024),
+    [NRS_CL_NODES] = F_INT("nodes", CL(nodes), NRS_REQUIRED, 1, 65536),
+    [NRS_CL_INTRA] = F_DBL("intra_gbps", CL(intra_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG),
+    [NRS_CL_INTER] = F_DBL("inter_gbps", CL(inter_gbps), NRS_REQUIRED | NRS_LO_OPEN, 0, BIG),
+    [NRS_CL_HOST] = F_DBL("host_gbps", CL(host_gbps), NRS_LO_OPEN, 0, BIG),
+    [NRS_CL_EFF] = F_DBL("efficiency", CL(efficiency), NRS_LO_OPEN, 0, 1),
+    [NRS_CL_TP_ACROSS] = F_BOOL("tp_across_nodes", CL(tp_across_nodes)),
 };
 
 /* ---- models -------------------------------------------------------------- */
@@ -48,39 +59,36 @@ static int on_model(nrs_sctx_t *c, const char *path, int key, int val, void *dst
 
 #define MD(f) offsetof(nrs_model_t, f)
 static const nrs_field_t model_fields[NRS_MD_N] = {
-    [NRS_MD_PRESET] = {"preset", NRS_F_FN, MD(preset), .fn = on_preset},
-    [NRS_MD_LAYERS] = {"layers", NRS_F_INT, MD(layers), 0, 1, 4096},
-    [NRS_MD_HIDDEN] = {"hidden", NRS_F_INT, MD(hidden), 0, 1, 1 << 20},
-    [NRS_MD_FFN] = {"ffn", NRS_F_INT, MD(ffn), 0, 1, 1 << 22},
-    [NRS_MD_HEADS] = {"heads", NRS_F_INT, MD(heads), 0, 1, 65536},
-    [NRS_MD_KV_HEADS] = {"kv_heads", NRS_F_INT, MD(kv_heads), 0, 1, 65536},
-    [NRS_MD_VOCAB] = {"vocab", NRS_F_INT, MD(vocab), 0, 1, 1 << 24},
-    [NRS_MD_DTYPE] = {"dtype", NRS_F_ENUM, MD(dtype), .enums = dtype_enum},
-    [NRS_MD_TIED] = {"tied_embeddings", NRS_F_BOOL, MD(tied_embeddings)},
-    [NRS_MD_LAYOUT] = {"layout", NRS_F_FN, 0, .fn = on_layout},
+    [NRS_MD_PRESET] = F_FN("preset", MD(preset), 0, on_preset, 0),
+    [NRS_MD_LAYERS] = F_INT("layers", MD(layers), 0, 1, 4096),
+    [NRS_MD_HIDDEN] = F_INT("hidden", MD(hidden), 0, 1, 1 << 20),
+    [NRS_MD_FFN] = F_INT("ffn", MD(ffn), 0, 1, 1 << 22),
+    [NRS_MD_HEADS] = F_INT("heads", MD(heads), 0, 1, 65536),
+    [NRS_MD_KV_HEADS] = F_INT("kv_heads", MD(kv_heads), 0, 1, 65536),
+    [NRS_MD_VOCAB] = F_INT("vocab", MD(vocab), 0, 1, 1 << 24),
+    [NRS_MD_DTYPE] = F_ENUM("dtype", MD(dtype), dtype_enum),
+    [NRS_MD_TIED] = F_BOOL("tied_embeddings", MD(tied_embeddings)),
+    [NRS_MD_LAYOUT] = F_FN("layout", 0, 0, on_layout, 0),
 };
 
 static const nrs_field_t layout_fields[3] = {
-    [NRS_STAGE_GENERATE] = {"generate", NRS_F_FN, MD(init_generate), .fn = on_stage,
-                            .aux = NRS_STAGE_GENERATE},
-    [NRS_STAGE_INFER] = {"infer", NRS_F_FN, MD(init_infer), .fn = on_stage, .aux = NRS_STAGE_INFER},
-    [NRS_STAGE_TRAIN] = {"train", NRS_F_FN, MD(init_train), .fn = on_stage, .aux = NRS_STAGE_TRAIN},
+    [NRS_STAGE_GENERATE] = F_FN("generate", MD(init_generate), 0, on_stage, NRS_STAGE_GENERATE),
+    [NRS_STAGE_INFER] = F_FN("infer", MD(init_infer), 0, on_stage, NRS_STAGE_INFER),
+    [NRS_STAGE_TRAIN] = F_FN("train", MD(init_train), 0, on_stage, NRS_STAGE_TRAIN),
 };
 
 static const nrs_field_t tp_pp_fields[NRS_TP_PP_N] = {
-    [NRS_TP] = {"tp", NRS_F_INT, offsetof(nrs_tp_pp_t, tp), 0, 1, 65536},
-    [NRS_PP] = {"pp", NRS_F_INT, offsetof(nrs_tp_pp_t, pp), 0, 1, 4096},
+    [NRS_TP] = F_INT("tp", offsetof(nrs_tp_pp_t, tp), 0, 1, 65536),
+    [NRS_PP] = F_INT("pp", offsetof(nrs_tp_pp_t, pp), 0, 1, 4096),
 };
 
 #define MODEL_AT(r) ((r) * sizeof(nrs_model_t))
 static const nrs_field_t models_fields[NRS_ROLE_COUNT] = {
-    [NRS_ROLE_ACTOR] = {"actor", NRS_F_FN, MODEL_AT(NRS_ROLE_ACTOR), NRS_REQUIRED, .fn = on_model,
-                        .aux = NRS_ROLE_ACTOR},
-    [NRS_ROLE_CRITIC] = {"critic", NRS_F_FN, MODEL_AT(NRS_ROLE_CRITIC), .fn = on_model,
-                         .aux = NRS_ROLE_CRITIC},
-    [NRS_ROLE_REF] = {"ref", NRS_F_FN, MODEL_AT(NRS_ROLE_REF), .fn = on_model, .aux = NRS_ROLE_REF},
-    [NRS_ROLE_REWARD] = {"reward", NRS_F_FN, MODEL_AT(NRS_ROLE_REWARD), .fn = on_model,
-                         .aux = NRS_ROLE_REWARD},
+    [NRS_ROLE_ACTOR] = F_FN("actor", MODEL_AT(NRS_ROLE_ACTOR), NRS_REQUIRED, on_model,
+                            NRS_ROLE_ACTOR),
+    [NRS_ROLE_CRITIC] = F_FN("critic", MODEL_AT(NRS_ROLE_CRITIC), 0, on_model, NRS_ROLE_CRITIC),
+    [NRS_ROLE_REF] = F_FN("ref", MODEL_AT(NRS_ROLE_REF), 0, on_model, NRS_ROLE_REF),
+    [NRS_ROLE_REWARD] = F_FN("reward", MODEL_AT(NRS_ROLE_REWARD), 0, on_model, NRS_ROLE_REWARD),
 };
 
 /* ---- algorithm, workload, policy, runtime -------------------------------- */
@@ -93,33 +101,34 @@ static int on_reward(nrs_sctx_t *c, const char *path, int key, int val, void *ds
 
 #define AL(f) offsetof(nrs_algorithm_t, f)
 static const nrs_field_t algorithm_fields[NRS_AL_N] = {
-    [NRS_AL_NAME] = {"name", NRS_F_ENUM, AL(name), .enums = algo_enum},
-    [NRS_AL_REWARD] = {"reward", NRS_F_FN, AL(reward_model), .enums = reward_enum, .fn = on_reward},
-    [NRS_AL_KL] = {"kl", NRS_F_BOOL, AL(kl)},
+    [NRS_AL_NAME] = F_ENUM("name", AL(name), algo_enum),
+    [NRS_AL_REWARD] = {.name = "reward", .type = NRS_F_FN, .off = AL(reward_model),
+                       .fn = on_reward, .enums = reward_enum},
+    [NRS_AL_KL] = F_BOOL("kl", AL(kl)),
 };
 
 #define WL(f) offsetof(nrs_workload_t, f)
 #define TOKENS (1 << 22)
 static const nrs_field_t workload_fields[NRS_WL_N] = {
-    [NRS_WL_BATCH] = {"global_batch", NRS_F_INT, WL(global_batch), NRS_REQUIRED, 1, 1 << 24},
-    [NRS_WL_SAMPLES] = {"samples_per_prompt", NRS_F_INT, WL(samples_per_prompt), 0, 1, 4096},
-    [NRS_WL_PROMPT] = {"prompt_len", NRS_F_INT, WL(prompt_len), NRS_REQUIRED, 1, TOKENS},
-    [NRS_WL_RESPONSE] = {"response_len", NRS_F_INT, WL(response_len), NRS_REQUIRED, 1, TOKENS},
-    [NRS_WL_MAX_RESPONSE] = {"max_response_len", NRS_F_INT, WL(max_response_len), 0, 1, TOKENS},
-    [NRS_WL_EPOCHS] = {"ppo_epochs", NRS_F_INT, WL(ppo_epochs), 0, 1, 1024},
-    [NRS_WL_STEPS] = {"steps", NRS_F_INT, WL(steps), NRS_REQUIRED, 1, 1 << 30},
-    [NRS_WL_MICRO] = {"micro_batch_max", NRS_F_INT, WL(micro_batch_max), 0, 1, 1 << 20},
+    [NRS_WL_BATCH] = F_INT("global_batch", WL(global_batch), NRS_REQUIRED, 1, 1 << 24),
+    [NRS_WL_SAMPLES] = F_INT("samples_per_prompt", WL(samples_per_prompt), 0, 1, 4096),
+    [NRS_WL_PROMPT] = F_INT("prompt_len", WL(prompt_len), NRS_REQUIRED, 1, TOKENS),
+    [NRS_WL_RESPONSE] = F_INT("response_len", WL(response_len), NRS_REQUIRED, 1, TOKENS),
+    [NRS_WL_MAX_RESPONSE] = F_INT("max_response_len", WL(max_response_len), 0, 1, TOKENS),
+    [NRS_WL_EPOCHS] = F_INT("ppo_epochs", WL(ppo_epochs), 0, 1, 1024),
+    [NRS_WL_STEPS] = F_INT("steps", WL(steps), NRS_REQUIRED, 1, 1 << 30),
+    [NRS_WL_MICRO] = F_INT("micro_batch_max", WL(micro_batch_max), 0, 1, 1 << 20),
 };
 
 #define PO(f) offsetof(nrs_policy_t, f)
 static const nrs_field_t policy_fields[NRS_PO_N] = {
-    [NRS_PO_HORIZON] = {"horizon", NRS_F_INT, PO(horizon), 0, 0, 1 << 30},
-    [NRS_PO_MIN_GAIN] = {"min_gain", NRS_F_DBL, PO(min_gain), NRS_HI_OPEN, 0, 1},
-    [NRS_PO_MARGIN] = {"margin", NRS_F_DBL, PO(margin), 0, 0, 1},
-    [NRS_PO_HYSTERESIS] = {"hysteresis", NRS_F_INT, PO(hysteresis), 0, 0, 1 << 20},
-    [NRS_PO_CALIB] = {"calib_alpha", NRS_F_DBL, PO(calib_alpha), NRS_LO_OPEN, 0, 1},
-    [NRS_PO_DRIFT] = {"drift_threshold", NRS_F_DBL, PO(drift_threshold), NRS_LO_OPEN, 0, 10},
-    [NRS_PO_POLL] = {"poll_interval", NRS_F_DBL, PO(poll_interval), NRS_LO_OPEN, 0, 3600},
+    [NRS_PO_HORIZON] = F_INT("horizon", PO(horizon), 0, 0, 1 << 30),
+    [NRS_PO_MIN_GAIN] = F_DBL("min_gain", PO(min_gain), NRS_HI_OPEN, 0, 1),
+    [NRS_PO_MARGIN] = F_DBL("margin", PO(margin), 0, 0, 1),
+    [NRS_PO_HYSTERESIS] = F_INT("hysteresis", PO(hysteresis), 0, 0, 1 << 20),
+    [NRS_PO_CALIB] = F_DBL("calib_alpha", PO(calib_alpha), NRS_LO_OPEN, 0, 1),
+    [NRS_PO_DRIFT] = F_DBL("drift_threshold", PO(drift_threshold), NRS_LO_OPEN, 0, 10),
+    [NRS_PO_POLL] = F_DBL("poll_interval", PO(poll_interval), NRS_LO_OPEN, 0, 3600),
 };
 
 static int on_transports(nrs_sctx_t *c, const char *path, int key, int val, void *dst,
@@ -129,13 +138,13 @@ static const nrs_enum_t xfer_enum[] = {
 
 #define RT(f) offsetof(nrs_runtime_t, f)
 static const nrs_field_t runtime_fields[NRS_RT_N] = {
-    [NRS_RT_TRANSPORTS] = {"transports", NRS_F_FN, RT(transports), .enums = xfer_enum,
-                           .fn = on_transports},
-    [NRS_RT_HEADROOM] = {"mem_headroom_gib", NRS_F_DBL, RT(mem_headroom_gib), 0, 0, 1e6},
-    [NRS_RT_EMU_SCALE] = {"emulation_scale", NRS_F_DBL, RT(emulation_scale), NRS_LO_OPEN, 0, 1},
-    [NRS_RT_ZERO1] = {"zero1", NRS_F_BOOL, RT(zero1)},
-    [NRS_RT_RECOMPUTE] = {"recompute", NRS_F_BOOL, RT(recompute)},
-    [NRS_RT_VERIFY] = {"verify", NRS_F_BOOL, RT(verify)},
+    [NRS_RT_TRANSPORTS] = {.name = "transports", .type = NRS_F_FN, .off = RT(transports),
+                           .fn = on_transports, .enums = xfer_enum},
+    [NRS_RT_HEADROOM] = F_DBL("mem_headroom_gib", RT(mem_headroom_gib), 0, 0, 1e6),
+    [NRS_RT_EMU_SCALE] = F_DBL("emulation_scale", RT(emulation_scale), NRS_LO_OPEN, 0, 1),
+    [NRS_RT_ZERO1] = F_BOOL("zero1", RT(zero1)),
+    [NRS_RT_RECOMPUTE] = F_BOOL("recompute", RT(recompute)),
+    [NRS_RT_VERIFY] = F_BOOL("verify", RT(verify)),
 };
 
 /* ---- top level ----------------------------------------------------------- */
@@ -145,17 +154,13 @@ static int on_section(nrs_sctx_t *c, const char *path, int key, int val, void *d
 
 #define SP(f) offsetof(nrs_spec_t, f)
 static const nrs_field_t root_fields[NRS_ROOT_N] = {
-    [NRS_ROOT_CLUSTER] = {"cluster", NRS_F_FN, SP(cluster), NRS_REQUIRED, .fn = on_section,
-                          .aux = NRS_ROOT_CLUSTER},
-    [NRS_ROOT_MODELS] = {"models", NRS_F_FN, SP(models), NRS_REQUIRED, .fn = on_section,
-                         .aux = NRS_ROOT_MODELS},
-    [NRS_ROOT_ALGORITHM] = {"algorithm", NRS_F_FN, SP(algorithm), .fn = on_section,
-                            .aux = NRS_ROOT_ALGORITHM},
-    [NRS_ROOT_WORKLOAD] = {"workload", NRS_F_FN, SP(workload), NRS_REQUIRED, .fn = on_section,
-                           .aux = NRS_ROOT_WORKLOAD},
-    [NRS_ROOT_POLICY] = {"policy", NRS_F_FN, SP(policy), .fn = on_section, .aux = NRS_ROOT_POLICY},
-    [NRS_ROOT_RUNTIME] = {"runtime", NRS_F_FN, SP(runtime), .fn = on_section,
-                          .aux = NRS_ROOT_RUNTIME},
+    [NRS_ROOT_CLUSTER] = F_FN("cluster", SP(cluster), NRS_REQUIRED, on_section, NRS_ROOT_CLUSTER),
+    [NRS_ROOT_MODELS] = F_FN("models", SP(models), NRS_REQUIRED, on_section, NRS_ROOT_MODELS),
+    [NRS_ROOT_ALGORITHM] = F_FN("algorithm", SP(algorithm), 0, on_section, NRS_ROOT_ALGORITHM),
+    [NRS_ROOT_WORKLOAD] = F_FN("workload", SP(workload), NRS_REQUIRED, on_section,
+                               NRS_ROOT_WORKLOAD),
+    [NRS_ROOT_POLICY] = F_FN("policy", SP(policy), 0, on_section, NRS_ROOT_POLICY),
+    [NRS_ROOT_RUNTIME] = F_FN("runtime", SP(runtime), 0, on_section, NRS_ROOT_RUNTIME),
 };
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))

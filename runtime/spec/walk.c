@@ -165,8 +165,9 @@ int nrs_get_enum(nrs_sctx_t *c, const char *path, int node, const nrs_enum_t *en
     const char *s = nrs_suggest(n->text, n->len, names, k);
     nrs_quote(q, n->text, n->len);
     if (s)
-        return nrs_diag_at(&c->d, n->mark, "%s: unknown value '%s'; did you mean '%s'? (one of: %s)",
-                           path, q, s, list);
+        return nrs_diag_at(&c->d, n->mark,
+                           "%s: unknown value '%s'; did you mean '%s'? (one of: %s)", path, q, s,
+                           list);
     return nrs_diag_at(&c->d, n->mark, "%s: unknown value '%s' (one of: %s)", path, q, list);
 }
 
@@ -230,7 +231,10 @@ int nrs_walk_map(nrs_sctx_t *c, int node, const char *path, const nrs_field_t *f
         return nrs_type_error(c, path, node, "a mapping");
 
     for (int k = m->first; k >= 0;) {
-        int v = nrs_node(c, k)->next; /* a mapping always pairs key and value */
+        int v = nrs_node(c, k)->next; /* libyaml always pairs key and value */
+        if (v < 0)
+            return nrs_diag_at(&c->d, nrs_node(c, k)->mark, "%s: key without a value",
+                               where(path));
         int next = nrs_node(c, v)->next;
         int key = nrs_deref(c, k);
         if (key < 0)
@@ -243,8 +247,9 @@ int nrs_walk_map(nrs_sctx_t *c, int node, const char *path, const nrs_field_t *f
         if (i < 0)
             return unknown_key(c, path, kn, fields, n);
         if (nrs_seen(seen, i))
-            return nrs_diag_at(&c->d, nrs_node(c, k)->mark, "duplicate key '%s' in %s (first at %d:%d)",
-                               fields[i].name, where(path), seen->key[i].line, seen->key[i].col);
+            return nrs_diag_at(&c->d, nrs_node(c, k)->mark,
+                               "duplicate key '%s' in %s (first at %d:%d)", fields[i].name,
+                               where(path), seen->key[i].line, seen->key[i].col);
         seen->bits |= 1u << i;
         seen->key[i] = nrs_node(c, k)->mark;
         seen->val[i] = nrs_node(c, v)->mark;

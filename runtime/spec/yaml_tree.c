@@ -52,7 +52,8 @@ static int syntax_error(builder_t *b, yaml_parser_t *p, const char *buf, size_t 
         if (p->problem_value != -1)
             return nrs_diag_at(b->d, mark_of_offset(buf, len, p->problem_offset),
                                "invalid input: %s (byte 0x%02x)",
-                               p->problem ? p->problem : "unreadable", (unsigned)p->problem_value & 0xff);
+                               p->problem ? p->problem : "unreadable",
+                               (unsigned)p->problem_value & 0xff);
         return nrs_diag_at(b->d, mark_of_offset(buf, len, p->problem_offset), "invalid input: %s",
                            p->problem ? p->problem : "unreadable");
     default:
@@ -174,7 +175,8 @@ static int on_alias(builder_t *b, yaml_event_t *ev)
         if (strcmp(t->anchor[i], name) == 0)
             target = t->anchor_node[i];
     if (target < 0)
-        return nrs_diag_at(b->d, mark_of(ev->start_mark), "alias '*%s' refers to no complete anchor",
+        return nrs_diag_at(b->d, mark_of(ev->start_mark),
+                           "alias '*%s' refers to no complete anchor",
                            nrs_quote(q, name, strlen(name)));
     int idx = new_node(b, NRS_YN_ALIAS, ev->start_mark);
     if (idx < 0)
@@ -207,6 +209,8 @@ static int on_start(builder_t *b, yaml_event_t *ev, nrs_yn_kind_t kind)
 
 static int on_end(builder_t *b, yaml_event_t *ev)
 {
+    if (b->depth == 0) /* libyaml balances events; never trust it blindly */
+        return nrs_diag_at(b->d, mark_of(ev->start_mark), "unbalanced YAML events");
     b->depth--;
     char *anchor = b->open_anchor[b->depth];
     b->open_anchor[b->depth] = NULL;

@@ -1,0 +1,123 @@
+/* bench_graph: transition graph makespan against its lower bound, and the
+ * time to build + schedule a graph, on Llama-3 shapes and on random plans.
+ * Usage: bench_graph [cases]   (a benchmark, never a timed test) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "emu/graph.h"
+#include "emu/testutil.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void h200(nrs_spec_t *s)
+{
+    s->cluster.gpus_per_node = 8;
+    s->cluster.intra_gbps = 450;
+    s->cluster.inter_gbps = 50;
+    s->cluster.hbm_gbps = 4800;
+    s->cluster.host_gbps = 55;
+    s->cluster.gpu_mem_gib = 141;
+}
+
+typedef struct {
+    const char *name;
+    int big; /* 70B */
+    int ga, gb;
+    nrs_layout_t a, b;
+} named_t;
+
+static void run_named(const named_t *c)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_emu_graph_t *g = NULL;
+    char err[512];
+    if (c->big)
+        tu_model(&m, 80, 8192, 28672, 64, 8, 128256);
+    else
+        tu_model(&m, 32, 4096, 14336, 32, 8, 128256);
+    tu_spec_fixed(&s, &m, 8);
+    h200(&s);
+    tu_plan_single(&s, c->ga, &c->a, &a);
+    tu_plan_single(&s, c->gb, &c->b, &b);
+    double t0 = now_s();
+    int rc = nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err));
+    double t1 = now_s();
+    if (rc) {
+        printf("%-44s error: %s\n", c->name, err);
+        nrs_emu_graph_free(g);
+        return;
+    }
+    double ms = (double)g->makespan * 1e-12, lb = (double)g->lower_bound * 1e-12;
+    printf("%-44s %8zu ops %9.4f s  lb %9.4f s  ratio %.3f  build %.3f s\n", c->name, g->nops,
+           ms, lb, lb > 0 ? ms / lb : 1, t1 - t0);
+    nrs_emu_graph_free(g);
+}
+
+/* Random plans of a random Llama-3-8B-shaped job on 8..64 GPUs. */
+static void run_random(int cases)
+{
+    tu_rng_t r = {12345};
+    double worst = 0, sum = 0, tmax = 0;
+    int n = 0;
+    for (int i = 0; i < cases; i++) {
+        nrs_spec_t s;
+        nrs_plan_t a, b;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_opts_t o = {0};
+        char err[512];
+        tu_spec(&s, &r);
+        h200(&s);
+        s.cluster.gpu_mem_gib = 1e6; /* makespan, not memory, is measured here */
+        for (int k = 0; k < NRS_ROLE_COUNT; k++)
+            if (s.models[k].present) {
+                nrs_model_t *m = &s.models[k];
+                int heads = m->heads, kv = m->kv_heads, vh = m->value_head;
+                tu_model(m, 32, heads * 128, 14336, heads, kv, 128256);
+                m->value_head = vh;
+            }
+        tu_plan(&s, &r, 8 * tu_int(&r, 1, 8), &a);
+        tu_plan(&s, &r, 8 * tu_int(&r, 1, 8), &b);
+        o.chunk_bytes = (int64_t)1 << tu_int(&r, 22, 26);
+        double t0 = now_s();
+        if (nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err))) {
+            printf("random %d: %s\n", i, err);
+            nrs_emu_graph_free(g);
+            continue;
+        }
+        double t = now_s() - t0;
+        double ratio = g->lower_bound > 0 ? (double)g->makespan / (double)g->lower_bound : 1;
+        tmax = t > tmax ? t : tmax;
+        worst = ratio > worst ? ratio : worst;
+        sum += ratio;
+        n++;
+        nrs_emu_graph_free(g);
+    }
+    printf("random 8B-shaped plans, %d cases: makespan/lower bound worst %.3f mean %.3f; "
+           "slowest build %.3f s\n",
+           n, worst, n ? sum / n : 0, tmax);
+}
+
+int main(int argc, char **argv)
+{
+    static const named_t named[] = {
+        {"8B  tp4 pp2 dp2 -> tp8 pp1 dp2 (16 GPUs)", 0, 16, 16, {4, 2, 2, 1}, {8, 1, 2, 1}},
+        {"8B  tp2 pp3 dp1 -> tp4 pp2 dp1 (8 GPUs)", 0, 8, 8, {2, 3, 1, 1}, {4, 2, 1, 1}},
+        {"8B  dp 2 -> 8 (tp4 pp2, 16 -> 64 GPUs)", 0, 16, 64, {4, 2, 2, 1}, {4, 2, 8, 1}},
+        {"8B  dp 8 -> 2 (tp4 pp2, 64 -> 16 GPUs)", 0, 64, 16, {4, 2, 8, 1}, {4, 2, 2, 1}},
+        {"70B tp8 pp4 dp2 -> tp8 pp2 dp4 (64 GPUs)", 1, 64, 64, {8, 4, 2, 1}, {8, 2, 4, 1}},
+        {"70B tp8 pp8 dp16 -> tp8 pp5 dp25 (1000)", 1, 1024, 1000, {8, 8, 16, 1}, {8, 5, 25, 1}},
+    };
+    int cases = argc > 1 ? atoi(argv[1]) : 100;
+    for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
+        run_named(&named[i]);
+    run_random(cases);
+    return 0;
+}

@@ -1,0 +1,46 @@
+/* bench/sim: wall time to simulate a trace per policy, and the policy's own
+ * overhead per step as a share of the simulated step it decides for.
+ * Usage: bench_sim SPEC TRACE */
+#include <stdio.h>
+#include <time.h>
+
+#include "sim/sim.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    nrs_spec_t s;
+    nrs_trace_t t;
+    char err[NRS_ERR_MAX];
+    if (argc != 3) {
+        fprintf(stderr, "usage: bench_sim SPEC TRACE\n");
+        return 2;
+    }
+    if (nrs_spec_load(argv[1], &s, err, sizeof(err)) != 0 ||
+        nrs_trace_load(argv[2], &s, &t, err, sizeof(err)) != 0) {
+        fprintf(stderr, "bench_sim: %s\n", err);
+        return 1;
+    }
+    printf("%-12s %10s %14s %16s %18s\n", "policy", "wall s", "wall ms/step", "simulated s/step",
+           "overhead share");
+    for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
+        nrs_sim_summary_t m;
+        double t0 = now_s();
+        if (nrs_sim_run(&s, &t, (nrs_sim_policy_t)p, NULL, NULL, &m, err, sizeof(err)) != 0) {
+            fprintf(stderr, "bench_sim: %s\n", err);
+            nrs_trace_free(&t);
+            return 1;
+        }
+        double wall = now_s() - t0, per = m.steps ? wall / m.steps : 0;
+        printf("%-12s %10.2f %14.3f %16.3f %17.4f%%\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
+               wall, per * 1e3, m.mean_step_s, m.mean_step_s > 0 ? 100 * per / m.mean_step_s : 0);
+    }
+    nrs_trace_free(&t);
+    return 0;
+}

@@ -1,0 +1,592 @@
+/* Transition graph construction (docs/transitions.md §2).
+ *
+ * Pure function of (old state, new state, spec, options): every iteration is
+ * over arrays sorted by integer keys with the buffer id as the last key, so
+ * the graph never depends on addresses or hash order.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu/graph.h"
+
+
+int nrs_emu_node_of(const nrs_emu_graph_t *g, int gpu)
+{
+    return gpu >= 0 ? gpu / g->gpn : -1 - gpu;
+}
+
+int nrs_emu_resources(const nrs_emu_graph_t *g, int src_gpu, int dst_gpu, int via, int r[2])
+{
+    const int K = NRS_EMU_RES_KINDS;
+    r[1] = -1;
+    if (src_gpu < 0) { /* from host memory */
+        if (nrs_emu_node_of(g, src_gpu) == nrs_emu_node_of(g, dst_gpu)) {
+            r[0] = dst_gpu * K + NRS_EMU_RES_H2D;
+            return NRS_LINK_HOST;
+        }
+        r[0] = via * K + NRS_EMU_RES_INTER_TX;
+        r[1] = dst_gpu * K + NRS_EMU_RES_INTER_RX;
+        return NRS_LINK_INTER;
+    }
+    if (dst_gpu < 0) {
+        r[0] = src_gpu * K + NRS_EMU_RES_D2H;
+        return NRS_LINK_HOST;
+    }
+    if (src_gpu == dst_gpu) {
+        r[0] = src_gpu * K + NRS_EMU_RES_HBM;
+        return NRS_LINK_LOCAL;
+    }
+    if (nrs_emu_node_of(g, src_gpu) == nrs_emu_node_of(g, dst_gpu)) {
+        r[0] = src_gpu * K + NRS_EMU_RES_INTRA_TX;
+        r[1] = dst_gpu * K + NRS_EMU_RES_INTRA_RX;
+        return NRS_LINK_INTRA;
+    }
+    r[0] = src_gpu * K + NRS_EMU_RES_INTER_TX;
+    r[1] = dst_gpu * K + NRS_EMU_RES_INTER_RX;
+    return NRS_LINK_INTER;
+}
+
+int64_t nrs_emu_duration(const nrs_emu_graph_t *g, int res, int64_t bytes)
+{
+    int64_t ps = llround((double)bytes / g->bw[res % NRS_EMU_RES_KINDS]);
+    return ps > 0 ? ps : 1;
+}
+
+#define GROW(arr, n, cap, extra)                                                              \
+    do {                                                                                      \
+        if ((n) + (extra) > (cap)) {                                                          \
+            size_t nc_ = (cap) ? (cap) * 2 : 64;                                              \
+            while (nc_ < (n) + (extra))                                                       \
+                nc_ *= 2;                                                                     \
+            void *p_ = realloc((arr), nc_ * sizeof(*(arr)));                                  \
+            if (!p_)                                                                          \
+                return -1;                                                                    \
+            (arr) = p_;                                                                       \
+            (cap) = nc_;                                                                      \
+        }                                                                                     \
+    } while (0)
+
+int nrs_emu_push_op(nrs_emu_graph_t *g, const nrs_emu_op_t *op)
+{
+    GROW(g->ops, g->nops, g->opcap, 1);
+    g->ops[g->nops++] = *op;
+    return 0;
+}
+
+int nrs_emu_push_buf(nrs_emu_graph_t *g, const nrs_emu_gbuf_t *b)
+{
+    GROW(g->buf, g->nbuf, g->bufcap, 1);
+    g->buf[g->nbuf++] = *b;
+    return 0;
+}
+
+static int push_move(nrs_emu_graph_t *g, int32_t src, int32_t dst, const nrs_emu_rect_t *r)
+{
+    GROW(g->moves, g->nmoves, g->movecap, 1);
+    g->moves[g->nmoves++] = (nrs_emu_move_t){src, dst, *r};
+    return 0;
+}
+
+static int push_chunk(nrs_emu_graph_t *g, const nrs_emu_op_t *op)
+{
+    GROW(g->chunks, g->nchunks, g->chunkcap, 1);
+    g->chunks[g->nchunks++] = *op;
+    return 0;
+}
+
+static int push_lost(nrs_emu_graph_t *g, const nrs_emu_buf_t *b, const nrs_emu_rect_t *r)
+{
+    GROW(g->lost, g->nlost, g->lostcap, 1);
+    g->lost[g->nlost++] = (nrs_emu_lost_t){b->role, b->tensor, b->kind, *r};
+    return 0;
+}
+
+/* --- sorted views of the old buffers ------------------------------------- */
+
+typedef struct {
+    int32_t k[9]; /* comparison keys, id last */
+} skey_t;
+
+static int key_cmp(const void *a, const void *b)
+{
+    const skey_t *x = a, *y = b;
+    for (int i = 0; i < 9; i++)
+        if (x->k[i] != y->k[i])
+            return x->k[i] < y->k[i] ? -1 : 1;
+    return 0;
+}
+
+/* Sources: grouped by (role, tensor, kind), then by replica group. */
+static void src_key(const nrs_emu_buf_t *b, int32_t id, skey_t *k)
+{
+    *k = (skey_t){{b->role, b->tensor, b->kind, b->engine, b->set, b->box.r0, b->box.c0, b->gpu,
+                  id}};
+}
+
+/* Keep-in-place matching: identical box, kind and GPU. */
+static void keep_key(const nrs_emu_buf_t *b, int32_t id, skey_t *k)
+{
+    *k = (skey_t){{b->role, b->tensor, b->kind, b->gpu, b->box.r0, b->box.r1, b->box.c0,
+                  b->box.c1, id}};
+}
+
+/* First index in keys[0, n) whose first m keys are >= want's. */
+static size_t lower_bound(const skey_t *keys, size_t n, const skey_t *want, int m)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = 0;
+        for (int i = 0; i < m && !c; i++)
+            c = keys[mid].k[i] < want->k[i] ? -1 : keys[mid].k[i] > want->k[i];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int same3(const skey_t *a, const skey_t *b)
+{
+    return a->k[0] == b->k[0] && a->k[1] == b->k[1] && a->k[2] == b->k[2];
+}
+
+/* --- uncovered regions ----------------------------------------------------- */
+
+typedef struct {
+    nrs_emu_rect_t *r;
+    size_t n, cap;
+} rects_t;
+
+static int rects_push(rects_t *v, const nrs_emu_rect_t *r)
+{
+    if (nrs_emu_rect_area(r) == 0)
+        return 0;
+    GROW(v->r, v->n, v->cap, 1);
+    v->r[v->n++] = *r;
+    return 0;
+}
+
+/* Replace u by u minus i (i inside u): up to four pieces, in a fixed order. */
+static int rects_cut(rects_t *out, const nrs_emu_rect_t *u, const nrs_emu_rect_t *i)
+{
+    nrs_emu_rect_t top = {u->r0, i->r0, u->c0, u->c1}, bot = {i->r1, u->r1, u->c0, u->c1};
+    nrs_emu_rect_t lft = {i->r0, i->r1, u->c0, i->c0}, rgt = {i->r0, i->r1, i->c1, u->c1};
+    return rects_push(out, &top) || rects_push(out, &lft) || rects_push(out, &rgt) ||
+           rects_push(out, &bot);
+}
+
+/* --- source selection ------------------------------------------------------ */
+
+typedef struct {
+    nrs_emu_graph_t *g;
+    int64_t *load;   /* picoseconds per resource so far */
+    rects_t unc, tmp;
+    int32_t *cand;   /* old buffer ids intersecting the destination */
+    size_t ncand, candcap;
+    int32_t *touched; /* resources changed by a dry run */
+    int64_t *undo;
+    size_t ntouched, touchcap, undocap;
+    int32_t *order;
+    size_t ordercap;
+} sel_t;
+
+static int touch(sel_t *S, int r, int64_t add)
+{
+    GROW(S->touched, S->ntouched, S->touchcap, 1);
+    GROW(S->undo, S->ntouched, S->undocap, 1);
+    S->touched[S->ntouched] = r;
+    S->undo[S->ntouched++] = S->load[r];
+    S->load[r] += add;
+    return 0;
+}
+
+static int64_t move_cost(const sel_t *S, int32_t src, int32_t dst, int64_t bytes)
+{
+    const nrs_emu_graph_t *g = S->g;
+    int r[2];
+    int64_t c = 0;
+    nrs_emu_resources(g, g->buf[src].b.gpu, g->buf[dst].b.gpu, -1, r);
+    for (int k = 0; k < 2; k++)
+        if (r[k] >= 0) {
+            int64_t v = S->load[r[k]] + nrs_emu_duration(g, r[k], bytes);
+            c = v > c ? v : c;
+        }
+    return c;
+}
+
+/* Cover what is left of dst's box from candidates cand[a, b) (one replica
+ * group), cheapest first. Dry: only loads change (and are undone by the
+ * caller). Returns -1 on allocation failure. */
+static int cover_from(sel_t *S, int32_t dst, size_t a, size_t b, int dry, int64_t *cost)
+{
+    nrs_emu_graph_t *g = S->g;
+    int esize = g->buf[dst].b.esize;
+    size_t n = b - a;
+
+    GROW(S->order, 0, S->ordercap, n);
+    for (size_t i = 0; i < n; i++)
+        S->order[i] = S->cand[a + i];
+    /* cheapest candidate first (insertion sort: groups are small) */
+    for (size_t i = 1; i < n; i++) {
+        int32_t x = S->order[i];
+        nrs_emu_rect_t m;
+        nrs_emu_rect_meet(&g->buf[x].b.box, &g->buf[dst].b.box, &m);
+        int64_t cx = move_cost(S, x, dst, nrs_emu_rect_area(&m) * esize);
+        size_t j = i;
+        while (j > 0) {
+            int32_t y = S->order[j - 1];
+            nrs_emu_rect_meet(&g->buf[y].b.box, &g->buf[dst].b.box, &m);
+            int64_t cy = move_cost(S, y, dst, nrs_emu_rect_area(&m) * esize);
+            if (cy < cx || (cy == cx && g->buf[y].b.gpu <= g->buf[x].b.gpu))
+                break;
+            S->order[j] = y;
+            j--;
+        }
+        S->order[j] = x;
+    }
+    *cost = 0;
+    for (size_t i = 0; i < n && S->unc.n; i++) {
+        int32_t src = S->order[i];
+        S->tmp.n = 0;
+        for (size_t u = 0; u < S->unc.n; u++) {
+            nrs_emu_rect_t m;
+            if (!nrs_emu_rect_meet(&S->unc.r[u], &g->buf[src].b.box, &m)) {
+                if (rects_push(&S->tmp, &S->unc.r[u]))
+                    return -1;
+                continue;
+            }
+            int r[2];
+            int64_t bytes = nrs_emu_rect_area(&m) * esize;
+            nrs_emu_resources(g, g->buf[src].b.gpu, g->buf[dst].b.gpu, -1, r);
+            for (int k = 0; k < 2; k++)
+                if (r[k] >= 0) {
+                    int64_t d = nrs_emu_duration(g, r[k], bytes);
+                    if (dry ? touch(S, r[k], d) : (S->load[r[k]] += d, 0))
+                        return -1;
+                    if (S->load[r[k]] > *cost)
+                        *cost = S->load[r[k]];
+                }
+            if ((!dry && push_move(g, src, dst, &m)) || rects_cut(&S->tmp, &S->unc.r[u], &m))
+                return -1;
+        }
+        rects_t t = S->unc;
+        S->unc = S->tmp;
+        S->tmp = t;
+    }
+    return 0;
+}
+
+static int64_t unc_area(const sel_t *S)
+{
+    int64_t a = 0;
+    for (size_t i = 0; i < S->unc.n; i++)
+        a += nrs_emu_rect_area(&S->unc.r[i]);
+    return a;
+}
+
+typedef struct {
+    int64_t left; /* area it leaves uncovered */
+    int64_t cost; /* the most loaded resource it touches, after */
+    size_t a, b;  /* its candidates */
+} group_t;
+
+static int group_cmp(const void *x, const void *y)
+{
+    const group_t *p = x, *q = y;
+    if (p->left != q->left)
+        return p->left < q->left ? -1 : 1;
+    if (p->cost != q->cost)
+        return p->cost < q->cost ? -1 : 1;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+static int select_sources(sel_t *S, const skey_t *keys, size_t nkeys, int32_t dst)
+{
+    nrs_emu_graph_t *g = S->g;
+    const nrs_emu_buf_t *D = &g->buf[dst].b;
+    skey_t want = {{D->role, D->tensor, D->kind}};
+    size_t lo = lower_bound(keys, nkeys, &want, 3), ng = 0;
+    group_t *grp = NULL;
+    int rc = -1;
+
+    S->ncand = 0;
+    for (size_t i = lo; i < nkeys && same3(&keys[i], &want); i++) {
+        nrs_emu_rect_t m;
+        int32_t id = keys[i].k[8];
+        if (!nrs_emu_rect_meet(&g->buf[id].b.box, &D->box, &m))
+            continue;
+        GROW(S->cand, S->ncand, S->candcap, 1);
+        S->cand[S->ncand++] = id;
+    }
+    grp = malloc(sizeof(*grp) * (S->ncand + 1));
+    if (!grp)
+        return -1;
+    for (size_t a = 0; a < S->ncand;) {
+        size_t b = a;
+        const nrs_emu_buf_t *x = &g->buf[S->cand[a]].b;
+        while (b < S->ncand && g->buf[S->cand[b]].b.engine == x->engine &&
+               g->buf[S->cand[b]].b.set == x->set)
+            b++;
+        S->unc.n = 0;
+        S->ntouched = 0;
+        if (rects_push(&S->unc, &D->box) || cover_from(S, dst, a, b, 1, &grp[ng].cost))
+            goto fail;
+        while (S->ntouched > 0) {
+            S->ntouched--;
+            S->load[S->touched[S->ntouched]] = S->undo[S->ntouched];
+        }
+        grp[ng].left = unc_area(S);
+        grp[ng].a = a;
+        grp[ng].b = b;
+        ng++;
+        a = b;
+    }
+    qsort(grp, ng, sizeof(*grp), group_cmp);
+    S->unc.n = 0;
+    if (rects_push(&S->unc, &D->box))
+        goto fail;
+    for (size_t i = 0; i < ng && S->unc.n; i++) {
+        int64_t c;
+        if (cover_from(S, dst, grp[i].a, grp[i].b, 0, &c))
+            goto fail;
+    }
+    for (size_t i = 0; i < S->unc.n; i++)
+        if (push_lost(g, D, &S->unc.r[i]))
+            goto fail;
+    rc = 0;
+fail:
+    free(grp);
+    return rc;
+}
+
+/* --- buffers, keeps, chunks ------------------------------------------------ */
+
+static int gpu_lost(const nrs_emu_opts_t *o, int gpu)
+{
+    for (int i = 0; o && i < o->nlost; i++)
+        if (o->lost[i] == gpu)
+            return 1;
+    return 0;
+}
+
+static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < g->from.nbuf; i++) {
+        nrs_emu_gbuf_t b = {g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
+                            (int8_t)gpu_lost(o, g->from.buf[i].gpu)};
+        if (nrs_emu_push_buf(g, &b))
+            return -1;
+    }
+    g->nold = (int32_t)g->nbuf;
+    for (size_t i = 0; i < g->to.nbuf; i++) {
+        nrs_emu_gbuf_t b = {g->to.buf[i], -1, -1, NRS_EMU_ORIGIN_NEW, 0};
+        if (gpu_lost(o, b.b.gpu)) {
+            snprintf(err, errlen, "new plan places %s state on lost GPU %d",
+                     nrs_ms_name(g->to.eng[b.b.engine].ms), b.b.gpu);
+            return -2;
+        }
+        if (nrs_emu_push_buf(g, &b))
+            return -1;
+    }
+    g->nnew = (int32_t)(g->nbuf - (size_t)g->nold);
+    return 0;
+}
+
+/* Sorted keys of the surviving old buffers. */
+static skey_t *old_keys(const nrs_emu_graph_t *g, void (*fn)(const nrs_emu_buf_t *, int32_t, skey_t *),
+                       size_t *n)
+{
+    skey_t *k = malloc(sizeof(*k) * ((size_t)g->nold + 1));
+    *n = 0;
+    if (!k)
+        return NULL;
+    for (int32_t i = 0; i < g->nold; i++)
+        if (!g->buf[i].lost)
+            fn(&g->buf[i].b, i, &k[(*n)++]);
+    qsort(k, *n, sizeof(*k), key_cmp);
+    return k;
+}
+
+/* A new buffer identical to an old one on the same GPU is the old one. */
+static int find_keeps(nrs_emu_graph_t *g)
+{
+    size_t n;
+    skey_t *k = old_keys(g, keep_key, &n);
+    unsigned char *taken = calloc((size_t)g->nold + 1, 1);
+    int rc = -1;
+
+    if (!k || !taken)
+        goto fail;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        skey_t want;
+        keep_key(&g->buf[j].b, 0, &want);
+        for (size_t i = lower_bound(k, n, &want, 8); i < n; i++) {
+            int c = 0;
+            for (int f = 0; f < 8 && !c; f++)
+                c = k[i].k[f] != want.k[f];
+            if (c)
+                break;
+            if (!taken[k[i].k[8]]) {
+                taken[k[i].k[8]] = 1;
+                g->buf[j].alias = k[i].k[8];
+                break;
+            }
+        }
+    }
+    rc = 0;
+fail:
+    free(k);
+    free(taken);
+    return rc;
+}
+
+static int chunk_move(nrs_emu_graph_t *g, int32_t mi)
+{
+    const nrs_emu_move_t *mv = &g->moves[mi];
+    const nrs_emu_buf_t *S = &g->buf[mv->src].b, *D = &g->buf[mv->dst].b;
+    const nrs_emu_rect_t *R = &mv->box;
+    int64_t es = D->esize, sw = S->box.c1 - S->box.c0, dw = D->box.c1 - D->box.c0;
+    int64_t row = (R->c1 - R->c0) * es, rows = R->r1 - R->r0, ch = g->chunk;
+    int r[2];
+    nrs_emu_op_t op = {0};
+
+    op.link = (uint8_t)nrs_emu_resources(g, S->gpu, D->gpu, -1, r);
+    op.type = S->gpu == D->gpu ? NRS_EMU_OP_COPY : NRS_EMU_OP_XFER;
+    op.src_buf = mv->src;
+    op.dst_buf = mv->dst;
+    op.src_gpu = S->gpu;
+    op.dst_gpu = D->gpu;
+    op.move = mi;
+    op.src_off = ((R->r0 - S->box.r0) * sw + (R->c0 - S->box.c0)) * es;
+    op.dst_off = ((R->r0 - D->box.r0) * dw + (R->c0 - D->box.c0)) * es;
+    op.src_pitch = sw * es;
+    op.dst_pitch = dw * es;
+    if (row == op.src_pitch && row == op.dst_pitch) { /* one contiguous range */
+        row *= rows;
+        rows = 1;
+    }
+    if (row <= ch) { /* whole rows per chunk */
+        int64_t per = ch / row;
+        for (int64_t i = 0; i < rows; i += per) {
+            nrs_emu_op_t c = op;
+            c.rows = (int32_t)(rows - i < per ? rows - i : per);
+            c.row_bytes = row;
+            c.src_off += i * op.src_pitch;
+            c.dst_off += i * op.dst_pitch;
+            if (push_chunk(g, &c))
+                return -1;
+        }
+        return 0;
+    }
+    for (int64_t i = 0; i < rows; i++) /* rows longer than a chunk: pieces of rows */
+        for (int64_t o = 0; o < row; o += ch) {
+            nrs_emu_op_t c = op;
+            c.rows = 1;
+            c.row_bytes = row - o < ch ? row - o : ch;
+            c.src_off += i * op.src_pitch + o;
+            c.dst_off += i * op.dst_pitch + o;
+            if (push_chunk(g, &c))
+                return -1;
+        }
+    return 0;
+}
+
+static void lower_bound_of(nrs_emu_graph_t *g)
+{
+    size_t nres = (size_t)g->nphys * NRS_EMU_RES_KINDS;
+    int64_t *load = calloc(nres + 1, sizeof(int64_t));
+    g->lower_bound = 0;
+    memset(g->link_bytes, 0, sizeof(g->link_bytes));
+    for (size_t i = 0; i < g->nchunks; i++) {
+        const nrs_emu_op_t *c = &g->chunks[i];
+        int64_t bytes = c->row_bytes * c->rows;
+        int r[2];
+        g->link_bytes[nrs_emu_resources(g, c->src_gpu, c->dst_gpu, -1, r)] += bytes;
+        for (int k = 0; k < 2 && load; k++)
+            if (r[k] >= 0) {
+                load[r[k]] += nrs_emu_duration(g, r[k], bytes);
+                if (load[r[k]] > g->lower_bound)
+                    g->lower_bound = load[r[k]];
+            }
+    }
+    free(load);
+}
+
+static int lost_cmp(const void *a, const void *b)
+{
+    const nrs_emu_lost_t *x = a, *y = b;
+    int32_t kx[7] = {x->role, x->tensor, x->kind, x->box.r0, x->box.r1, x->box.c0, x->box.c1};
+    int32_t ky[7] = {y->role, y->tensor, y->kind, y->box.r0, y->box.r1, y->box.c0, y->box.c1};
+    for (int i = 0; i < 7; i++)
+        if (kx[i] != ky[i])
+            return kx[i] < ky[i] ? -1 : 1;
+    return 0;
+}
+
+static void dedupe_lost(nrs_emu_graph_t *g)
+{
+    size_t n = 0;
+    qsort(g->lost, g->nlost, sizeof(*g->lost), lost_cmp);
+    for (size_t i = 0; i < g->nlost; i++)
+        if (n == 0 || lost_cmp(&g->lost[n - 1], &g->lost[i]))
+            g->lost[n++] = g->lost[i];
+    g->nlost = n;
+}
+
+static int choose_sources(nrs_emu_graph_t *g)
+{
+    sel_t S = {.g = g};
+    size_t nkeys;
+    skey_t *keys = old_keys(g, src_key, &nkeys);
+    int rc = -1;
+
+    S.load = calloc((size_t)g->nphys * NRS_EMU_RES_KINDS + 1, sizeof(int64_t));
+    if (!keys || !S.load)
+        goto fail;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        if (g->buf[j].alias >= 0 || g->buf[j].b.kind == NRS_EMU_GRAD)
+            continue;
+        if (select_sources(&S, keys, nkeys, j))
+            goto fail;
+    }
+    rc = 0;
+fail:
+    free(keys);
+    free(S.load);
+    free(S.unc.r);
+    free(S.tmp.r);
+    free(S.cand);
+    free(S.touched);
+    free(S.undo);
+    free(S.order);
+    return rc;
+}
+
+int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_opts_t *o,
+                        char *err, size_t errlen)
+{
+    int rc = add_buffers(g, o, err, errlen);
+    if (rc == -2)
+        return -1;
+    if (rc || find_keeps(g) || choose_sources(g))
+        goto oom;
+    if (g->nlost) {
+        dedupe_lost(g);
+        snprintf(err, errlen,
+                 "%zu boxes of state survive on no replica: restore from a checkpoint",
+                 g->nlost);
+        return NRS_EMU_ELOST;
+    }
+    for (size_t i = 0; i < g->nmoves; i++)
+        if (chunk_move(g, (int32_t)i))
+            goto oom;
+    lower_bound_of(g);
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory building the transition graph");
+    return -1;
+}

@@ -1,0 +1,56 @@
+/* Element patterns and checksums (docs/transitions.md §4). */
+#include "config.h"
+
+#include <string.h>
+
+#ifdef HAVE_XXHASH
+#include <xxhash.h>
+#endif
+
+#include "emu/pattern.h"
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+void nrs_emu_pattern_fill(const nrs_emu_buf_t *b, void *dst)
+{
+    unsigned char *o = dst;
+    uint64_t key = mix64(((uint64_t)(uint16_t)b->role << 48) ^ ((uint64_t)b->kind << 40) ^
+                         (uint64_t)(uint32_t)b->tensor);
+    int es = b->esize;
+
+    if (b->kind == NRS_EMU_GRAD) {
+        memset(dst, 0, (size_t)b->bytes);
+        return;
+    }
+    for (int32_t r = b->box.r0; r < b->box.r1; r++)
+        for (int32_t c = b->box.c0; c < b->box.c1; c++) {
+            uint64_t v = mix64(key ^ ((uint64_t)(uint32_t)r << 32 | (uint32_t)c));
+            memcpy(o, &v, (size_t)es); /* low bytes; the order only has to be stable */
+            o += es;
+        }
+}
+
+uint64_t nrs_emu_checksum(const void *p, size_t n)
+{
+#ifdef HAVE_XXHASH
+    return XXH64(p, n, 0);
+#else
+    const unsigned char *c = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+#endif
+}
+
+uint64_t nrs_emu_pattern_checksum(const nrs_emu_buf_t *b, void *scratch)
+{
+    nrs_emu_pattern_fill(b, scratch);
+    return nrs_emu_checksum(scratch, (size_t)b->bytes);
+}

@@ -1,0 +1,623 @@
+/* PMIx rendezvous (rdv.h, docs/protocol-dataplane.md §1). */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <pmix.h>
+
+#include "rdv/rdv.h"
+
+/* A PMIx callback lands in PMIx's progress thread; we poll its flag. The
+ * tracker lives until nrs_rdv_fini, so a callback that fires after we gave
+ * up waiting still writes to valid memory. */
+typedef struct rdv_trk {
+    struct rdv_trk *next;
+    atomic_int done;
+    pmix_status_t status;
+    pmix_value_t *val; /* Get_nb result, ours to release */
+} rdv_trk_t;
+
+typedef struct {
+    char key[NRS_RDV_KEY_MAX];
+    void *blob;
+    size_t len;
+} rdv_local_t;
+
+struct nrs_rdv {
+    pmix_proc_t me;
+    int size;
+    bool singleton;
+    bool broken; /* a fence timed out: PMIx may still hold it, no more fences */
+    nrs_rdv_progress_fn progress;
+    void *progress_arg;
+    rdv_trk_t *trks;
+    size_t evhdlr_id;
+    bool evhdlr_ok;
+    atomic_uchar *failed; /* [size] set by the event handler */
+    atomic_int nfailed;
+    rdv_local_t *local;   /* singleton store */
+    size_t nlocal;
+};
+
+static void seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || !len)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+}
+
+static void poll_once(nrs_rdv_t *r)
+{
+    int did = r->progress ? r->progress(r->progress_arg) : 0;
+    if (did <= 0)
+        nap();
+}
+
+static rdv_trk_t *trk_new(nrs_rdv_t *r)
+{
+    rdv_trk_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    atomic_init(&t->done, 0);
+    t->next = r->trks;
+    r->trks = t;
+    return t;
+}
+
+/* Release a tracker whose callback has fired; one still in flight stays. */
+static void trk_drop(nrs_rdv_t *r, rdv_trk_t *t)
+{
+    if (!atomic_load(&t->done))
+        return;
+    for (rdv_trk_t **p = &r->trks; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    if (t->val)
+        PMIX_VALUE_RELEASE(t->val);
+    free(t);
+}
+
+static void op_cb(pmix_status_t st, void *cbdata)
+{
+    rdv_trk_t *t = cbdata;
+    t->status = st;
+    atomic_store(&t->done, 1);
+}
+
+static void value_cb(pmix_status_t st, pmix_value_t *kv, void *cbdata)
+{
+    rdv_trk_t *t = cbdata;
+    t->status = st;
+    if (st == PMIX_SUCCESS && kv) { /* kv belongs to PMIx: copy it */
+        PMIX_VALUE_CREATE(t->val, 1);
+        if (t->val && PMIx_Value_xfer(t->val, kv) != PMIX_SUCCESS)
+            t->status = PMIX_ERR_NOMEM;
+    }
+    atomic_store(&t->done, 1);
+}
+
+/* ---- failures reported by the resource manager -------------------------------- */
+
+/* PMIx event handlers carry no user pointer: one context per process. */
+static nrs_rdv_t *ev_ctx;
+
+static void ev_handler(size_t id, pmix_status_t status, const pmix_proc_t *source,
+                       pmix_info_t info[], size_t ninfo, pmix_info_t *results, size_t nresults,
+                       pmix_event_notification_cbfunc_fn_t cbfunc, void *cbdata)
+{
+    nrs_rdv_t *r = ev_ctx;
+    (void)id, (void)results, (void)nresults, (void)source;
+    for (size_t i = 0; r && i < ninfo; i++) {
+        if (strcmp(info[i].key, PMIX_EVENT_AFFECTED_PROC) || info[i].value.type != PMIX_PROC)
+            continue;
+        const pmix_proc_t *p = info[i].value.data.proc;
+        if (PMIX_CHECK_NSPACE(p->nspace, r->me.nspace) && p->rank < (pmix_rank_t)r->size &&
+            !atomic_exchange(&r->failed[p->rank], 1)) {
+            atomic_fetch_add(&r->nfailed, 1);
+            fprintf(stderr, "nereus: rdv: rank %u reported failed by the resource manager (%s)\n",
+                    p->rank, PMIx_Error_string(status));
+        }
+    }
+    if (cbfunc)
+        cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
+}
+
+static void reg_cb(pmix_status_t st, size_t refid, void *cbdata)
+{
+    nrs_rdv_t *r = ev_ctx;
+    rdv_trk_t *t = cbdata;
+    if (st == PMIX_SUCCESS && r)
+        r->evhdlr_id = refid;
+    t->status = st;
+    atomic_store(&t->done, 1);
+}
+
+static void register_failures(nrs_rdv_t *r)
+{
+    pmix_status_t codes[] = {PMIX_ERR_PROC_ABORTED, PMIX_ERR_PROC_ABORTED_BY_SIG,
+                             PMIX_PROC_TERMINATED, PMIX_ERR_PROC_TERM_WO_SYNC};
+    rdv_trk_t *t = trk_new(r);
+    if (!t)
+        return;
+    ev_ctx = r;
+    pmix_status_t st = PMIx_Register_event_handler(codes, sizeof codes / sizeof codes[0], NULL, 0,
+                                                   ev_handler, reg_cb, t);
+    double end = now_s() + 5.0;
+    if (st == PMIX_SUCCESS)
+        while (!atomic_load(&t->done) && now_s() < end)
+            nap();
+    r->evhdlr_ok = st == PMIX_SUCCESS && atomic_load(&t->done) && t->status == PMIX_SUCCESS;
+    trk_drop(r, t);
+}
+
+/* ---- init ------------------------------------------------------------------------- */
+
+static int job_size(nrs_rdv_t *r)
+{
+    pmix_proc_t wild;
+    pmix_value_t *v = NULL;
+    int n = -1;
+    PMIX_LOAD_PROCID(&wild, r->me.nspace, PMIX_RANK_WILDCARD);
+    if (PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &v) == PMIX_SUCCESS && v) {
+        if (v->type == PMIX_UINT32)
+            n = (int)v->data.uint32;
+        PMIX_VALUE_RELEASE(v);
+    }
+    return n;
+}
+
+int nrs_rdv_init(nrs_rdv_t **out, char *err, size_t errlen)
+{
+    nrs_rdv_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    pmix_status_t st = PMIx_Init(&r->me, NULL, 0);
+    if (st == PMIX_ERR_UNREACH) {
+        r->singleton = true;
+    } else if (st != PMIX_SUCCESS) {
+        seterr(err, errlen, "rdv: PMIx_Init: %s", PMIx_Error_string(st));
+        free(r);
+        return -1;
+    }
+    r->size = r->singleton ? 1 : job_size(r);
+    if (r->size < 1) { /* a PMIx library running without a server of ours */
+        r->singleton = true;
+        r->size = 1;
+    }
+    if (r->singleton)
+        r->me.rank = 0;
+    r->failed = calloc((size_t)r->size, sizeof(*r->failed));
+    if (!r->failed) {
+        seterr(err, errlen, "rdv: out of memory");
+        PMIx_Finalize(NULL, 0);
+        free(r);
+        return -1;
+    }
+    if (!r->singleton)
+        register_failures(r);
+    *out = r;
+    return 0;
+}
+
+void nrs_rdv_fini(nrs_rdv_t *r)
+{
+    if (!r)
+        return;
+    if (r->evhdlr_ok)
+        PMIx_Deregister_event_handler(r->evhdlr_id, NULL, NULL);
+    PMIx_Finalize(NULL, 0);
+    if (ev_ctx == r)
+        ev_ctx = NULL;
+    while (r->trks) {
+        rdv_trk_t *t = r->trks;
+        r->trks = t->next;
+        if (t->val)
+            PMIX_VALUE_RELEASE(t->val);
+        free(t);
+    }
+    for (size_t i = 0; i < r->nlocal; i++)
+        free(r->local[i].blob);
+    free(r->local);
+    free(r->failed);
+    free(r);
+}
+
+int nrs_rdv_rank(const nrs_rdv_t *r) { return (int)r->me.rank; }
+int nrs_rdv_size(const nrs_rdv_t *r) { return r->size; }
+bool nrs_rdv_is_singleton(const nrs_rdv_t *r) { return r->singleton; }
+const char *nrs_rdv_nspace(const nrs_rdv_t *r) { return r->me.nspace; }
+
+void nrs_rdv_set_progress(nrs_rdv_t *r, nrs_rdv_progress_fn fn, void *arg)
+{
+    r->progress = fn;
+    r->progress_arg = arg;
+}
+
+bool nrs_rdv_peer_failed(const nrs_rdv_t *r, int rank)
+{
+    return rank >= 0 && rank < r->size && atomic_load(&r->failed[rank]);
+}
+
+int nrs_rdv_first_failed(const nrs_rdv_t *r)
+{
+    if (!atomic_load(&r->nfailed))
+        return -1;
+    for (int i = 0; i < r->size; i++)
+        if (atomic_load(&r->failed[i]))
+            return i;
+    return -1;
+}
+
+int nrs_rdv_key(char *buf, size_t len, uint64_t epoch, const char *name)
+{
+    int n = snprintf(buf, len, "nrs.e%llu.%s", (unsigned long long)epoch, name);
+    return n < 0 || (size_t)n >= len || (size_t)n >= PMIX_MAX_KEYLEN ? -1 : 0;
+}
+
+/* ---- put / commit ------------------------------------------------------------------ */
+
+static int local_put(nrs_rdv_t *r, const char *key, const void *blob, size_t len)
+{
+    void *copy = malloc(len ? len : 1);
+    rdv_local_t *v = realloc(r->local, (r->nlocal + 1) * sizeof(*v));
+    if (!copy || !v) {
+        free(copy);
+        if (v)
+            r->local = v;
+        return -1;
+    }
+    r->local = v;
+    memcpy(copy, blob, len);
+    v = &r->local[r->nlocal++];
+    snprintf(v->key, sizeof v->key, "%s", key);
+    v->blob = copy;
+    v->len = len;
+    return 0;
+}
+
+int nrs_rdv_put(nrs_rdv_t *r, uint64_t epoch, const char *name, const void *blob, size_t len,
+                char *err, size_t errlen)
+{
+    char key[NRS_RDV_KEY_MAX];
+    if (nrs_rdv_key(key, sizeof key, epoch, name)) {
+        seterr(err, errlen, "rdv: key for '%s' too long", name);
+        return -1;
+    }
+    if (r->singleton) {
+        if (local_put(r, key, blob, len)) {
+            seterr(err, errlen, "rdv: out of memory");
+            return -1;
+        }
+        return 0;
+    }
+    pmix_value_t v;
+    pmix_byte_object_t bo = {.bytes = (char *)blob, .size = len};
+    PMIX_VALUE_LOAD(&v, &bo, PMIX_BYTE_OBJECT); /* copies */
+    pmix_status_t st = PMIx_Put(PMIX_GLOBAL, key, &v);
+    PMIX_VALUE_DESTRUCT(&v);
+    if (st != PMIX_SUCCESS) {
+        seterr(err, errlen, "rdv: PMIx_Put(%s): %s", key, PMIx_Error_string(st));
+        return -1;
+    }
+    return 0;
+}
+
+int nrs_rdv_commit(nrs_rdv_t *r, char *err, size_t errlen)
+{
+    if (r->singleton)
+        return 0;
+    pmix_status_t st = PMIx_Commit();
+    if (st != PMIX_SUCCESS) {
+        seterr(err, errlen, "rdv: PMIx_Commit: %s", PMIx_Error_string(st));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- fence -------------------------------------------------------------------------- */
+
+static int first_failed_in(const nrs_rdv_t *r, const int *ranks, int nranks)
+{
+    if (!ranks)
+        return nrs_rdv_first_failed(r);
+    for (int i = 0; i < nranks; i++)
+        if (nrs_rdv_peer_failed(r, ranks[i]))
+            return ranks[i];
+    return -1;
+}
+
+/* -------------------------------------------------------------------------- */
+
+/* Append "a, b, c-d" style rank lists to buf. */
+static void list_ranks(char *buf, size_t len, const unsigned char *mark, int n, int *count)
+{
+    size_t l = strlen(buf);
+    int shown = 0;
+    *count = 0;
+    for (int i = 0; i < n; i++) {
+        if (!mark[i])
+            continue;
+        (*count)++;
+        if (shown < 16 && l < len) {
+            l += (size_t)snprintf(buf + l, len - l, "%s%d", shown ? ", " : "", i);
+            shown++;
+        }
+    }
+    if (*count > shown && l < len)
+        snprintf(buf + l, len - l, ", ... (%d in all)", *count);
+}
+
+/* Which ranks never published (epoch, name): ask every peer at once, bounded. */
+static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsigned char *missing)
+{
+    rdv_trk_t **t = calloc((size_t)r->size, sizeof(*t));
+    pmix_info_t info[1];
+    int tmo = timeout_s < 1 ? 1 : (int)timeout_s;
+    if (!t)
+        return;
+    PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
+    for (int i = 0; i < r->size; i++) {
+        pmix_proc_t p;
+        if (i == (int)r->me.rank)
+            continue;
+        PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)i);
+        if (!(t[i] = trk_new(r)))
+            continue;
+        if (PMIx_Get_nb(&p, key, info, 1, value_cb, t[i]) != PMIX_SUCCESS) {
+            t[i]->status = PMIX_ERR_NOT_FOUND;
+            atomic_store(&t[i]->done, 1);
+        }
+    }
+    double end = now_s() + timeout_s + 0.5;
+    for (int i = 0; i < r->size; i++) {
+        if (!t[i])
+            continue;
+        while (!atomic_load(&t[i]->done) && now_s() < end)
+            poll_once(r);
+        missing[i] = !atomic_load(&t[i]->done) || t[i]->status != PMIX_SUCCESS;
+        trk_drop(r, t[i]);
+    }
+    PMIX_INFO_DESTRUCT(&info[0]);
+    free(t);
+}
+
+/* survivors: do not give up on a rank known dead, and take the server's
+ * PMIX_ERR_PARTIAL_SUCCESS (a participant went away) as done. */
+static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uint64_t epoch,
+                 const char *name, double timeout_s, char *err, size_t errlen)
+{
+    if (r->singleton)
+        return 0;
+    if (r->broken) {
+        seterr(err, errlen, "rdv: an earlier fence failed; rendezvous is unusable");
+        return -1;
+    }
+    pmix_proc_t *procs = calloc(ranks ? (size_t)nranks : 1, sizeof(*procs));
+    pmix_info_t info[1];
+    bool collect = true;
+    rdv_trk_t *t = procs ? trk_new(r) : NULL;
+    if (!t) {
+        free(procs);
+        seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    if (ranks)
+        for (int i = 0; i < nranks; i++)
+            PMIX_LOAD_PROCID(&procs[i], r->me.nspace, (pmix_rank_t)ranks[i]);
+    else
+        PMIX_LOAD_PROCID(&procs[0], r->me.nspace, PMIX_RANK_WILDCARD);
+    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+    pmix_status_t st = PMIx_Fence_nb(procs, ranks ? (size_t)nranks : 1, info, 1, op_cb, t);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    free(procs);
+    if (st == PMIX_OPERATION_SUCCEEDED) {
+        t->status = PMIX_SUCCESS;
+        atomic_store(&t->done, 1);
+    } else if (st != PMIX_SUCCESS) {
+        atomic_store(&t->done, 1);
+        trk_drop(r, t);
+        seterr(err, errlen, "rdv: PMIx_Fence_nb: %s", PMIx_Error_string(st));
+        return -1;
+    }
+    double start = now_s(), end = start + timeout_s;
+    int dead = -1;
+    while (!atomic_load(&t->done) && now_s() < end &&
+           (survivors || (dead = first_failed_in(r, ranks, nranks)) < 0))
+        poll_once(r);
+    if (atomic_load(&t->done)) {
+        st = t->status;
+        trk_drop(r, t);
+        if (survivors && st == PMIX_ERR_PARTIAL_SUCCESS)
+            return 0;
+        if (st != PMIX_SUCCESS) {
+            seterr(err, errlen, "rdv: fence of epoch %llu: %s", (unsigned long long)epoch,
+                   PMIx_Error_string(st));
+            return -1;
+        }
+        return 0;
+    }
+    r->broken = true;
+    if (dead >= 0) {
+        seterr(err, errlen, "rdv: fence of epoch %llu abandoned: rank %d died (reported by the "
+               "resource manager)", (unsigned long long)epoch, dead);
+        return -1;
+    }
+    char key[NRS_RDV_KEY_MAX];
+    unsigned char *missing = calloc((size_t)r->size, 1);
+    int count = 0;
+    if (name && missing && !nrs_rdv_key(key, sizeof key, epoch, name)) {
+        find_missing(r, key, 1.0, missing);
+        char list[256] = "";
+        list_ranks(list, sizeof list, missing, r->size, &count);
+        if (count) {
+            seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s: rank%s %s "
+                   "never arrived (no '%s')", (unsigned long long)epoch, timeout_s,
+                   count > 1 ? "s" : "", list, key);
+            free(missing);
+            return -1;
+        }
+    }
+    free(missing);
+    seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s (every rank published "
+           "its key: the resource manager's collective is stuck)", (unsigned long long)epoch,
+           timeout_s);
+    return -1;
+}
+
+int nrs_rdv_fence(nrs_rdv_t *r, uint64_t epoch, const char *name, double timeout_s, char *err,
+                  size_t errlen)
+{
+    return fence(r, NULL, 0, false, epoch, name, timeout_s, err, errlen);
+}
+
+int nrs_rdv_fence_survivors(nrs_rdv_t *r, const int *ranks, int nranks, double timeout_s,
+                            char *err, size_t errlen)
+{
+    return fence(r, ranks, ranks ? nranks : 0, true, 0, NULL, timeout_s, err, errlen);
+}
+
+/* ---- get ---------------------------------------------------------------------------- */
+
+static int local_get(nrs_rdv_t *r, const char *key, void **blob, size_t *len)
+{
+    for (size_t i = 0; i < r->nlocal; i++)
+        if (!strcmp(r->local[i].key, key)) {
+            *blob = malloc(r->local[i].len ? r->local[i].len : 1);
+            if (!*blob)
+                return -1;
+            memcpy(*blob, r->local[i].blob, r->local[i].len);
+            *len = r->local[i].len;
+            return 0;
+        }
+    return -1;
+}
+
+int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
+                size_t *len, double timeout_s, char *err, size_t errlen)
+{
+    char key[NRS_RDV_KEY_MAX];
+    if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
+        seterr(err, errlen, "rdv: bad get (rank %d of %d, '%s')", rank, r->size, name);
+        return -1;
+    }
+    if (r->singleton) {
+        if (local_get(r, key, blob, len)) {
+            seterr(err, errlen, "rdv: '%s' was never put", key);
+            return -1;
+        }
+        return 0;
+    }
+    pmix_proc_t p;
+    pmix_info_t info[1];
+    int tmo = timeout_s < 1 ? 1 : (int)(timeout_s + 0.999);
+    rdv_trk_t *t = trk_new(r);
+    if (!t) {
+        seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)rank);
+    PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
+    pmix_status_t st = PMIx_Get_nb(&p, key, info, 1, value_cb, t);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    if (st != PMIX_SUCCESS) {
+        atomic_store(&t->done, 1);
+        trk_drop(r, t);
+        seterr(err, errlen, "rdv: PMIx_Get_nb(rank %d, %s): %s", rank, key, PMIx_Error_string(st));
+        return -1;
+    }
+    double end = now_s() + timeout_s + 0.5;
+    while (!atomic_load(&t->done) && now_s() < end && !nrs_rdv_peer_failed(r, rank))
+        poll_once(r);
+    if (!atomic_load(&t->done)) {
+        trk_drop(r, t); /* stays until fini: PMIx still holds it */
+        seterr(err, errlen, "rdv: rank %d's '%s' %s", rank, key,
+               nrs_rdv_peer_failed(r, rank) ? "unavailable: the rank died" : "timed out");
+        return -1;
+    }
+    int rc = -1;
+    if (t->status != PMIX_SUCCESS)
+        seterr(err, errlen, "rdv: rank %d never published '%s': %s", rank, key,
+               PMIx_Error_string(t->status));
+    else if (!t->val || t->val->type != PMIX_BYTE_OBJECT)
+        seterr(err, errlen, "rdv: rank %d's '%s' is not a byte object", rank, key);
+    else if (!(*blob = malloc(t->val->data.bo.size ? t->val->data.bo.size : 1)))
+        seterr(err, errlen, "rdv: out of memory");
+    else {
+        memcpy(*blob, t->val->data.bo.bytes, t->val->data.bo.size);
+        *len = t->val->data.bo.size;
+        rc = 0;
+    }
+    trk_drop(r, t);
+    return rc;
+}
+
+void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens)
+{
+    for (int i = 0; blobs && i < r->size; i++)
+        free(blobs[i]);
+    free(blobs);
+    free(lens);
+}
+
+int nrs_rdv_allgather(nrs_rdv_t *r, uint64_t epoch, const char *name, const void *blob,
+                      size_t len, void ***blobs, size_t **lens, double timeout_s, char *err,
+                      size_t errlen)
+{
+    void **b = calloc((size_t)r->size, sizeof(*b));
+    size_t *l = calloc((size_t)r->size, sizeof(*l));
+    double end = now_s() + timeout_s;
+    if (!b || !l) {
+        free(b);
+        free(l);
+        seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    if (nrs_rdv_put(r, epoch, name, blob, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
+        nrs_rdv_fence(r, epoch, name, timeout_s, err, errlen))
+        goto fail;
+    for (int i = 0; i < r->size; i++) {
+        if (i == (int)r->me.rank) {
+            if (!(b[i] = malloc(len ? len : 1))) {
+                seterr(err, errlen, "rdv: out of memory");
+                goto fail;
+            }
+            memcpy(b[i], blob, len);
+            l[i] = len;
+            continue;
+        }
+        double left = end - now_s();
+        if (nrs_rdv_get(r, i, epoch, name, &b[i], &l[i], left > 1 ? left : 1, err, errlen))
+            goto fail;
+    }
+    *blobs = b;
+    *lens = l;
+    return 0;
+fail:
+    nrs_rdv_free_blobs(r, b, l);
+    return -1;
+}

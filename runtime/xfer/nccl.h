@@ -1,0 +1,61 @@
+/* runtime/xfer/nccl: GPU memory and GPU-to-GPU transfers over NCCL
+ * (DESIGN §8, docs/protocol-dataplane.md §3). Built when configure finds the
+ * CUDA runtime and NCCL (HAVE_NCCL).
+ *
+ * Communicators are non-blocking (config.blocking = 0): every wait polls
+ * ncclCommGetAsyncError and the stream under a deadline, and a communicator
+ * that fails or times out is aborted (ncclCommAbort), never waited on.
+ * Transfers are grouped ncclSend/ncclRecv, cut into chunks of the same size
+ * on every rank: chunk c of every transfer of a batch goes in group c, so
+ * all ranks issue identical group sequences (NCCL's lockstep requirement).
+ */
+#ifndef NRS_XFER_NCCL_H
+#define NRS_XFER_NCCL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define NRS_NCCL_ID_BYTES 128
+
+typedef struct nrs_nccl nrs_nccl_t;
+
+/* GPUs visible, 0 and *n; -1 with err ("no GPU: ..." when the driver or the
+ * device is missing). */
+int nrs_cuda_device_count(int *n, char *err, size_t errlen);
+int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
+void nrs_cuda_free(void *ptr);
+/* Synchronous copies; kind: 'h' host->device, 'd' device->host, 'x' device->device. */
+int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen);
+
+/* A fresh unique id (rank 0 makes it, the rendezvous carries it). */
+int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t errlen);
+
+int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
+                  const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
+                  size_t errlen);
+/* Survivors' communicator without excluded ranks (ncclCommShrink). */
+int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
+                    double timeout_s, char *err, size_t errlen);
+/* A sub-communicator by colour (ncclCommSplit); key orders ranks. */
+int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
+                   char *err, size_t errlen);
+void nrs_nccl_abort(nrs_nccl_t *c);
+void nrs_nccl_fini(nrs_nccl_t *c); /* finalize + destroy, or abort if that fails */
+
+int nrs_nccl_rank(const nrs_nccl_t *c);
+int nrs_nccl_size(const nrs_nccl_t *c);
+
+typedef struct {
+    int peer;    /* communicator rank */
+    int is_send; /* else receive */
+    void *buf;   /* device memory */
+    size_t bytes;
+} nrs_nccl_xfer_t;
+
+/* Run a batch of transfers (the same batch, mirrored, on every rank involved),
+ * chunked; waits at most timeout_s, aborting the communicator on failure. */
+int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
+                      double timeout_s, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,773 @@
+/* UCX transport (ucx.h, docs/protocol-dataplane.md §2). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "xfer/ucx.h"
+
+#define TAG_CHUNK_BITS 16
+#define TAG_USER_BITS 32
+#define TAG_FULL_MASK UINT64_MAX
+
+/* What a rank publishes: who it is, then its worker address. */
+#define BLOB_MAGIC 0x4e525355u /* "NRSU" */
+typedef struct {
+    uint32_t magic, addr_len;
+    int32_t pid, pad;
+    uint64_t start; /* process start time (clock ticks since boot): pid reuse */
+    char host[64];
+} blob_hdr_t;
+
+typedef struct {
+    ucp_ep_h ep;
+    ucs_status_t failed; /* UCS_OK while healthy */
+    bool closed;
+    void *close_req;
+    bool watch; /* same host, no UCX peer-failure support: we watch its pid */
+    int pid;
+    uint64_t start;
+} peer_t;
+
+typedef struct {
+    nrs_ucx_op_t *op;
+    void *req;
+    int busy, done;
+    ucs_status_t status;
+    size_t want;          /* chunk bytes expected */
+    ucp_tag_recv_info_t info;
+} slot_t;
+
+struct nrs_ucx_op {
+    nrs_ucx_op_t *next, *prev;
+    nrs_ucx_t *u;
+    int peer, is_send, state; /* 0 pending, 1 done, -1 failed */
+    char *buf;
+    size_t len, chunk, nchunks, next_chunk, done_chunks;
+    uint64_t tag;
+    int inflight;
+    double deadline;
+    slot_t slots[NRS_UCX_MAX_WINDOW];
+    void (*on_done)(void *arg, int status);
+    void *on_done_arg;
+    char err[192];
+};
+
+struct nrs_ucx {
+    int rank, size;
+    nrs_ucx_opts_t o;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    void *blob; /* blob_hdr_t + address */
+    size_t blob_len;
+    double next_watch;
+    peer_t *peers;
+    nrs_ucx_op_t *ops; /* posted, not yet harvested */
+    int new_failures;
+    nrs_ucx_probe_fn probe;
+    void *probe_arg;
+    nrs_ucx_op_t **orphans; /* freed ops whose requests UCX still holds */
+    size_t norphans, orphcap;
+};
+
+static void seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || !len)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+void nrs_ucx_opts_init(nrs_ucx_opts_t *o)
+{
+    o->chunk_bytes = 8u << 20;
+    o->window = 4;
+    o->op_timeout_s = 30;
+    o->keepalive_s = 1;
+}
+
+/* ---- context ------------------------------------------------------------------------- */
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    peer_t *p = arg;
+    (void)ep;
+    if (p->failed == UCS_OK)
+        p->failed = status == UCS_OK ? UCS_ERR_ENDPOINT_TIMEOUT : status;
+}
+
+static int config_set(ucp_config_t *cfg, const char *name, const char *val, char *err,
+                      size_t errlen)
+{
+    char env[64];
+    snprintf(env, sizeof env, "UCX_%s", name);
+    if (getenv(env)) /* the user's setting wins */
+        return 0;
+    ucs_status_t st = ucp_config_modify(cfg, name, val);
+    if (st != UCS_OK) {
+        seterr(err, errlen, "ucx: config %s=%s: %s", name, val, ucs_status_string(st));
+        return -1;
+    }
+    return 0;
+}
+
+/* Field 22 of /proc/PID/stat; 0 if unknown. State Z/X counts as gone. */
+static uint64_t proc_start(int pid, bool *gone)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    *gone = false;
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!p || p[1] != ' ')
+        return 0;
+    p += 2;
+    *gone = *p == 'Z' || *p == 'X';
+    for (int field = 3; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    return p ? strtoull(p, NULL, 10) : 0;
+}
+
+static int make_blob(nrs_ucx_t *u)
+{
+    blob_hdr_t h = {.magic = BLOB_MAGIC, .addr_len = (uint32_t)u->addr_len, .pid = (int32_t)getpid()};
+    bool gone;
+    h.start = proc_start((int)getpid(), &gone);
+    gethostname(h.host, sizeof h.host);
+    h.host[sizeof h.host - 1] = '\0';
+    u->blob_len = sizeof h + u->addr_len;
+    if (!(u->blob = malloc(u->blob_len)))
+        return -1;
+    memcpy(u->blob, &h, sizeof h);
+    memcpy((char *)u->blob + sizeof h, u->addr, u->addr_len);
+    return 0;
+}
+
+int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, char *err,
+                 size_t errlen)
+{
+    nrs_ucx_t *u = calloc(1, sizeof(*u));
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st;
+    char ka[32];
+
+    if (!u || size < 1 || size > NRS_UCX_MAX_RANKS || rank < 0 || rank >= size) {
+        seterr(err, errlen, u ? "ucx: bad rank %d of %d" : "ucx: out of memory", rank, size);
+        free(u);
+        return -1;
+    }
+    u->rank = rank;
+    u->size = size;
+    nrs_ucx_opts_init(&u->o);
+    if (o) {
+        if (o->chunk_bytes) /* bytes, never 0 */
+            u->o.chunk_bytes = o->chunk_bytes;
+        if (o->window > 0)
+            u->o.window = o->window > NRS_UCX_MAX_WINDOW ? NRS_UCX_MAX_WINDOW : o->window;
+        if (o->op_timeout_s > 0)
+            u->o.op_timeout_s = o->op_timeout_s;
+        if (o->keepalive_s > 0)
+            u->o.keepalive_s = o->keepalive_s;
+    }
+    if (!(u->peers = calloc((size_t)size, sizeof(*u->peers)))) {
+        seterr(err, errlen, "ucx: out of memory");
+        goto fail;
+    }
+    if ((st = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK) {
+        seterr(err, errlen, "ucx: ucp_config_read: %s", ucs_status_string(st));
+        goto fail;
+    }
+    /* Dead peers must be seen in seconds: keep-alive on every endpoint. */
+    snprintf(ka, sizeof ka, "%gs", u->o.keepalive_s);
+    if (config_set(cfg, "KEEPALIVE_INTERVAL", ka, err, errlen))
+        goto fail;
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_TAG,
+        .mt_workers_shared = 0,
+        .estimated_num_eps = (size_t)size,
+        .name = "nereus",
+    };
+    st = ucp_init(&params, cfg, &u->ctx);
+    ucp_config_release(cfg);
+    cfg = NULL;
+    if (st != UCS_OK) {
+        seterr(err, errlen, "ucx: ucp_init: %s", ucs_status_string(st));
+        goto fail;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if ((st = ucp_worker_create(u->ctx, &wp, &u->worker)) != UCS_OK) {
+        seterr(err, errlen, "ucx: ucp_worker_create: %s", ucs_status_string(st));
+        goto fail;
+    }
+    if ((st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len)) != UCS_OK) {
+        seterr(err, errlen, "ucx: ucp_worker_get_address: %s", ucs_status_string(st));
+        goto fail;
+    }
+    if (make_blob(u)) {
+        seterr(err, errlen, "ucx: out of memory");
+        goto fail;
+    }
+    *out = u;
+    return 0;
+fail:
+    if (cfg)
+        ucp_config_release(cfg);
+    nrs_ucx_fini(u);
+    return -1;
+}
+
+int nrs_ucx_rank(const nrs_ucx_t *u) { return u->rank; }
+int nrs_ucx_size(const nrs_ucx_t *u) { return u->size; }
+
+void nrs_ucx_address(const nrs_ucx_t *u, const void **addr, size_t *len)
+{
+    *addr = u->blob;
+    *len = u->blob_len;
+}
+
+void nrs_ucx_set_probe(nrs_ucx_t *u, nrs_ucx_probe_fn fn, void *arg)
+{
+    u->probe = fn;
+    u->probe_arg = arg;
+}
+
+bool nrs_ucx_peer_failed(const nrs_ucx_t *u, int rank)
+{
+    if (rank < 0 || rank >= u->size)
+        return true;
+    return u->peers[rank].failed != UCS_OK || (u->probe && u->probe(u->probe_arg, rank));
+}
+
+/* NRS_UCX_ERRMODE=peer|none|auto (default auto: none for peers on this host,
+ * whose shared-memory transports have no peer-failure support in UCX 1.13 —
+ * an endpoint in PEER mode would lose them — and peer elsewhere). */
+static ucp_err_handling_mode_t err_mode_for(bool same_host)
+{
+    const char *m = getenv("NRS_UCX_ERRMODE");
+    if (m && !strcmp(m, "peer"))
+        return UCP_ERR_HANDLING_MODE_PEER;
+    if (m && !strcmp(m, "none"))
+        return UCP_ERR_HANDLING_MODE_NONE;
+    return same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+}
+
+static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *err,
+                       size_t errlen)
+{
+    peer_t *p = &u->peers[i];
+    blob_hdr_t h;
+    char me[64];
+    if (!blob || len < sizeof h) {
+        seterr(err, errlen, "ucx: no worker address for rank %d", i);
+        return -1;
+    }
+    memcpy(&h, blob, sizeof h);
+    if (h.magic != BLOB_MAGIC || sizeof h + h.addr_len != len) {
+        seterr(err, errlen, "ucx: rank %d's address blob is malformed (%zu bytes)", i, len);
+        return -1;
+    }
+    h.host[sizeof h.host - 1] = '\0';
+    gethostname(me, sizeof me);
+    me[sizeof me - 1] = '\0';
+    bool same_host = !strcmp(me, h.host);
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)((const char *)blob + sizeof h),
+        .err_mode = err_mode_for(same_host),
+        .err_handler = {.cb = ep_error_cb, .arg = p},
+    };
+    ucs_status_t st = ucp_ep_create(u->worker, &ep, &p->ep);
+    if (st == UCS_ERR_UNREACHABLE && ep.err_mode == UCP_ERR_HANDLING_MODE_PEER && same_host) {
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; /* only shm transports allowed */
+        st = ucp_ep_create(u->worker, &ep, &p->ep);
+    }
+    if (st != UCS_OK) {
+        p->ep = NULL;
+        seterr(err, errlen, "ucx: endpoint to rank %d: %s", i, ucs_status_string(st));
+        return -1;
+    }
+    p->watch = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE && i != u->rank;
+    p->pid = h.pid;
+    p->start = h.start;
+    return 0;
+}
+
+int nrs_ucx_connect(nrs_ucx_t *u, void *const *addrs, const size_t *lens, char *err,
+                    size_t errlen)
+{
+    for (int i = 0; i < u->size; i++)
+        if (!u->peers[i].ep && connect_one(u, i, addrs[i], lens[i], err, errlen))
+            return -1;
+    return 0;
+}
+
+/* Peers without UCX failure detection: is the process still there? */
+static void watch_peers(nrs_ucx_t *u, double now)
+{
+    if (now < u->next_watch)
+        return;
+    u->next_watch = now + 0.1;
+    for (int i = 0; i < u->size; i++) {
+        peer_t *p = &u->peers[i];
+        bool gone = false;
+        if (!p->watch || p->failed != UCS_OK)
+            continue;
+        if (kill(p->pid, 0) && errno == ESRCH)
+            gone = true;
+        else if (p->start && proc_start(p->pid, &gone) != p->start)
+            gone = true;
+        if (gone)
+            p->failed = UCS_ERR_CONNECTION_RESET;
+    }
+}
+
+static void close_ep(nrs_ucx_t *u, peer_t *p, bool force)
+{
+    if (!p->ep || p->closed)
+        return;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *req = ucp_ep_close_nbx(p->ep, &prm);
+    p->closed = true;
+    p->close_req = UCS_PTR_IS_PTR(req) ? req : NULL;
+    (void)u;
+}
+
+static void reap_closes(nrs_ucx_t *u)
+{
+    for (int i = 0; i < u->size; i++) {
+        peer_t *p = &u->peers[i];
+        if (p->close_req && ucp_request_check_status(p->close_req) != UCS_INPROGRESS) {
+            ucp_request_free(p->close_req);
+            p->close_req = NULL;
+        }
+    }
+}
+
+static bool closes_pending(const nrs_ucx_t *u)
+{
+    for (int i = 0; i < u->size; i++)
+        if (u->peers[i].close_req)
+            return true;
+    return false;
+}
+
+void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    for (int i = 0; i < u->size; i++)
+        close_ep(u, &u->peers[i], u->peers[i].failed != UCS_OK);
+    while (closes_pending(u) && now_s() < end) {
+        if (!ucp_worker_progress(u->worker))
+            nap();
+        reap_closes(u);
+    }
+    /* Stragglers (a peer gone mid-flush): cancel and force. */
+    for (int i = 0; i < u->size; i++) {
+        peer_t *p = &u->peers[i];
+        if (!p->close_req)
+            continue;
+        ucp_request_cancel(u->worker, p->close_req);
+        double e2 = now_s() + 1.0;
+        while (ucp_request_check_status(p->close_req) == UCS_INPROGRESS && now_s() < e2)
+            ucp_worker_progress(u->worker);
+        if (ucp_request_check_status(p->close_req) != UCS_INPROGRESS)
+            ucp_request_free(p->close_req);
+        p->close_req = NULL;
+    }
+}
+
+static bool op_busy(const nrs_ucx_op_t *op);
+
+void nrs_ucx_fini(nrs_ucx_t *u)
+{
+    if (!u)
+        return;
+    while (u->ops) {
+        nrs_ucx_op_t *op = u->ops;
+        nrs_ucx_op_free(op);
+    }
+    if (u->worker) {
+        bool open = false;
+        for (int i = 0; i < u->size; i++)
+            open |= u->peers[i].ep && !u->peers[i].closed;
+        if (open)
+            nrs_ucx_disconnect(u, 2.0);
+        /* Orphaned ops may still complete while the worker winds down. */
+        double end = now_s() + 1.0;
+        bool busy = true;
+        while (busy && now_s() < end) {
+            busy = false;
+            ucp_worker_progress(u->worker);
+            for (size_t i = 0; i < u->norphans; i++)
+                busy |= op_busy(u->orphans[i]);
+        }
+        if (u->addr)
+            ucp_worker_release_address(u->worker, u->addr);
+        ucp_worker_destroy(u->worker);
+    }
+    for (size_t i = 0; i < u->norphans; i++)
+        free(u->orphans[i]);
+    free(u->orphans);
+    free(u->blob);
+    if (u->ctx)
+        ucp_cleanup(u->ctx);
+    free(u->peers);
+    free(u);
+}
+
+/* ---- operations ------------------------------------------------------------------------- */
+
+static uint64_t chunk_tag(int sender, uint64_t tag, size_t chunk)
+{
+    return ((uint64_t)sender << (TAG_USER_BITS + TAG_CHUNK_BITS)) | (tag << TAG_CHUNK_BITS) |
+           (uint64_t)chunk;
+}
+
+static void op_fail(nrs_ucx_op_t *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void op_fail(nrs_ucx_op_t *op, const char *fmt, ...)
+{
+    va_list ap;
+    if (op->state != 0)
+        return;
+    op->state = -1;
+    op->u->new_failures++;
+    va_start(ap, fmt);
+    vsnprintf(op->err, sizeof op->err, fmt, ap);
+    va_end(ap);
+    if (op->on_done)
+        op->on_done(op->on_done_arg, -1);
+}
+
+static void slot_finish(slot_t *s, ucs_status_t st)
+{
+    s->status = st;
+    s->done = 1;
+    s->busy = 0;
+}
+
+static void send_cb(void *req, ucs_status_t st, void *user)
+{
+    (void)req;
+    slot_finish(user, st);
+}
+
+static void recv_cb(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user)
+{
+    slot_t *s = user;
+    (void)req;
+    if (info)
+        s->info = *info;
+    slot_finish(s, st);
+}
+
+static int post_chunk(nrs_ucx_op_t *op, slot_t *s)
+{
+    nrs_ucx_t *u = op->u;
+    size_t i = op->next_chunk, off = i * op->chunk;
+    size_t n = op->len - off < op->chunk ? op->len - off : op->chunk;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .user_data = s,
+    };
+    void *req;
+
+    memset(s, 0, sizeof(*s));
+    s->op = op;
+    s->want = n;
+    s->busy = 1;
+    if (op->is_send) {
+        prm.cb.send = send_cb;
+        req = ucp_tag_send_nbx(u->peers[op->peer].ep, op->buf + off, n,
+                               chunk_tag(u->rank, op->tag, i), &prm);
+    } else {
+        /* Always complete through the callback: UCX 1.13 does not fill
+         * recv_info.tag_info on immediate completion. */
+        prm.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        prm.cb.recv = recv_cb;
+        req = ucp_tag_recv_nbx(u->worker, op->buf + off, n, chunk_tag(op->peer, op->tag, i),
+                               TAG_FULL_MASK, &prm);
+    }
+    op->next_chunk++;
+    op->inflight++;
+    if (UCS_PTR_IS_ERR(req)) {
+        slot_finish(s, UCS_PTR_STATUS(req));
+    } else if (req == NULL) { /* sends only */
+        s->info.length = n;
+        slot_finish(s, UCS_OK);
+    } else {
+        s->req = req;
+    }
+    return 0;
+}
+
+/* Take in finished chunks, post new ones, apply time-outs and peer failures. */
+static int advance(nrs_ucx_op_t *op, double now)
+{
+    nrs_ucx_t *u = op->u;
+    int events = 0;
+    if (op->state)
+        return 0;
+    for (int k = 0; k < u->o.window; k++) {
+        slot_t *s = &op->slots[k];
+        if (!s->done)
+            continue;
+        s->done = 0;
+        op->inflight--;
+        events++;
+        if (s->req) {
+            ucp_request_free(s->req);
+            s->req = NULL;
+        }
+        if (s->status != UCS_OK) {
+            op_fail(op, "ucx: %s rank %d tag %llu: %s", op->is_send ? "send to" : "recv from",
+                    op->peer, (unsigned long long)op->tag, ucs_status_string(s->status));
+            return events;
+        }
+        if (!op->is_send && s->info.length != s->want) {
+            op_fail(op, "ucx: recv from rank %d tag %llu: chunk of %zu bytes, wanted %zu",
+                    op->peer, (unsigned long long)op->tag, (size_t)s->info.length, s->want);
+            return events;
+        }
+        op->done_chunks++;
+        op->deadline = now + u->o.op_timeout_s;
+    }
+    if (op->done_chunks == op->nchunks) {
+        op->state = 1;
+        if (op->on_done)
+            op->on_done(op->on_done_arg, 0);
+        return events + 1;
+    }
+    if (nrs_ucx_peer_failed(u, op->peer)) {
+        ucs_status_t st = u->peers[op->peer].failed;
+        op_fail(op, "ucx: peer rank %d failed (%s) during %s of tag %llu", op->peer,
+                st != UCS_OK ? ucs_status_string(st) : "reported by the resource manager",
+                op->is_send ? "send" : "recv", (unsigned long long)op->tag);
+        return events;
+    }
+    if (now > op->deadline) {
+        op_fail(op, "ucx: %s rank %d tag %llu: no progress for %.1f s (%zu of %zu chunks)",
+                op->is_send ? "send to" : "recv from", op->peer, (unsigned long long)op->tag,
+                u->o.op_timeout_s, op->done_chunks, op->nchunks);
+        return events;
+    }
+    for (int k = 0; k < u->o.window && op->next_chunk < op->nchunks; k++)
+        if (!op->slots[k].busy && !op->slots[k].done) {
+            post_chunk(op, &op->slots[k]);
+            events++;
+        }
+    return events;
+}
+
+static int post_op(nrs_ucx_t *u, int is_send, int peer, void *buf, size_t len, uint64_t tag,
+                   nrs_ucx_op_t **out, char *err, size_t errlen)
+{
+    if (peer < 0 || peer >= u->size || !u->peers[peer].ep) {
+        seterr(err, errlen, "ucx: no endpoint to rank %d", peer);
+        return -1;
+    }
+    if (tag >> TAG_USER_BITS) {
+        seterr(err, errlen, "ucx: tag %llu does not fit in %d bits", (unsigned long long)tag,
+               TAG_USER_BITS);
+        return -1;
+    }
+    size_t nchunks = len ? (len + u->o.chunk_bytes - 1) / u->o.chunk_bytes : 1;
+    if (nchunks > NRS_UCX_MAX_CHUNKS) {
+        seterr(err, errlen, "ucx: %zu bytes need %zu chunks of %zu (max %d)", len, nchunks,
+               u->o.chunk_bytes, NRS_UCX_MAX_CHUNKS);
+        return -1;
+    }
+    nrs_ucx_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        seterr(err, errlen, "ucx: out of memory");
+        return -1;
+    }
+    *op = (nrs_ucx_op_t){.u = u, .peer = peer, .is_send = is_send, .buf = buf, .len = len,
+                         .chunk = u->o.chunk_bytes, .nchunks = nchunks, .tag = tag,
+                         .deadline = now_s() + u->o.op_timeout_s};
+    op->next = u->ops;
+    if (u->ops)
+        u->ops->prev = op;
+    u->ops = op;
+    advance(op, now_s());
+    *out = op;
+    return 0;
+}
+
+int nrs_ucx_isend(nrs_ucx_t *u, int peer, const void *buf, size_t len, uint64_t tag,
+                  nrs_ucx_op_t **op, char *err, size_t errlen)
+{
+    return post_op(u, 1, peer, (void *)buf, len, tag, op, err, errlen);
+}
+
+int nrs_ucx_irecv(nrs_ucx_t *u, int peer, void *buf, size_t len, uint64_t tag,
+                  nrs_ucx_op_t **op, char *err, size_t errlen)
+{
+    return post_op(u, 0, peer, buf, len, tag, op, err, errlen);
+}
+
+int nrs_ucx_test(const nrs_ucx_op_t *op) { return op->state; }
+const char *nrs_ucx_op_error(const nrs_ucx_op_t *op) { return op->err; }
+
+void nrs_ucx_op_on_done(nrs_ucx_op_t *op, void (*fn)(void *arg, int status), void *arg)
+{
+    op->on_done = fn;
+    op->on_done_arg = arg;
+}
+
+static void unlink_op(nrs_ucx_op_t *op)
+{
+    nrs_ucx_t *u = op->u;
+    if (op->prev)
+        op->prev->next = op->next;
+    else if (u->ops == op)
+        u->ops = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->next = op->prev = NULL;
+}
+
+static bool op_busy(const nrs_ucx_op_t *op)
+{
+    for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++)
+        if (op->slots[k].busy)
+            return true;
+    return false;
+}
+
+/* Requests still in UCX: cancel them and wait (briefly) for their callbacks,
+ * which write into the op's slots. */
+static void release_slots(nrs_ucx_op_t *op)
+{
+    nrs_ucx_t *u = op->u;
+    for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
+        slot_t *s = &op->slots[k];
+        if (s->busy && s->req)
+            ucp_request_cancel(u->worker, s->req);
+    }
+    double end = now_s() + 0.5;
+    while (op_busy(op) && now_s() < end)
+        ucp_worker_progress(u->worker);
+    for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
+        slot_t *s = &op->slots[k];
+        if (!s->busy && s->req) {
+            ucp_request_free(s->req);
+            s->req = NULL;
+        }
+    }
+}
+
+void nrs_ucx_op_free(nrs_ucx_op_t *op)
+{
+    if (!op)
+        return;
+    nrs_ucx_t *u = op->u;
+    unlink_op(op);
+    release_slots(op);
+    if (op_busy(op)) { /* UCX may still write to it: keep it until fini */
+        if (u->norphans == u->orphcap) {
+            size_t nc = u->orphcap ? 2 * u->orphcap : 8;
+            nrs_ucx_op_t **v = realloc(u->orphans, nc * sizeof(*v));
+            if (!v)
+                return; /* leak rather than free memory UCX owns */
+            u->orphans = v;
+            u->orphcap = nc;
+        }
+        u->orphans[u->norphans++] = op;
+        return;
+    }
+    free(op);
+}
+
+int nrs_ucx_progress(void *arg)
+{
+    nrs_ucx_t *u = arg;
+    int events = 0;
+    for (int i = 0; i < 64; i++) {
+        unsigned n = ucp_worker_progress(u->worker);
+        events += (int)n;
+        if (!n)
+            break;
+    }
+    double now = now_s();
+    watch_peers(u, now);
+    for (nrs_ucx_op_t *op = u->ops; op; op = op->next)
+        events += advance(op, now);
+    for (int i = 0; i < u->size; i++) /* a failed endpoint is closed, forcibly */
+        if (u->peers[i].failed != UCS_OK && u->peers[i].ep && !u->peers[i].closed)
+            close_ep(u, &u->peers[i], true);
+    reap_closes(u);
+    if (u->new_failures) {
+        u->new_failures = 0;
+        return -1;
+    }
+    return events;
+}
+
+int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_t errlen)
+{
+    int rc = 0;
+    for (;;) {
+        size_t pending = 0;
+        nrs_ucx_op_t *bad = NULL;
+        for (size_t i = 0; i < n; i++) {
+            if (!ops[i])
+                continue;
+            if (ops[i]->state == 0)
+                pending++;
+            else if (ops[i]->state < 0 && !bad)
+                bad = ops[i];
+        }
+        if (bad) {
+            seterr(err, errlen, "%s", bad->err);
+            rc = -1;
+            break;
+        }
+        if (!pending)
+            break;
+        if (nrs_ucx_progress(u) == 0)
+            nap();
+    }
+    for (size_t i = 0; i < n; i++) {
+        nrs_ucx_op_free(ops[i]);
+        ops[i] = NULL;
+    }
+    return rc;
+}

@@ -1,0 +1,94 @@
+/* runtime/xfer/ucx: host-memory transfers between ranks over UCX tag
+ * matching (DESIGN §8, docs/protocol-dataplane.md §2).
+ *
+ * One worker per process (thread mode single), endpoints to every rank
+ * (itself included) with UCP_ERR_HANDLING_MODE_PEER and an error callback,
+ * so a dead peer fails the operations that involve it instead of leaving
+ * them waiting. A message is cut into chunks of chunk_bytes, at most window
+ * of them in flight; the UCX tag of a chunk is
+ *     sender rank (16 bits) | message tag (32 bits) | chunk index (16 bits)
+ * so sender and receiver agree on the chunking by construction (both derive
+ * it from the same length and chunk size).
+ *
+ * Every operation has a stall time-out: it fails when no chunk of it has
+ * completed for op_timeout_s. Nothing here blocks without progressing the
+ * worker; nrs_ucx_progress has the nrs_rdv_progress_fn signature so a PMIx
+ * fence can keep UCX moving.
+ *
+ * Not thread-safe: one thread drives a context.
+ */
+#ifndef NRS_XFER_UCX_H
+#define NRS_XFER_UCX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct nrs_ucx nrs_ucx_t;
+typedef struct nrs_ucx_op nrs_ucx_op_t;
+
+#define NRS_UCX_MAX_WINDOW 16
+#define NRS_UCX_MAX_RANKS 65536
+#define NRS_UCX_MAX_CHUNKS 65536
+
+typedef struct {
+    size_t chunk_bytes;     /* 0 = 8 MiB */
+    int window;             /* chunks in flight per message; 0 = 4 */
+    double op_timeout_s;    /* stall time-out; 0 = 30 s */
+    double keepalive_s;     /* UCX keep-alive (dead-peer detection); 0 = 1 s,
+                             * unless UCX_KEEPALIVE_INTERVAL is set */
+} nrs_ucx_opts_t;
+
+/* Second opinion on peer liveness (e.g. nrs_rdv_peer_failed). */
+typedef bool (*nrs_ucx_probe_fn)(void *arg, int rank);
+
+void nrs_ucx_opts_init(nrs_ucx_opts_t *o);
+
+int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, char *err,
+                 size_t errlen);
+/* Close endpoints and worker. Call nrs_ucx_disconnect first (and a fence
+ * after it) for a quiet exit. */
+void nrs_ucx_fini(nrs_ucx_t *u);
+
+int nrs_ucx_rank(const nrs_ucx_t *u);
+int nrs_ucx_size(const nrs_ucx_t *u);
+
+/* This worker's address, to publish through the rendezvous. Owned by u. */
+void nrs_ucx_address(const nrs_ucx_t *u, const void **addr, size_t *len);
+
+/* Endpoints to every rank from their addresses (addrs[rank], lens[rank]). */
+int nrs_ucx_connect(nrs_ucx_t *u, void *const *addrs, const size_t *lens, char *err,
+                    size_t errlen);
+
+/* Flush and close every endpoint (bounded by timeout_s, then forced). */
+void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s);
+
+void nrs_ucx_set_probe(nrs_ucx_t *u, nrs_ucx_probe_fn fn, void *arg);
+
+/* Post a message; buf must stay valid until the op completes or is freed.
+ * tag < 2^32. 0 and *op on success; -1 with err. */
+int nrs_ucx_isend(nrs_ucx_t *u, int peer, const void *buf, size_t len, uint64_t tag,
+                  nrs_ucx_op_t **op, char *err, size_t errlen);
+int nrs_ucx_irecv(nrs_ucx_t *u, int peer, void *buf, size_t len, uint64_t tag,
+                  nrs_ucx_op_t **op, char *err, size_t errlen);
+
+/* 1 done, 0 pending, -1 failed (nrs_ucx_op_error says why). Does not progress. */
+int nrs_ucx_test(const nrs_ucx_op_t *op);
+const char *nrs_ucx_op_error(const nrs_ucx_op_t *op);
+/* Cancel if still pending, release. */
+void nrs_ucx_op_free(nrs_ucx_op_t *op);
+
+/* Progress until every op is done or one failed; frees them all.
+ * 0, or -1 with the first failure in err. */
+int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_t errlen);
+
+/* Advance the worker and every posted op: the count of events, or -1 when
+ * some op has failed since the last call. Signature of nrs_rdv_progress_fn. */
+int nrs_ucx_progress(void *u);
+
+bool nrs_ucx_peer_failed(const nrs_ucx_t *u, int rank);
+
+/* Completion hook (used by the executor adapter): called once when op ends. */
+void nrs_ucx_op_on_done(nrs_ucx_op_t *op, void (*fn)(void *arg, int status), void *arg);
+
+#endif

@@ -1,0 +1,22 @@
+/* The executor's transport interface (runtime/emu/xport.h) over UCX: each
+ * rank drives its own side of every transfer. Memory is host memory
+ * (malloc); owners (physical GPU ids, or -1 - node for a node's host memory)
+ * map to ranks through owner_rank. Strided regions travel packed in a bounce
+ * buffer; the xport tag (the op index) is the UCX message tag.
+ */
+#ifndef NRS_XFER_XPORT_UCX_H
+#define NRS_XFER_XPORT_UCX_H
+
+#include "emu/xport.h"
+#include "xfer/ucx.h"
+
+/* owner -> rank, or -1 when no rank holds it. */
+typedef int (*nrs_owner_rank_fn)(void *arg, int owner);
+
+/* u must outlive the transport; nrs_xport_close releases what it posted. */
+int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_rank, void *arg);
+
+/* The first transport error since open ("" if none). */
+const char *nrs_xport_ucx_error(const nrs_xport_t *x);
+
+#endif

@@ -1,0 +1,86 @@
+/* mp_rdv: one rank of a rendezvous test, run under pmix_srv (or alone: singleton).
+ *
+ *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton]
+ *
+ * Every rank publishes a rank- and epoch-specific blob for N epochs and checks
+ * every peer's. With --nojoin R, rank R never calls PMIx and sleeps; the others
+ * must fail within the time-out with a message naming R (exit 3 = the expected
+ * failure was seen, 1 = anything else).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdv/rdv.h"
+
+static void make_blob(char *buf, size_t len, int rank, unsigned epoch)
+{
+    snprintf(buf, len, "rank=%d epoch=%u payload=%08x", rank, epoch,
+             (unsigned)(rank * 2654435761u ^ epoch));
+}
+
+int main(int argc, char **argv)
+{
+    int epochs = 3, nojoin = -1, expect_singleton = 0;
+    double timeout = 10;
+    char err[512];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
+            epochs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--nojoin") && i + 1 < argc)
+            nojoin = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
+            timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--expect-singleton"))
+            expect_singleton = 1;
+    }
+    const char *envrank = getenv("NRS_MP_RANK");
+    if (nojoin >= 0 && envrank && atoi(envrank) == nojoin) {
+        sleep((unsigned)(timeout * 3 + 5)); /* the server kills us when the others give up */
+        return 0;
+    }
+    nrs_rdv_t *r;
+    if (nrs_rdv_init(&r, err, sizeof err)) {
+        fprintf(stderr, "mp_rdv: %s\n", err);
+        return 1;
+    }
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r), rc = 0;
+    if (expect_singleton && (!nrs_rdv_is_singleton(r) || n != 1 || me != 0)) {
+        fprintf(stderr, "mp_rdv: expected a singleton, got rank %d of %d\n", me, n);
+        rc = 1;
+    }
+    for (int e = 1; e <= epochs && !rc; e++) {
+        char mine[128], want[128];
+        void **blobs;
+        size_t *lens;
+        make_blob(mine, sizeof mine, me, (unsigned)e);
+        if (nrs_rdv_allgather(r, (uint64_t)e, "test", mine, strlen(mine) + 1, &blobs, &lens,
+                              timeout, err, sizeof err)) {
+            fprintf(stderr, "mp_rdv[%d]: %s\n", me, err);
+            char needle[32];
+            snprintf(needle, sizeof needle, "rank %d never arrived", nojoin);
+            rc = nojoin >= 0 && strstr(err, needle) ? 3 : 1;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            make_blob(want, sizeof want, i, (unsigned)e);
+            if (lens[i] != strlen(want) + 1 || memcmp(blobs[i], want, lens[i])) {
+                fprintf(stderr, "mp_rdv[%d]: epoch %d: rank %d's blob is wrong\n", me, e, i);
+                rc = 1;
+            }
+        }
+        nrs_rdv_free_blobs(r, blobs, lens);
+    }
+    if (!rc && nojoin >= 0) {
+        fprintf(stderr, "mp_rdv[%d]: rendezvous succeeded although rank %d never joined\n", me,
+                nojoin);
+        rc = 1;
+    }
+    if (!rc)
+        printf("mp_rdv[%d/%d]: %d epoch(s) ok%s\n", me, n, epochs,
+               nrs_rdv_is_singleton(r) ? " (singleton)" : "");
+    nrs_rdv_fini(r);
+    return rc;
+}

@@ -1,0 +1,337 @@
+/* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
+ *
+ *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
+ *           [--kill RANK] [--op-timeout S]
+ *
+ * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
+ * rank, then per epoch every rank sends a deterministic buffer to every rank
+ * (itself included) and checks each received buffer's XXH64 against the
+ * sender's published checksum and against the generator.
+ *
+ * --kill R: rank R SIGKILLs itself once its transfers are under way. The
+ * others must see the failure within 10 s, finish the exchanges with the
+ * living, verify those, agree among themselves and exit 4 ("peer failure
+ * detected as expected"); 5 if detection took longer; 1 on anything else.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "rdv/rdv.h"
+#include "xfer/ucx.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The victim notes when it dies (NRS_MP_KILL_STAMP names a file) so the
+ * survivors measure their detection latency from the real moment. */
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void stamp_kill(void)
+{
+    const char *f = getenv("NRS_MP_KILL_STAMP");
+    FILE *fp = f ? fopen(f, "w") : NULL;
+    if (fp) {
+        fprintf(fp, "%.6f\n", wall_s());
+        fclose(fp);
+    }
+}
+
+/* Seconds from the victim's death (or from start0) to t. */
+static double since_kill(double t, double start0)
+{
+    const char *f = getenv("NRS_MP_KILL_STAMP");
+    FILE *fp = f ? fopen(f, "r") : NULL;
+    double k;
+    if (!fp)
+        return t - start0;
+    int ok = fscanf(fp, "%lf", &k) == 1;
+    fclose(fp);
+    return ok ? t - k : t - start0;
+}
+
+static void fill(unsigned char *p, size_t n, int src, int dst, int epoch)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ ((uint64_t)src << 40) ^ ((uint64_t)dst << 20) ^ (uint64_t)epoch;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    for (; i < n; i++)
+        p[i] = (unsigned char)(x >> (8 * (i & 7)));
+}
+
+typedef struct {
+    size_t bytes;
+    int epochs, kill;
+    double timeout;
+    nrs_ucx_opts_t uo;
+} args_t;
+
+static void parse(int argc, char **argv, args_t *a)
+{
+    a->bytes = (1u << 20) + 4093;
+    a->epochs = 2;
+    a->kill = -1;
+    a->timeout = 20;
+    nrs_ucx_opts_init(&a->uo);
+    a->uo.chunk_bytes = 256 << 10;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--bytes"))
+            a->bytes = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--chunk"))
+            a->uo.chunk_bytes = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--window"))
+            a->uo.window = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--epochs"))
+            a->epochs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--timeout"))
+            a->timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--op-timeout"))
+            a->uo.op_timeout_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--kill"))
+            a->kill = atoi(argv[++i]);
+    }
+}
+
+static bool probe(void *arg, int rank)
+{
+    return nrs_rdv_peer_failed(arg, rank);
+}
+
+/* Wait for every op; failed ones are reported, not fatal, so the exchanges
+ * with living peers still finish. Returns the number that failed. */
+static int wait_each(nrs_ucx_t *u, nrs_ucx_op_t **ops, int n, int me, double *t_fail,
+                     char *first, size_t firstlen)
+{
+    int failed = 0;
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            if (!ops[i])
+                continue;
+            int st = nrs_ucx_test(ops[i]);
+            if (st == 0) {
+                pending++;
+            } else if (st < 0) {
+                if (!failed++ && *t_fail == 0) {
+                    *t_fail = wall_s();
+                    snprintf(first, firstlen, "%s", nrs_ucx_op_error(ops[i]));
+                }
+                fprintf(stderr, "mp_xchg[%d]: %s\n", me, nrs_ucx_op_error(ops[i]));
+                nrs_ucx_op_free(ops[i]);
+                ops[i] = NULL;
+            }
+        }
+        if (!pending)
+            return failed;
+        if (nrs_ucx_progress(u) == 0) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static int exchange(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int epoch, int *dead,
+                    double *t_fail, int *nbad)
+{
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r), rc = 0;
+    unsigned char **sbuf = calloc((size_t)n, sizeof(*sbuf)), **rbuf = calloc((size_t)n, sizeof(*rbuf));
+    nrs_ucx_op_t **ops = calloc(2 * (size_t)n, sizeof(*ops));
+    uint64_t *sums = calloc((size_t)n, sizeof(*sums));
+    char err[512], first[512] = "";
+    if (!sbuf || !rbuf || !ops || !sums)
+        goto oom;
+    for (int j = 0; j < n; j++) {
+        if (!(sbuf[j] = malloc(a->bytes ? a->bytes : 1)) || !(rbuf[j] = malloc(a->bytes ? a->bytes : 1)))
+            goto oom;
+        fill(sbuf[j], a->bytes, me, j, epoch);
+        memset(rbuf[j], 0xee, a->bytes);
+        sums[j] = XXH64(sbuf[j], a->bytes, 0);
+    }
+    /* Publish what we send so receivers check end to end. */
+    if (nrs_rdv_put(r, (uint64_t)epoch, "sums", sums, (size_t)n * sizeof(*sums), err, sizeof err) ||
+        nrs_rdv_commit(r, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: %s\n", me, err);
+        rc = 1;
+        goto out;
+    }
+    int failed = 0;
+    for (int k = 0; k < n; k++) { /* staggered order: rank me talks to me+k first */
+        int j = (me + k) % n, from = (me - k + n) % n;
+        /* A peer known dead gets no ops; the others go on. */
+        if (nrs_ucx_peer_failed(u, from) && !failed++)
+            snprintf(first, sizeof first, "rank %d known dead: skipped", from);
+        else if (nrs_ucx_irecv(u, from, rbuf[from], a->bytes, (uint64_t)epoch, &ops[from], err,
+                               sizeof err))
+            goto post_failed;
+        if (nrs_ucx_peer_failed(u, j) && !failed++)
+            snprintf(first, sizeof first, "rank %d known dead: skipped", j);
+        else if (nrs_ucx_isend(u, j, sbuf[j], a->bytes, (uint64_t)epoch, &ops[n + j], err,
+                               sizeof err))
+            goto post_failed;
+    }
+    if (me == a->kill) {
+        /* Let a few chunks go out, then die without any clean-up. */
+        double end = now_s() + 0.02;
+        while (now_s() < end)
+            nrs_ucx_progress(u);
+        fprintf(stderr, "mp_xchg[%d]: SIGKILL myself mid-transfer\n", me);
+        fflush(stderr);
+        stamp_kill();
+        raise(SIGKILL);
+    }
+    failed += wait_each(u, ops, 2 * n, me, t_fail, first, sizeof first);
+    for (int j = 0; j < n; j++)
+        if (nrs_ucx_peer_failed(u, j))
+            dead[j] = 1;
+    *nbad = failed;
+    int verified = 0;
+    for (int i = 0; i < n; i++) {
+        if (dead[i])
+            continue;
+        void *blob;
+        size_t len;
+        if (nrs_rdv_get(r, i, (uint64_t)epoch, "sums", &blob, &len, a->timeout, err, sizeof err)) {
+            fprintf(stderr, "mp_xchg[%d]: %s\n", me, err);
+            rc = 1;
+            continue;
+        }
+        uint64_t want = len == (size_t)n * sizeof(uint64_t) ? ((uint64_t *)blob)[me] : 0;
+        free(blob);
+        uint64_t have = XXH64(rbuf[i], a->bytes, 0);
+        fill(sbuf[0], a->bytes, i, me, epoch); /* regenerate into a scratch buffer */
+        uint64_t gen = XXH64(sbuf[0], a->bytes, 0);
+        if (have != want || have != gen) {
+            fprintf(stderr, "mp_xchg[%d]: epoch %d: from rank %d: checksum %016llx, sender says "
+                    "%016llx, generator %016llx\n", me, epoch, i, (unsigned long long)have,
+                    (unsigned long long)want, (unsigned long long)gen);
+            rc = 1;
+        } else {
+            verified++;
+        }
+    }
+    if (!failed && !rc)
+        printf("mp_xchg[%d/%d]: epoch %d: %d buffer(s) of %zu bytes verified\n", me, n, epoch,
+               verified, a->bytes);
+    else if (failed && !rc)
+        printf("mp_xchg[%d/%d]: epoch %d: %d op(s) failed (%s); %d buffer(s) from living ranks "
+               "verified\n", me, n, epoch, failed, first, verified);
+    goto out;
+post_failed:
+    fprintf(stderr, "mp_xchg[%d]: %s\n", me, err);
+    rc = 1;
+    goto out;
+oom:
+    fprintf(stderr, "mp_xchg[%d]: out of memory\n", me);
+    rc = 1;
+out:
+    for (int j = 0; ops && j < 2 * n; j++)
+        nrs_ucx_op_free(ops[j]);
+    for (int j = 0; j < n; j++) {
+        if (sbuf)
+            free(sbuf[j]);
+        if (rbuf)
+            free(rbuf[j]);
+    }
+    free(sbuf);
+    free(rbuf);
+    free(ops);
+    free(sums);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a;
+    char err[512];
+    nrs_rdv_t *r = NULL;
+    nrs_ucx_t *u = NULL;
+    void **addrs = NULL;
+    size_t *lens = NULL;
+    int rc = 1;
+
+    parse(argc, argv, &a);
+    if (nrs_rdv_init(&r, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg: %s\n", err);
+        return 1;
+    }
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r);
+    int *dead = calloc((size_t)n, sizeof(*dead));
+    if (!dead || nrs_ucx_init(&u, me, n, &a.uo, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: %s\n", me, dead ? err : "out of memory");
+        goto out;
+    }
+    nrs_ucx_set_probe(u, probe, r);
+    nrs_rdv_set_progress(r, nrs_ucx_progress, u);
+    const void *addr;
+    size_t alen;
+    nrs_ucx_address(u, &addr, &alen);
+    double t0 = now_s();
+    if (nrs_rdv_allgather(r, 0, "ucx", addr, alen, &addrs, &lens, a.timeout, err, sizeof err) ||
+        nrs_ucx_connect(u, addrs, lens, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: %s\n", me, err);
+        goto out;
+    }
+    if (me == 0)
+        printf("mp_xchg: %d ranks connected in %.3f s\n", n, now_s() - t0);
+    double t_fail = 0, t_start = wall_s();
+    int nbad = 0;
+    rc = 0;
+    int bad_total = 0;
+    for (int e = 1; e <= a.epochs && !rc; e++) { /* survivors run every epoch */
+        rc = exchange(r, u, &a, e, dead, &t_fail, &nbad);
+        bad_total += nbad;
+    }
+    if (rc)
+        goto out;
+    if (bad_total) {
+        int *alive = calloc((size_t)n, sizeof(*alive)), na = 0, who = -1;
+        for (int i = 0; alive && i < n; i++) {
+            if (!dead[i])
+                alive[na++] = i;
+            else if (who < 0)
+                who = i;
+        }
+        double lag = since_kill(t_fail, t_start);
+        printf("mp_xchg[%d]: peer failure detected after %.2f s: rank %d lost; %d survivor(s)\n",
+               me, lag, who, na);
+        /* Survivors agree they are done before closing, so none of them
+         * tears down an endpoint another still reads from. */
+        if (nrs_rdv_fence_survivors(r, NULL, 0, a.timeout, err, sizeof err))
+            fprintf(stderr, "mp_xchg[%d]: survivors' fence: %s\n", me, err);
+        free(alive);
+        nrs_ucx_disconnect(u, 2.0);
+        rc = lag < 10.0 ? 4 : 5;
+        goto out;
+    }
+    nrs_ucx_disconnect(u, 5.0);
+    if (nrs_rdv_fence(r, 99, NULL, a.timeout, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: final fence: %s\n", me, err);
+        rc = 1;
+    }
+out:
+    if (addrs)
+        nrs_rdv_free_blobs(r, addrs, lens);
+    nrs_ucx_fini(u);
+    nrs_rdv_fini(r);
+    free(dead);
+    return rc;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# All-to-all UCX exchange of deterministic buffers, 2/4/8 ranks, over sm and
+# over tcp (loopback); every XXH64 must match the sender's and the generator's.
+. "$(dirname "$0")/lib.sh"
+X="$B/tests/mp/mp_xchg"
+export UCX_NET_DEVICES=lo
+for tls in sm tcp; do
+    # odd sizes: chunk tails and a message smaller than one chunk
+    mp_case "xchg $tls 2 ranks, 3 x 16 MiB+3, 1 MiB chunks" 0 60 env UCX_TLS=$tls \
+        "$SRV" -q -n 2 -t 50 -- "$X" --epochs 3 --bytes $((16 * 1048576 + 3)) --chunk 1048576
+    mp_case "xchg $tls 4 ranks, 2 x 4 MiB+4093, 256 KiB chunks" 0 60 env UCX_TLS=$tls \
+        "$SRV" -q -n 4 -t 50 -- "$X" --epochs 2 --bytes $((4 * 1048576 + 4093)) --chunk 262144
+    mp_case "xchg $tls 8 ranks, 2 x 1 MiB+17, window 2" 0 60 env UCX_TLS=$tls \
+        "$SRV" -q -n 8 -t 50 -- "$X" --epochs 2 --bytes $((1048576 + 17)) --chunk 131072 --window 2
+done
+mp_case "xchg tcp 2 ranks, tiny and empty messages" 0 30 env UCX_TLS=tcp \
+    "$SRV" -q -n 2 -t 25 -- "$X" --epochs 2 --bytes 0
+mp_done

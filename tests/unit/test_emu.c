@@ -1,0 +1,513 @@
+/* Unit tests of runtime/emu: shard geometry, graph cases, scheduler limits,
+ * executor checks. Property tests over random plans: test_emu_prop.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "emu/exec.h"
+#include "emu/geometry.h"
+#include "emu/testutil.h"
+
+static void test_split_balanced(void **state)
+{
+    int st, len, total = 0;
+    (void)state;
+    /* 7 layers over 3 stages: 3, 2, 2 (first stages get the extra) */
+    nrs_emu_split(7, 3, 0, &st, &len);
+    assert_int_equal(st, 0);
+    assert_int_equal(len, 3);
+    nrs_emu_split(7, 3, 1, &st, &len);
+    assert_int_equal(st, 3);
+    assert_int_equal(len, 2);
+    nrs_emu_split(7, 3, 2, &st, &len);
+    assert_int_equal(st, 5);
+    assert_int_equal(len, 2);
+    for (int i = 0; i < 5; i++) {
+        nrs_emu_split(13, 5, i, &st, &len);
+        assert_int_equal(st, total);
+        total += len;
+    }
+    assert_int_equal(total, 13);
+}
+
+/* kv rows of tp rank t in layer 0's qkv (the second and third box). */
+static void kv_rows(const nrs_model_t *m, int tp, int t, int *k0, int *k1, int *v0)
+{
+    nrs_emu_tbox_t bx[64];
+    int n = nrs_emu_rank_boxes(m, tp, 1, 0, t, bx, 64), seen = 0;
+    for (int i = 0; i < n; i++)
+        if (bx[i].tensor == NRS_EMU_T_GLOBALS + NRS_EMU_LT_QKV) {
+            if (seen == 1) {
+                *k0 = bx[i].box.r0;
+                *k1 = bx[i].box.r1;
+            } else if (seen == 2)
+                *v0 = bx[i].box.r0;
+            seen++;
+        }
+    assert_int_equal(seen, 3);
+}
+
+static void test_gqa_kv_split_and_replication(void **state)
+{
+    nrs_model_t m;
+    int k0, k1, v0, hd = 2;
+    (void)state;
+    tu_model(&m, 2, 16, 10, 8, 2, 11); /* head dim 2: q 16 rows, k 4, v 4 */
+    /* tp 2 <= kv 2: rank t holds kv head t */
+    for (int t = 0; t < 2; t++) {
+        kv_rows(&m, 2, t, &k0, &k1, &v0);
+        assert_int_equal(k0, 16 + t * hd);
+        assert_int_equal(k1, 16 + (t + 1) * hd);
+        assert_int_equal(v0, 16 + 4 + t * hd);
+    }
+    /* tp 8 > kv 2: rank t holds kv head t*kv/tp = t/4, replicated on 4 ranks */
+    for (int t = 0; t < 8; t++) {
+        kv_rows(&m, 8, t, &k0, &k1, &v0);
+        assert_int_equal(k0, 16 + (t / 4) * hd);
+        assert_int_equal(k1 - k0, hd);
+        assert_int_equal(v0, 16 + 4 + (t / 4) * hd);
+    }
+    nrs_layout_t bad = {3, 1, 1, 1};
+    char err[128];
+    assert_int_equal(nrs_emu_layout_check(&m, &bad, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "tp=3"));
+}
+
+/* Every element of every tensor is held by the replica's ranks exactly as
+ * often as it is replicated: once for split tensors, tp times for norms and a
+ * value head, tp/kv times for kv rows when tp > kv heads. */
+static void check_cover(const nrs_model_t *m, int tp, int pp)
+{
+    int nt = nrs_emu_tensor_count(m), maxb = nrs_emu_rank_boxes_max(m, pp);
+    nrs_emu_tbox_t *bx = malloc(sizeof(*bx) * (size_t)maxb);
+    int **cnt = calloc((size_t)nt, sizeof(int *));
+    int hd = m->hidden / m->heads, q = m->heads * hd;
+    for (int t = 0; t < nt; t++) {
+        int r, c;
+        nrs_emu_tensor_shape(m, t, &r, &c);
+        cnt[t] = calloc((size_t)(r * c + 1), sizeof(int));
+    }
+    for (int p = 0; p < pp; p++)
+        for (int t = 0; t < tp; t++) {
+            int n = nrs_emu_rank_boxes(m, tp, pp, p, t, bx, maxb);
+            for (int i = 0; i < n; i++) {
+                int r, c;
+                nrs_emu_tensor_shape(m, bx[i].tensor, &r, &c);
+                for (int y = bx[i].box.r0; y < bx[i].box.r1; y++)
+                    for (int x = bx[i].box.c0; x < bx[i].box.c1; x++)
+                        cnt[bx[i].tensor][y * c + x]++;
+            }
+        }
+    for (int t = 0; t < nt; t++) {
+        int r, c, lt = (t - NRS_EMU_T_GLOBALS) % NRS_EMU_LT_COUNT;
+        nrs_emu_tensor_shape(m, t, &r, &c);
+        for (int y = 0; y < r; y++) {
+            int want = 1;
+            if (t == NRS_EMU_T_FINAL_NORM || (t == NRS_EMU_T_HEAD && m->value_head) ||
+                (t >= NRS_EMU_T_GLOBALS && (lt == NRS_EMU_LT_NORM1 || lt == NRS_EMU_LT_NORM2)))
+                want = tp;
+            if (t >= NRS_EMU_T_GLOBALS && lt == NRS_EMU_LT_QKV && y >= q && tp > m->kv_heads)
+                want = tp / m->kv_heads;
+            if (t == NRS_EMU_T_EMBED && m->tied_embeddings && pp > 1)
+                want = 2;
+            for (int x = 0; x < c; x++)
+                assert_int_equal(cnt[t][y * c + x], want);
+        }
+        free(cnt[t]);
+    }
+    free(cnt);
+    free(bx);
+}
+
+static void test_replica_covers_every_tensor(void **state)
+{
+    tu_rng_t r = {42};
+    (void)state;
+    for (int i = 0; i < 200; i++) {
+        nrs_spec_t s;
+        nrs_layout_t l;
+        tu_spec(&s, &r);
+        for (int role = 0; role < NRS_ROLE_COUNT; role++) {
+            if (!s.models[role].present)
+                continue;
+            tu_layout(&s.models[role], &r, 16, &l);
+            check_cover(&s.models[role], l.tp, l.pp);
+        }
+    }
+}
+
+/* ZeRO-1: the master/Adam boxes of the dp replicas of one (stage, tp rank)
+ * position partition that position's weight elements. */
+static void test_zero1_partitions_rank_shard(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t p;
+    nrs_layout_t l = {2, 2, 3, 1};
+    nrs_emu_state_t st;
+    char err[256];
+    (void)state;
+    tu_model(&m, 3, 8, 7, 4, 2, 9);
+    tu_spec_fixed(&s, &m, 4);
+    tu_plan_single(&s, 12, &l, &p);
+    assert_int_equal(nrs_emu_state_build(&s, &p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err,
+                                         sizeof(err)),
+                     0);
+    for (int rank = 0; rank < 4; rank++) {
+        int64_t w = 0, k[NRS_EMU_KIND_COUNT] = {0};
+        for (size_t i = 0; i < st.nbuf; i++) {
+            const nrs_emu_buf_t *b = &st.buf[i];
+            if (b->rank != rank)
+                continue;
+            if (b->kind == NRS_EMU_WEIGHT && b->replica == 0)
+                w += nrs_emu_rect_area(&b->box);
+            k[b->kind] += nrs_emu_rect_area(&b->box);
+            if (b->kind >= NRS_EMU_MASTER) {
+                assert_int_equal(b->set, -1);
+                assert_int_equal(b->esize, 4);
+            }
+        }
+        assert_int_equal(k[NRS_EMU_WEIGHT], 3 * w); /* every replica holds the weights */
+        assert_int_equal(k[NRS_EMU_GRAD], 3 * w);
+        for (int kind = NRS_EMU_MASTER; kind < NRS_EMU_KIND_COUNT; kind++)
+            assert_int_equal(k[kind], w); /* split over dp, no overlap (areas add up) */
+    }
+    nrs_emu_state_free(&st);
+}
+
+static void run_pair(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b)
+{
+    char err[512] = "";
+    int rc = tu_run(s, a, b, NULL, -1, err, sizeof(err));
+    if (rc)
+        fail_msg("%s", err);
+}
+
+static void test_reshard_cases(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    static const nrs_layout_t cases[][2] = {
+        {{2, 1, 1, 1}, {4, 1, 1, 1}}, /* tp 2 -> 4 */
+        {{1, 3, 1, 1}, {1, 2, 1, 1}}, /* pp 3 -> 2, non-divisible */
+        {{2, 3, 1, 1}, {4, 2, 1, 1}}, /* both */
+        {{2, 2, 1, 1}, {2, 2, 3, 1}}, /* replicate: dp 1 -> 3 */
+        {{2, 2, 3, 1}, {2, 2, 1, 1}}, /* retire: dp 3 -> 1 */
+        {{8, 1, 1, 1}, {1, 7, 1, 1}}, /* tp 8 (> kv heads) -> pp 7 */
+    };
+    (void)state;
+    tu_model(&m, 7, 16, 13, 8, 2, 21);
+    tu_spec_fixed(&s, &m, 4);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        tu_plan_single(&s, 12, &cases[i][0], &a);
+        tu_plan_single(&s, 12, &cases[i][1], &b);
+        run_pair(&s, &a, &b);
+        run_pair(&s, &b, &a);
+    }
+}
+
+static void test_migrate_to_other_gpus(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t l = {2, 2, 1, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_stats_t st;
+    char err[256];
+    (void)state;
+    tu_model(&m, 4, 8, 9, 4, 4, 10);
+    tu_spec_fixed(&s, &m, 4);
+    tu_plan_single(&s, 8, &l, &a);
+    b = a;
+    b.pools[0] = (nrs_pool_t){4, 4}; /* same layout, the other node */
+    run_pair(&s, &a, &b);
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err)), 0);
+    nrs_emu_graph_stats(g, &st);
+    assert_int_equal(st.bytes[NRS_LINK_LOCAL], 0);
+    assert_int_equal(st.bytes[NRS_LINK_INTRA], 0);
+    assert_true(st.bytes[NRS_LINK_INTER] > 0);
+    nrs_emu_graph_free(g);
+    /* identical plans: nothing moves, nothing is destroyed */
+    assert_int_equal(nrs_emu_transition(&s, &a, &a, NULL, &g, err, sizeof(err)), 0);
+    nrs_emu_graph_stats(g, &st);
+    assert_int_equal(st.ntransfers, 0);
+    assert_int_equal(st.ponr, st.nops);
+    nrs_emu_graph_free(g);
+}
+
+static void test_weight_sync(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t p;
+    nrs_layout_t tr = {2, 2, 2, 1}, gen = {4, 1, 2, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_stats_t st;
+    nrs_xport_t x;
+    nrs_emu_exec_result_t res;
+    char err[256];
+    (void)state;
+    tu_model(&m, 3, 8, 9, 4, 2, 10);
+    tu_spec_fixed(&s, &m, 8);
+    tu_plan_single(&s, 8, &tr, &p);
+    p.has[NRS_MS_ACTOR_GENERATE] = true;
+    p.layout[NRS_MS_ACTOR_GENERATE] = gen;
+    assert_int_equal(nrs_emu_weight_sync(&s, &p, NULL, &g, err, sizeof(err)), 0);
+    nrs_emu_graph_stats(g, &st);
+    assert_true(st.ntransfers > 0);
+    assert_int_equal(st.ponr, st.nops); /* the train weights stay */
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), 0);
+    assert_true(res.verified > 0);
+    nrs_xport_close(&x);
+    nrs_emu_graph_free(g);
+}
+
+
+/* Two inference models of the same size swap pools under a cap that holds
+ * one model's weights per GPU: neither side can receive before it sends, so
+ * the schedule must stage through host memory, and stay under the cap. */
+static void test_swap_stages_through_host(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_layout_t l = {2, 2, 1, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_exec_result_t res;
+    nrs_xport_t x;
+    char err[512];
+    (void)state;
+    tu_model(&m, 4, 8, 12, 4, 2, 16);
+    tu_spec_fixed(&s, &m, 4);
+    s.models[NRS_ROLE_ACTOR].present = false;
+    s.models[NRS_ROLE_REF] = m;
+    s.models[NRS_ROLE_REWARD] = m; /* same dims, same bytes per GPU */
+    memset(&a, 0, sizeof(a));
+    a.total_gpus = 8;
+    a.npools = 2;
+    a.pools[0] = (nrs_pool_t){0, 4};
+    a.pools[1] = (nrs_pool_t){4, 4};
+    int ms[] = {NRS_MS_REF_INFER, NRS_MS_REWARD_INFER};
+    for (int i = 0; i < 2; i++) {
+        a.has[ms[i]] = true;
+        a.layout[ms[i]] = l;
+        a.pool_of[ms[i]] = i;
+    }
+    nrs_plan_t b = a;
+    for (int i = 0; i < 2; i++)
+        b.pool_of[ms[i]] = 1 - i;
+    nrs_emu_opts_t o = {.chunk_bytes = 64};
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
+    int64_t per[2][8] = {{0}}, most = 0;
+    for (size_t i = 0; i < g->nbuf; i++) /* old and new state per GPU */
+        per[i >= (size_t)g->nold][g->buf[i].b.gpu] += g->buf[i].b.bytes;
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < 2; k++)
+            most = per[k][i] > most ? per[k][i] : most;
+    nrs_emu_graph_free(g);
+    /* room for the larger of (old, new) on each GPU, not both */
+    o.cap_bytes = most + 2 * o.chunk_bytes;
+    int rc = nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err));
+    if (rc)
+        fail_msg("%s", err);
+    assert_true(g->nstaged > 0);
+    assert_true(g->link_bytes[NRS_LINK_HOST] > 0);
+    for (int i = 0; i < g->nphys; i++)
+        assert_true(g->peak[i] <= o.cap_bytes);
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    rc = nrs_emu_execute(g, &x, NULL, &res);
+    if (rc)
+        fail_msg("%s", res.first_error);
+    assert_true(res.peak_max <= o.cap_bytes);
+    nrs_xport_close(&x);
+    nrs_emu_graph_free(g);
+}
+
+/* The executor notices a wrong offset, a freed source, a missing free. */
+static void test_executor_catches_bad_graphs(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {2, 1, 1, 1}, lb = {1, 2, 1, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_exec_result_t res;
+    nrs_xport_t x;
+    char err[512];
+    (void)state;
+    tu_model(&m, 2, 8, 8, 4, 2, 8);
+    tu_spec_fixed(&s, &m, 2);
+    tu_plan_single(&s, 2, &la, &a);
+    tu_plan_single(&s, 2, &lb, &b);
+    nrs_emu_opts_t o = {.chunk_bytes = 32};
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), 0);
+    size_t first = 0, fr = 0;
+    while (g->ops[first].type != NRS_EMU_OP_XFER && g->ops[first].type != NRS_EMU_OP_COPY)
+        first++;
+    /* 1. a shifted destination offset */
+    g->ops[first].dst_off += 2;
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), -1);
+    assert_true(res.mismatches > 0);
+    g->ops[first].dst_off -= 2;
+    /* 2. the source freed before it is read */
+    for (fr = 0; fr < g->nops; fr++)
+        if (g->ops[fr].type == NRS_EMU_OP_FREE && g->ops[fr].src_buf == g->ops[first].src_buf)
+            break;
+    assert_true(fr < g->nops);
+    nrs_emu_op_t t = g->ops[fr];
+    memmove(&g->ops[first + 1], &g->ops[first], (fr - first) * sizeof(t));
+    g->ops[first] = t;
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), -1);
+    assert_true(res.use_after_free > 0);
+    /* 3. the free dropped */
+    g->ops[first].type = NRS_EMU_OP_COMM;
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), -1);
+    assert_true(res.leaks > 0);
+    nrs_xport_close(&x);
+    nrs_emu_graph_free(g);
+}
+
+/* Recover: a lost node whose state has a replica elsewhere is rebuilt from
+ * it; with dp = 1 the lost boxes are reported exactly, with an error. */
+static void test_recover(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t two = {2, 1, 2, 1}, one = {2, 1, 1, 1};
+    nrs_emu_graph_t *g = NULL;
+    char err[512];
+    int lost[] = {2, 3}, map[] = {0, 1};
+    (void)state;
+    tu_model(&m, 3, 8, 8, 4, 2, 8);
+    tu_spec_fixed(&s, &m, 2);
+    s.runtime.zero1 = false; /* with ZeRO-1 the optimizer state has no replica */
+    tu_plan_single(&s, 4, &two, &a);
+    tu_plan_single(&s, 2, &one, &b);
+    nrs_emu_opts_t o = {.chunk_bytes = 64, .gpu_map = map, .ngpu_map = 2, .lost = lost,
+                        .nlost = 2};
+    int rc = tu_run(&s, &a, &b, &o, -1, err, sizeof(err));
+    if (rc)
+        fail_msg("%s", err);
+    /* lose node 0 too (GPUs 0, 1) with the survivors on new GPUs 4, 5 */
+    int lost2[] = {0, 1, 2, 3}, map2[] = {4, 5};
+    o.lost = lost2;
+    o.nlost = 4;
+    o.gpu_map = map2;
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), NRS_EMU_ELOST);
+    assert_non_null(strstr(err, "checkpoint"));
+    assert_non_null(g);
+    /* everything is lost: each (tensor, kind but grad) of the model, whole */
+    int64_t area = 0;
+    for (size_t i = 0; i < g->nlost; i++)
+        area += nrs_emu_rect_area(&g->lost[i].box);
+    int64_t want = 0;
+    for (int t = 0; t < nrs_emu_tensor_count(&m); t++) {
+        int r, c;
+        nrs_emu_tensor_shape(&m, t, &r, &c);
+        want += (int64_t)r * c * (NRS_EMU_KIND_COUNT - 1);
+    }
+    assert_int_equal(area, want);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    nrs_emu_graph_print_lost(g, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "lost: actor.layer0.qkv weight"));
+    assert_non_null(strstr(buf, "adam_v"));
+    free(buf);
+    nrs_emu_graph_free(g);
+    /* ZeRO-1, dp 2, one node lost: weights survive, half the optimizer does not */
+    s.runtime.zero1 = true;
+    o.lost = lost;
+    o.nlost = 2;
+    o.gpu_map = map;
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), NRS_EMU_ELOST);
+    for (size_t i = 0; i < g->nlost; i++)
+        assert_true(g->lost[i].kind >= NRS_EMU_MASTER);
+    nrs_emu_graph_free(g);
+}
+
+static char *summary(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b,
+                     const nrs_emu_opts_t *o, int *rc)
+{
+    char *buf = NULL, err[512] = "";
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    *rc = nrs_transition_summary_opts(s, a, b, o, f, true, err, sizeof(err));
+    if (*rc)
+        fprintf(f, "error: %s\n", err);
+    fclose(f);
+    return buf;
+}
+
+/* What `nereus transition` prints, executed on the scaled-down model. */
+static void test_transition_summary(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {8, 4, 2, 1}, lb = {8, 2, 4, 1};
+    int rc;
+    (void)state;
+    tu_model(&m, 80, 8192, 28672, 64, 8, 128256); /* Llama-3-70B shapes */
+    tu_spec_fixed(&s, &m, 8);
+    s.runtime.emulation_scale = 1e-4;
+    s.runtime.mem_headroom_gib = 2;
+    tu_plan_single(&s, 64, &la, &a);
+    tu_plan_single(&s, 64, &lb, &b);
+    b.epoch = 7;
+    char *out = summary(&s, &a, &b, NULL, &rc);
+    if (rc)
+        fail_msg("%s", out);
+    assert_non_null(strstr(out, "transition epoch 0 -> 7 on 64 GPUs"));
+    assert_non_null(strstr(out, "inter-node"));
+    assert_non_null(strstr(out, "cap 78.00 GiB"));
+    assert_non_null(strstr(out, "lower bound"));
+    assert_non_null(strstr(out, "point of no return: op"));
+    assert_non_null(strstr(out, " shards, 0 mismatches"));
+    free(out);
+    /* all replicas lost: reported, with an error */
+    int lost[64], map[8];
+    for (int i = 0; i < 64; i++)
+        lost[i] = i;
+    for (int i = 0; i < 8; i++)
+        map[i] = 64 + i;
+    nrs_layout_t small = {8, 1, 1, 1};
+    tu_plan_single(&s, 8, &small, &b);
+    nrs_emu_opts_t o = {.lost = lost, .nlost = 64, .gpu_map = map, .ngpu_map = 8};
+    out = summary(&s, &a, &b, &o, &rc);
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(out, "checkpoint"));
+    assert_non_null(strstr(out, "lost: actor.embed weight"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_balanced),
+        cmocka_unit_test(test_gqa_kv_split_and_replication),
+        cmocka_unit_test(test_replica_covers_every_tensor),
+        cmocka_unit_test(test_zero1_partitions_rank_shard),
+        cmocka_unit_test(test_reshard_cases),
+        cmocka_unit_test(test_migrate_to_other_gpus),
+        cmocka_unit_test(test_weight_sync),
+        cmocka_unit_test(test_swap_stages_through_host),
+        cmocka_unit_test(test_executor_catches_bad_graphs),
+        cmocka_unit_test(test_recover),
+        cmocka_unit_test(test_transition_summary),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,393 @@
+/* Property tests of transitions over random (plan A, plan B) pairs with a
+ * fixed seed: random GPU counts, non-divisible tp/pp changes, dp up and down,
+ * released and lost nodes. Each case is built, scheduled and executed on real
+ * bytes in-process. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "emu/exec.h"
+#include "emu/graph.h"
+#include "emu/testutil.h"
+
+enum { CASES = 300, MAX_GPUS = 64 };
+
+typedef struct {
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    int map[MAX_GPUS], nmap;
+    int lost[MAX_GPUS], nlost;
+    nrs_emu_opts_t o;
+    const char *kind;
+} pair_t;
+
+/* A random pair: same GPUs, more nodes, fewer nodes (released: their state is
+ * still readable), or lost nodes (their state is gone). */
+static void random_pair_ex(tu_rng_t *r, pair_t *c, int infer_only)
+{
+    static const int64_t chunks[] = {16, 64, 256, 4096};
+    memset(c, 0, sizeof(*c));
+    tu_spec(&c->s, r);
+    if (infer_only) { /* no grads to free first: the tightest memory case */
+        c->s.models[NRS_ROLE_ACTOR].present = false;
+        c->s.models[NRS_ROLE_CRITIC].present = false;
+        if (!c->s.models[NRS_ROLE_REWARD].present) {
+            c->s.models[NRS_ROLE_REF] = c->s.models[NRS_ROLE_ACTOR];
+            c->s.models[NRS_ROLE_REF].present = true;
+        }
+    }
+    int gpn = c->s.cluster.gpus_per_node, na = tu_int(r, 1, 32 / gpn > 4 ? 4 : 32 / gpn);
+    int nb = na, kind = tu_int(r, 0, 3), gone[8] = {0};
+    if (na < 2 && kind >= 2)
+        kind = 1;
+    if (kind == 1)
+        nb = na + tu_int(r, 1, 2);
+    if (kind >= 2) { /* drop some nodes, maybe add new ones */
+        int ndrop = tu_int(r, 1, na - 1);
+        for (int i = 0; i < ndrop;) {
+            int n = tu_int(r, 0, na - 1);
+            if (!gone[n]) {
+                gone[n] = 1;
+                i++;
+            }
+        }
+        nb = na - ndrop + tu_int(r, 0, 1);
+        for (int n = 0; n < na; n++)
+            if (!gone[n])
+                for (int k = 0; k < gpn; k++)
+                    c->map[c->nmap++] = n * gpn + k;
+            else if (kind == 3)
+                for (int k = 0; k < gpn; k++)
+                    c->lost[c->nlost++] = n * gpn + k;
+        for (int extra = na * gpn; c->nmap < nb * gpn; extra++)
+            c->map[c->nmap++] = extra;
+        c->o.gpu_map = c->map;
+        c->o.ngpu_map = c->nmap;
+        c->o.lost = c->lost;
+        c->o.nlost = c->nlost;
+    }
+    static const char *const kinds[] = {"same", "grow", "release", "lost"};
+    c->kind = kinds[kind];
+    tu_plan(&c->s, r, na * gpn, &c->a);
+    tu_plan(&c->s, r, nb * gpn, &c->b);
+    c->b.epoch = 1;
+    c->o.chunk_bytes = chunks[tu_int(r, 0, 3)];
+}
+
+static void random_pair(tu_rng_t *r, pair_t *c)
+{
+    random_pair_ex(r, c, 0);
+}
+
+/* The boxes reported lost really survive nowhere. */
+static void check_lost_is_real(const nrs_emu_graph_t *g)
+{
+    assert_true(g->nlost > 0);
+    for (size_t i = 0; i < g->nlost; i++) {
+        const nrs_emu_lost_t *l = &g->lost[i];
+        for (int32_t k = 0; k < g->nold; k++) {
+            const nrs_emu_buf_t *b = &g->buf[k].b;
+            nrs_emu_rect_t m;
+            if (g->buf[k].lost || b->role != l->role || b->tensor != l->tensor ||
+                b->kind != l->kind)
+                continue;
+            assert_false(nrs_emu_rect_meet(&b->box, &l->box, &m));
+        }
+    }
+}
+
+static int execute(const nrs_emu_graph_t *g, int64_t stop, nrs_emu_exec_result_t *res)
+{
+    nrs_xport_t x;
+    nrs_emu_exec_opts_t eo = {stop};
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    int rc = nrs_emu_execute(g, &x, &eo, res);
+    nrs_xport_close(&x);
+    return rc;
+}
+
+static void expect_clean(const nrs_emu_exec_result_t *res, int rc, const char *what)
+{
+    if (rc || res->mismatches || res->use_after_free || res->cap_violations || res->leaks)
+        fail_msg("%s: %lld mismatches, %lld use-after-free, %lld over cap, %lld leaks: %s", what,
+                 (long long)res->mismatches, (long long)res->use_after_free,
+                 (long long)res->cap_violations, (long long)res->leaks, res->first_error);
+}
+
+/* Every rank runs only its own ops, in order, with blocking send/recv that
+ * complete when both sides have posted: no deadlock, whatever the case. */
+static void check_lockstep(const nrs_emu_graph_t *g)
+{
+    size_t **ops = calloc((size_t)g->nphys, sizeof(size_t *));
+    size_t *n = calloc((size_t)g->nphys, sizeof(size_t)), *at = calloc((size_t)g->nphys, sizeof(size_t));
+    size_t left = 0;
+    for (int r = 0; r < g->nphys; r++) {
+        n[r] = nrs_emu_rank_ops(g, r, NULL, 0);
+        ops[r] = malloc(sizeof(size_t) * (n[r] + 1));
+        nrs_emu_rank_ops(g, r, ops[r], n[r]);
+        left += n[r];
+    }
+    for (int progress = 1; left && progress;) {
+        progress = 0;
+        for (int r = 0; r < g->nphys; r++) {
+            while (at[r] < n[r]) {
+                const nrs_emu_op_t *op = &g->ops[ops[r][at[r]]];
+                int s = nrs_emu_op_rank(g, op, 0), d = nrs_emu_op_rank(g, op, 1);
+                int peer = s == r ? d : s;
+                if (op->type == NRS_EMU_OP_XFER && peer != r) {
+                    if (at[peer] >= n[peer] || ops[peer][at[peer]] != ops[r][at[r]])
+                        break; /* blocked until the peer reaches the same op */
+                    at[peer]++;
+                    left--;
+                }
+                at[r]++;
+                left--;
+                progress = 1;
+            }
+        }
+    }
+    assert_int_equal(left, 0);
+    for (int r = 0; r < g->nphys; r++)
+        free(ops[r]);
+    free(ops);
+    free(n);
+    free(at);
+}
+
+/* Every destination shard equals the reference; no use after free; no leak;
+ * graph built twice is identical; boxes reported lost are really lost. */
+static void test_random_transitions_verify(void **state)
+{
+    tu_rng_t r = {20240601};
+    int ok = 0, lost = 0;
+    int64_t shards = 0;
+    (void)state;
+    for (int i = 0; i < CASES; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL, *g2 = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair(&r, &c);
+        int rc = nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err));
+        /* again, from copies whose predictions (not part of the layout) differ */
+        nrs_plan_t a2 = c.a, b2 = c.b;
+        a2.step_s = 1e9;
+        b2.ms_time[NRS_MS_ACTOR_TRAIN] = -1;
+        b2.capacity_bytes = 3;
+        int rc2 = nrs_emu_transition(&c.s, &a2, &b2, &c.o, &g2, err, sizeof(err));
+        assert_int_equal(rc, rc2);
+        if (rc == NRS_EMU_ELOST) {
+            assert_string_equal(c.kind, "lost");
+            check_lost_is_real(g);
+            lost++;
+        } else {
+            if (rc)
+                fail_msg("case %d (%s): %s", i, c.kind, err);
+            assert_int_equal(nrs_emu_graph_hash(g), nrs_emu_graph_hash(g2));
+            assert_int_equal(g->nops, g2->nops);
+            expect_clean(&res, execute(g, -1, &res), c.kind);
+            check_lockstep(g);
+            shards += res.verified;
+            ok++;
+        }
+        nrs_emu_graph_free(g);
+        nrs_emu_graph_free(g2);
+    }
+    print_message("random transitions: %d verified (%lld shards), %d reported lost state\n", ok,
+                  (long long)shards, lost);
+    assert_true(ok > CASES / 2);
+    assert_true(lost > 0);
+}
+
+/* Tight caps: every GPU fits the old state and the new state, barely. The
+ * schedule must stay under the cap at every moment (the executor checks each
+ * allocation), staging through host memory when it has to. */
+static void test_memory_cap_respected(void **state)
+{
+    tu_rng_t r = {777};
+    int done = 0, staged = 0;
+    (void)state;
+    for (int i = 0; i < CASES; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair_ex(&r, &c, i % 2);
+        c.o.nlost = 0; /* recovery is tested above */
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: %s", i, err);
+        /* the cap: the larger of each GPU's old and new state, plus the reserve */
+        int64_t need = 0;
+        int64_t *o = calloc((size_t)g->nphys, sizeof(int64_t));
+        int64_t *n = calloc((size_t)g->nphys, sizeof(int64_t));
+        for (int32_t k = 0; k < g->nold; k++)
+            o[g->buf[k].b.gpu] += g->buf[k].b.bytes;
+        for (int32_t k = g->nold; k < g->nold + g->nnew; k++)
+            n[g->buf[k].b.gpu] += g->buf[k].b.bytes;
+        for (int k = 0; k < g->nphys; k++) {
+            need = o[k] > need ? o[k] : need;
+            need = n[k] > need ? n[k] : need;
+        }
+        free(o);
+        free(n);
+        nrs_emu_graph_free(g);
+        c.o.cap_bytes = need + 2 * c.o.chunk_bytes + tu_int(&r, 0, 3) * (need / 8);
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: cap %lld: %s", i, (long long)c.o.cap_bytes, err);
+        for (int k = 0; k < g->nphys; k++)
+            assert_true(g->peak[k] <= g->cap);
+        expect_clean(&res, execute(g, -1, &res), "tight cap");
+        check_lockstep(g);
+        assert_true(res.peak_max <= c.o.cap_bytes);
+        staged += g->nstaged > 0;
+        done++;
+        nrs_emu_graph_free(g);
+    }
+    print_message("tight caps: %d transitions under the cap, %d staged through host\n", done,
+                  staged);
+}
+
+/* A cap below the new state is refused with the GPU named. */
+static void test_cap_too_small_is_clear(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {4, 1, 1, 1}, lb = {1, 1, 1, 1};
+    nrs_emu_opts_t o = {.chunk_bytes = 64, .cap_bytes = 4096};
+    nrs_emu_graph_t *g = NULL;
+    char err[512];
+    (void)state;
+    tu_model(&m, 4, 16, 32, 4, 4, 40);
+    tu_spec_fixed(&s, &m, 4);
+    tu_plan_single(&s, 4, &la, &a);
+    tu_plan_single(&s, 4, &lb, &b);
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), -1);
+    assert_null(g);
+    assert_non_null(strstr(err, "GPU 0"));
+    assert_non_null(strstr(err, "cap"));
+}
+
+/* Makespan within 1.25x of the max-over-links lower bound. */
+static void test_makespan_near_lower_bound(void **state)
+{
+    tu_rng_t r = {4242};
+    double worst = 0, sum = 0;
+    int n = 0;
+    (void)state;
+    for (int i = 0; i < CASES; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        char err[512];
+        random_pair(&r, &c);
+        c.o.nlost = 0;
+        c.o.chunk_bytes = 64;
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: %s", i, err);
+        if (g->lower_bound > 0) {
+            double ratio = (double)g->makespan / (double)g->lower_bound;
+            if (ratio > worst)
+                worst = ratio;
+            sum += ratio;
+            n++;
+            if (ratio > 1.25)
+                fail_msg("case %d (%s): makespan %lld ps vs lower bound %lld ps: %.3f", i,
+                         c.kind, (long long)g->makespan, (long long)g->lower_bound, ratio);
+        }
+        nrs_emu_graph_free(g);
+    }
+    print_message("makespan / lower bound over %d cases: worst %.3f, mean %.3f\n", n, worst,
+                  n ? sum / n : 0);
+}
+
+/* Abort anywhere up to the point of no return: the old state is intact.
+ * Past it, old state is gone (so the point is not set too late). */
+static void test_abort_before_point_of_no_return(void **state)
+{
+    tu_rng_t r = {99};
+    int past = 0;
+    (void)state;
+    for (int i = 0; i < CASES / 2; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair(&r, &c);
+        c.o.nlost = 0;
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: %s", i, err);
+        int64_t k = g->ponr ? tu_int(&r, 0, (int)g->ponr) : 0;
+        expect_clean(&res, execute(g, k, &res), "abort");
+        assert_true(res.aborted || k == (int64_t)g->nops);
+        if (g->ponr < (int64_t)g->nops) {
+            execute(g, g->ponr + 1, &res);
+            assert_true(res.mismatches > 0);
+            past++;
+        }
+        nrs_emu_graph_free(g);
+    }
+    print_message("aborts: old state intact before the point of no return; %d cases checked "
+                  "past it\n",
+                  past);
+}
+
+static void test_per_rank_programs_deadlock_free(void **state)
+{
+    tu_rng_t r = {5150};
+    (void)state;
+    for (int i = 0; i < CASES / 2; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        char err[512];
+        random_pair(&r, &c);
+        int rc = nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err));
+        if (rc == NRS_EMU_ELOST) {
+            nrs_emu_graph_free(g);
+            continue;
+        }
+        if (rc)
+            fail_msg("case %d: %s", i, err);
+        check_lockstep(g);
+        nrs_emu_graph_free(g);
+    }
+}
+
+/* The per-step weight sync on random plans. */
+static void test_random_weight_sync(void **state)
+{
+    tu_rng_t r = {31337};
+    (void)state;
+    for (int i = 0; i < CASES / 2; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair(&r, &c);
+        if (nrs_emu_weight_sync(&c.s, &c.a, NULL, &g, err, sizeof(err)))
+            fail_msg("case %d: %s", i, err);
+        expect_clean(&res, execute(g, -1, &res), "sync");
+        assert_int_equal(g->ponr, (int64_t)g->nops);
+        nrs_emu_graph_free(g);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_transitions_verify),
+        cmocka_unit_test(test_memory_cap_respected),
+        cmocka_unit_test(test_cap_too_small_is_clear),
+        cmocka_unit_test(test_makespan_near_lower_bound),
+        cmocka_unit_test(test_abort_before_point_of_no_return),
+        cmocka_unit_test(test_random_weight_sync),
+        cmocka_unit_test(test_per_rank_programs_deadlock_free),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
