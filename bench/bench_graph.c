@@ -1,11 +1,17 @@
 /* bench_graph: transition graph makespan against its lower bound, and the
  * time to build + schedule a graph, on Llama-3 shapes and on random plans.
- * Usage: bench_graph [cases]   (a benchmark, never a timed test) */
+ * Usage: bench_graph [cases]        (a benchmark, never a timed test)
+ *        bench_graph scale SPEC [GPUS...]
+ *            the best plan of SPEC at response 1024 -> 3072 on 64, 256, 512 and
+ *            1024 GPUs (or GPUS): build + schedule time, makespan / lower
+ *            bound, graph hash */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "emu/graph.h"
+#include "nereus/spec.h"
 #include "emu/testutil.h"
 
 static double now_s(void)
@@ -105,8 +111,60 @@ static void run_random(int cases)
            n, worst, n ? sum / n : 0, tmax);
 }
 
+/* The transition the controller prices when the response length triples:
+ * best plan at 1024 tokens -> best plan at 3072, same GPUs. */
+static int run_scale(const char *path, int argc, char **argv)
+{
+    int sizes[16] = {64, 256, 512, 1024}, nsizes = 4;
+    nrs_spec_t s;
+    char err[512];
+    if (nrs_spec_load(path, &s, err, sizeof(err))) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        return 1;
+    }
+    if (argc > 0) /* explicit sizes */
+        for (nsizes = 0; nsizes < argc && nsizes < 16; nsizes++)
+            sizes[nsizes] = atoi(argv[nsizes]);
+    for (int i = 0; i < nsizes; i++) {
+        nrs_plan_req_t req;
+        nrs_plan_t a, b;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_stats_t st;
+        nrs_plan_req_init(&req, &s);
+        req.gpus = sizes[i];
+        req.work.response_len = 1024;
+        if (nrs_plan_best(&s, &req, &a, err, sizeof(err))) {
+            printf("%5d GPUs: plan: %s\n", sizes[i], err);
+            continue;
+        }
+        req.work.response_len = 3072;
+        if (nrs_plan_best(&s, &req, &b, err, sizeof(err))) {
+            printf("%5d GPUs: plan: %s\n", sizes[i], err);
+            continue;
+        }
+        double t0 = now_s();
+        int rc = nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err));
+        double t = now_s() - t0;
+        if (rc) {
+            printf("%5d GPUs: transition: %s\n", sizes[i], err);
+            nrs_emu_graph_free(g);
+            continue;
+        }
+        nrs_emu_graph_stats(g, &st);
+        printf("%5d GPUs: %9.1f ms  %7zu moves %8zu ops  makespan %.6f s  lb %.6f s  "
+               "ratio %.4f  hash %016llx\n",
+               sizes[i], t * 1e3, g->nmoves, g->nops, st.makespan_s, st.lower_bound_s,
+               st.lower_bound_s > 0 ? st.makespan_s / st.lower_bound_s : 1,
+               (unsigned long long)st.hash);
+        nrs_emu_graph_free(g);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "scale"))
+        return run_scale(argv[2], argc - 3, argv + 3);
     static const named_t named[] = {
         {"8B  tp4 pp2 dp2 -> tp8 pp1 dp2 (16 GPUs)", 0, 16, 16, {4, 2, 2, 1}, {8, 1, 2, 1}},
         {"8B  tp2 pp3 dp1 -> tp4 pp2 dp1 (8 GPUs)", 0, 8, 8, {2, 3, 1, 1}, {4, 2, 1, 1}},

@@ -48,7 +48,10 @@ typedef struct {
     double capacity_bytes;         /* usable bytes per GPU */
 } nrs_plan_t;
 
-typedef enum { NRS_PLAN_BEST, NRS_PLAN_FIXED } nrs_plan_mode_t;
+/* BEST: least predicted step time. FIXED: the fixed baseline (below).
+ * TEMPLATE: fixed_from's pools, placement and tp/pp taken as they are, dp =
+ * floor(pool / (tp*pp)), only micro-batches chosen (modelled baselines). */
+typedef enum { NRS_PLAN_BEST, NRS_PLAN_FIXED, NRS_PLAN_TEMPLATE } nrs_plan_mode_t;
 
 typedef struct {
     int gpus;                      /* total GPUs: < gpus_per_node, or a multiple of it */

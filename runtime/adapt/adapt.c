@@ -73,6 +73,20 @@ static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *n
     return NRS_TRIGGER_NONE;
 }
 
+void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int *map)
+{
+    int n = 0, next_new = old_total;
+    for (int gpu = 0; gpu < old_total && n < new_total; gpu++) {
+        bool gone = false;
+        for (int i = 0; rz && i < rz->nlost && !gone; i++)
+            gone = rz->lost[i] == gpu;
+        if (!gone)
+            map[n++] = gpu;
+    }
+    while (n < new_total)
+        map[n++] = next_new++;
+}
+
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
                                   const nrs_plan_t *to, const nrs_resize_t *rz, double *makespan,
                                   int *lost_boxes, char *err, size_t errlen)
@@ -85,22 +99,12 @@ int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
     nrs_emu_opts_init(&o);
     *lost_boxes = 0;
     if (rz && rz->nlost > 0) {
-        /* Survivors first, in order, then GPUs the old plan never had. */
         map = malloc(sizeof(int) * (size_t)(to->total_gpus > 0 ? to->total_gpus : 1));
         if (!map) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        int n = 0, next_new = from->total_gpus;
-        for (int gpu = 0; gpu < from->total_gpus && n < to->total_gpus; gpu++) {
-            bool gone = false;
-            for (int i = 0; i < rz->nlost && !gone; i++)
-                gone = rz->lost[i] == gpu;
-            if (!gone)
-                map[n++] = gpu;
-        }
-        while (n < to->total_gpus)
-            map[n++] = next_new++;
+        nrs_adapt_gpu_map(from->total_gpus, to->total_gpus, rz, map);
         o.gpu_map = map;
         o.ngpu_map = to->total_gpus;
         o.lost = rz->lost;

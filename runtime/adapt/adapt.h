@@ -59,6 +59,9 @@ void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespa
  * (no feasible plan on the GPUs left). */
 int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
                    bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen);
+/* GPU numbering of a resize: map[i] = physical GPU (old numbering) of the new
+ * plan's GPU i: survivors in order, then new GPUs numbered from old_total. */
+void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int *map);
 /* Graph makespan of from -> to under a resize (uncalibrated); -1 on error,
  * NRS_EMU_ELOST (with *lost_boxes) when state is lost. */
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,

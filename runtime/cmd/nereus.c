@@ -18,6 +18,9 @@ static const char usage[] =
     "Commands:\n"
     "  validate FILE    check a job spec; errors are printed as FILE:LINE:COL: message\n"
     "  plan FILE        print the layout with the least predicted step time\n"
+    "  transition FILE --from-gpus N --to-gpus M\n"
+    "                   build, schedule (and with --execute run and verify) the\n"
+    "                   transition between the best plans on N and M GPUs\n"
     "  simulate FILE --trace TRACE\n"
     "                   replay a trace of GPUs and response lengths against the\n"
     "                   policies (nereus, fixed, static-best, oracle)\n"
@@ -56,7 +59,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"validate", nrs_cmd_validate}, {"plan", nrs_cmd_plan}, {"simulate", nrs_cmd_simulate}};
+    } cmds[] = {{"validate", nrs_cmd_validate}, {"plan", nrs_cmd_plan}, {"simulate", nrs_cmd_simulate},
+                 {"transition", nrs_cmd_transition}};
 
     if (argc < 2) {
         fputs(usage, stderr);

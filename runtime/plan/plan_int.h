@@ -41,6 +41,7 @@ typedef struct {
     nrs_calib_t calib;
     double cap;
     int gpn;
+    int tgpus; /* GPUs of the request */
     bool present[U_COUNT];
     int units[U_COUNT], nunits; /* present units in search order */
     nrs_table_t *tables[U_COUNT];

@@ -250,6 +250,43 @@ static int fixed_layouts(const nrs_spec_t *s, const nrs_plan_req_t *req, restric
     return 0;
 }
 
+/* TEMPLATE: one configuration, every unit's tp/pp given. */
+static int run_template(nrs_planner_t *pl, search_t *S, const nrs_plan_t *t, nrs_plan_t *out,
+                        char *err, size_t errlen)
+{
+    nrs_config_t cfg = {.npools = t->npools};
+    if (t->npools < 1 || t->npools > NRS_POOL_MAX || t->total_gpus != pl->tgpus) {
+        snprintf(err, errlen, "template plan: %d pools on %d GPUs, request for %d GPUs", t->npools,
+                 t->total_gpus, pl->tgpus);
+        return -1;
+    }
+    for (int i = 0; i < t->npools; i++)
+        cfg.gpus[i] = t->pools[i].gpus;
+    for (int u = 0; u < U_COUNT; u++) {
+        nrs_ms_t ms = nrs_unit_ms((nrs_unit_t)u, 0);
+        cfg.pool_of_unit[u] = pl->present[u] ? t->pool_of[ms] : -1;
+        if (pl->present[u] && (!t->has[ms] || t->pool_of[ms] < 0 || t->pool_of[ms] >= t->npools)) {
+            snprintf(err, errlen, "template plan: %s has no pool", nrs_ms_name(ms));
+            return -1;
+        }
+        if (pl->present[u])
+            S->only[u] = (restrict_t){t->layout[ms].tp, t->layout[ms].pp};
+    }
+    S->pl = pl;
+    S->best = NRS_INF;
+    on_config(&cfg, S);
+    if (S->oom) {
+        snprintf(err, errlen, "out of memory while planning");
+        return -1;
+    }
+    if (S->best >= NRS_INF) {
+        snprintf(err, errlen, "no feasible plan: the template's layouts do not fit in memory on "
+                              "their pools (or tp does not divide the heads)");
+        return -1;
+    }
+    return finish(S, out, err, errlen);
+}
+
 int nrs_plan_best(const nrs_spec_t *s, const nrs_plan_req_t *req, nrs_plan_t *out, char *err,
                   size_t errlen)
 {
@@ -265,6 +302,14 @@ int nrs_plan_best(const nrs_spec_t *s, const nrs_plan_req_t *req, nrs_plan_t *ou
         S.colocated_only = true;
     }
     nrs_planner_init(&pl, s, req);
+    pl.tgpus = req->gpus;
+    if (req->mode == NRS_PLAN_TEMPLATE) {
+        rc = req->fixed_from ? run_template(&pl, &S, req->fixed_from, out, err, errlen) : -1;
+        if (!req->fixed_from)
+            snprintf(err, errlen, "template mode needs a template plan (fixed_from)");
+        nrs_planner_free(&pl);
+        return rc;
+    }
     rc = run_search(&pl, &S, req->gpus, out, err, errlen);
     if (rc != 0 && req->mode == NRS_PLAN_FIXED) {
         char why[NRS_ERR_MAX];

@@ -131,7 +131,8 @@ static int add_staircase(const nrs_planner_t *pl, nrs_table_t *t, nrs_unit_t u, 
             return -1;
     }
     int n = t->nsteps - start, kept = 0;
-    qsort(t->steps + start, (size_t)n, sizeof(nrs_step_t), cmp_step);
+    if (n > 1)
+        qsort(t->steps + start, (size_t)n, sizeof(nrs_step_t), cmp_step);
     for (int i = 0; i < n; i++) {
         nrs_step_t st = t->steps[start + i];
         if (kept == 0 || st.time < t->steps[start + kept - 1].time)
@@ -236,7 +237,8 @@ static int build_table(const nrs_planner_t *pl, nrs_unit_t u, int gpus, nrs_tabl
             t->ncand++;
         }
     }
-    qsort(cs, (size_t)t->ncand, sizeof(*cs), cmp_cand);
+    if (t->ncand > 1)
+        qsort(cs, (size_t)t->ncand, sizeof(*cs), cmp_cand);
     t->cand = malloc((size_t)(t->ncand ? t->ncand : 1) * sizeof(nrs_cand_t));
     if (!t->cand)
         goto fail;

@@ -56,5 +56,29 @@ check "validate YAML syntax" 1 "bad2.yaml:[0-9]+:[0-9]+: " "$bin" validate "$tmp
 check "validate no file" 2 "no FILE given" "$bin" validate
 check "plan on a bad spec" 1 "bad1.yaml:3:3: " "$bin" plan "$tmp/bad1.yaml"
 
+# nereus transition: build, schedule, execute in-process, verify.
+tiny="$top/examples/tiny-cpu.yaml"
+check "transition --help" 0 "--lost-nodes" "$bin" transition --help
+check "transition summary" 0 "makespan [0-9.]+ s, lower bound [0-9.]+ s \(ratio" "$bin" transition "$tiny" --from-gpus 4 --to-gpus 8
+check "transition --execute verifies every shard" 0 "verified [0-9]+ shards, 0 mismatches" \
+    "$bin" transition "$tiny" --from-gpus 4 --to-gpus 8 --execute
+check "transition after a loss (zero1: optimizer shards lost)" 1 "restore from a checkpoint" \
+    "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 1
+check "transition bad node" 2 "--lost-nodes: '7' is not an integer in 0..1" \
+    "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 7
+check "transition needs both sizes" 2 "expected FILE, --from-gpus and --to-gpus" "$bin" transition "$tiny" --to-gpus 4
+
+# nereus simulate: every policy on a short trace; bad traces are FILE:LINE:COL.
+printf 'nereus-trace 1\nsteps 30\ntrue actor.train 0.8\nramp 0 29 128 512\ngpus 0 4\ngpus 10 8\nfail 20 1\n' >"$tmp/t.trace"
+check "simulate all policies" 0 "oracle .*" "$bin" simulate "$tiny" --trace "$tmp/t.trace" --quiet
+check "simulate reports nereus vs fixed" 0 "nereus vs fixed: " "$bin" simulate "$tiny" --trace "$tmp/t.trace" --quiet
+"$bin" simulate "$tiny" --trace "$tmp/t.trace" --policy nereus --csv "$tmp/t.csv" --quiet >/dev/null 2>&1
+check "simulate --csv has a row per step" 0 "^31$" wc -l <"$tmp/t.csv"
+check "simulate --csv rows" 0 "^nereus,29,4," tail -n 1 "$tmp/t.csv"
+printf 'nereus-trace 1\nsteps 30\ngpus 40 8\n' >"$tmp/bad.trace"
+check "simulate bad trace" 1 "bad.trace:3:6: '40' is not a number in \[0, 29\]" "$bin" simulate "$tiny" --trace "$tmp/bad.trace"
+check "simulate unknown policy" 2 "unknown policy 'best'" "$bin" simulate "$tiny" --trace "$tmp/t.trace" --policy best
+check "simulate needs a trace" 2 "expected FILE and --trace" "$bin" simulate "$tiny"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

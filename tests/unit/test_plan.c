@@ -259,6 +259,55 @@ static void test_fixed_keeps_tp_pp(void **st)
     }
 }
 
+/* TEMPLATE keeps pools, placement and tp/pp, and chooses micro-batches: the best
+ * plan as its own template comes back with the same step time. */
+static void test_template(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t best, t, out;
+    nrs_plan_req_t req;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    plan_ok(&s, 512, NRS_PLAN_BEST, &best);
+    nrs_plan_req_init(&req, &s);
+    req.gpus = 512;
+    req.mode = NRS_PLAN_TEMPLATE;
+    req.fixed_from = &best;
+    assert_int_equal(nrs_plan_best(&s, &req, &out, err, sizeof(err)), 0);
+    assert_true(nrs_plan_same_layout(&best, &out));
+    assert_true(fabs(out.step_s - best.step_s) <= 1e-12 * best.step_s);
+    /* Three pools of a separate-engines system on 32 GPUs: generation on 16,
+     * actor and ref on 8, critic and reward on 8; every GPU data-parallel. */
+    memset(&t, 0, sizeof(t));
+    t.total_gpus = 32;
+    t.npools = 3;
+    t.pools[0] = (nrs_pool_t){0, 16};
+    t.pools[1] = (nrs_pool_t){16, 8};
+    t.pools[2] = (nrs_pool_t){24, 8};
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        t.has[ms] = true;
+        t.layout[ms] = (nrs_layout_t){1, 1, 0, 0};
+    }
+    t.pool_of[NRS_MS_ACTOR_GENERATE] = 0;
+    t.layout[NRS_MS_ACTOR_GENERATE].tp = 2;
+    t.pool_of[NRS_MS_ACTOR_INFER] = t.pool_of[NRS_MS_ACTOR_TRAIN] = t.pool_of[NRS_MS_REF_INFER] = 1;
+    t.pool_of[NRS_MS_CRITIC_INFER] = t.pool_of[NRS_MS_CRITIC_TRAIN] = t.pool_of[NRS_MS_REWARD_INFER] = 2;
+    s.cluster.gpu_mem_gib = 160; /* two 8B trained models' state on 8 GPUs each */
+    req.gpus = 32;
+    req.fixed_from = &t;
+    assert_int_equal(nrs_plan_best(&s, &req, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.npools, 3);
+    assert_int_equal(out.layout[NRS_MS_ACTOR_GENERATE].dp, 8);
+    assert_int_equal(out.layout[NRS_MS_ACTOR_TRAIN].dp, 8);
+    assert_int_equal(out.pool_of[NRS_MS_REWARD_INFER], 2);
+    assert_feasible(&s, &out);
+    /* A template on the wrong GPU count is refused. */
+    req.gpus = 64;
+    assert_int_equal(nrs_plan_best(&s, &req, &out, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "template plan"));
+}
+
 static void test_deterministic(void **st)
 {
     (void)st;
@@ -309,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_longer_response_never_faster),
         cmocka_unit_test(test_fixed_never_better),
         cmocka_unit_test(test_fixed_keeps_tp_pp),
+        cmocka_unit_test(test_template),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_eval_rejects_bad_plans),
     };
