@@ -107,6 +107,12 @@ typedef struct {
 
 enum { NRS_XFER_LOCAL = 1, NRS_XFER_UCX = 2, NRS_XFER_NCCL = 4 };
 
+/* How the actor's trained weights reach its generation engine each step
+ * (docs/cost-model.md §7). RESHARD: resharded in place or pool to pool by the
+ * transition machinery; BROADCAST: tensor by tensor, gathered to training rank 0
+ * and broadcast from it to every generation rank (OpenRLHF-style). */
+typedef enum { NRS_WSYNC_RESHARD, NRS_WSYNC_BROADCAST } nrs_weight_sync_t;
+
 typedef struct {
     unsigned transports;     /* NRS_XFER_* mask; default ucx|nccl|local */
     double mem_headroom_gib; /* reserved per GPU; default 2 */
@@ -114,6 +120,12 @@ typedef struct {
     bool zero1;              /* shard optimizer state over dp; default true */
     bool recompute;          /* activation recompute in train; default false */
     bool verify;             /* checksum every transition; default true */
+    /* Optional cost-model switches (docs/cost-model.md); the modelled baselines
+     * set them on a copy of the spec (docs/baselines.md). */
+    bool zero3;              /* ZeRO-3: weights, grads and optimizer state sharded over dp,
+                              * parameters gathered per layer; default false */
+    bool offload_optimizer;  /* fp32 master + Adam on the host (ZeRO-Offload); default false */
+    nrs_weight_sync_t weight_sync; /* reshard (default) | broadcast */
 } nrs_runtime_t;
 
 typedef struct {

@@ -39,11 +39,15 @@ double nrs_cost_persist_bytes(const nrs_spec_t *s, nrs_role_t r, const nrs_layou
         return INFINITY; /* never fits: the planner must not pick it */
 
     double p = params_per_gpu(m, l), b = nrs_dtype_bytes(m->dtype);
-    double bytes = p * b; /* weights */
+    /* ZeRO-3 splits weights and gradients over dp too (every role DeepSpeed
+     * runs, inference-only ones included); ZeRO-1 only the optimizer state. */
+    double zw = nrs_mdl_zero_w(&s->runtime, l), zo = nrs_mdl_zero_o(&s->runtime, l);
+    double bytes = p * b / zw; /* weights */
     if (role_trained(r)) {
         double opt = p * nrs_mdl_opt_bytes_per_param(m->dtype);
-        bytes += p * b; /* gradients, same dtype; ZeRO-1 leaves them whole */
-        bytes += s->runtime.zero1 ? opt / l->dp : opt;
+        bytes += p * b / zw; /* gradients, same dtype; ZeRO-1 leaves them whole */
+        if (!s->runtime.offload_optimizer)
+            bytes += opt / zo; /* offloaded: master weights and moments live on the host */
     }
     return bytes;
 }

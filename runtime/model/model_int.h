@@ -13,6 +13,9 @@
 #define NRS_MDL_LAT_INTER_S 30e-6       /* ... across nodes */
 #define NRS_MDL_SYNC_LAT_S 5e-3         /* fixed cost of one train->generate weight sync */
 #define NRS_MDL_PREFILL_CHUNK 8192.0    /* tokens per prefill chunk (vLLM max_num_batched_tokens) */
+#define NRS_MDL_SYNC_TENSOR_LAT_S 10e-3 /* broadcast sync: per-tensor RPC + gather + load (§7) */
+#define NRS_MDL_CPU_ADAM_HOST_PPS 4.5e9 /* offload: Adam parameters per second per host (§4) */
+#define NRS_MDL_Z3_LIVE_LAYERS 2.0      /* zero3: layers gathered at once (current + prefetch) */
 
 /* Parameters split in two: those tensor parallelism shards over tp ranks
  * (matmuls, vocab-parallel embedding and lm head) and those every tp rank keeps
@@ -49,6 +52,16 @@ int nrs_mdl_tp_pp_ok(const nrs_model_t *m, int tp, int pp);
 
 /* Optimizer-state bytes per parameter of a trained model (fp32 master + Adam m, v). */
 double nrs_mdl_opt_bytes_per_param(nrs_dtype_t d);
+
+/* Number of weight tensors of a model as a checkpoint names them (per layer q, k,
+ * v, o, gate, up, down and two norms; embedding, final norm, untied head). */
+double nrs_mdl_tensor_count(const nrs_model_t *m);
+
+/* ZeRO sharding factors of a layout under the spec's runtime: weights and
+ * gradients are split over zw ranks (dp with zero3), optimizer state over zo
+ * (dp with zero1 or zero3). */
+double nrs_mdl_zero_w(const nrs_runtime_t *rt, const nrs_layout_t *l);
+double nrs_mdl_zero_o(const nrs_runtime_t *rt, const nrs_layout_t *l);
 
 /* Sanity of dimensions (all positive); 0 when usable. */
 int nrs_mdl_dims_ok(const nrs_model_t *m);

@@ -32,6 +32,23 @@ void nrs_work_from_spec(const nrs_spec_t *s, nrs_work_t *w)
     w->response_len = s->workload.response_len;
 }
 
+double nrs_mdl_tensor_count(const nrs_model_t *m)
+{
+    /* Hugging Face Llama naming: 9 tensors a layer, embed_tokens, norm, lm_head
+     * (none when tied to the embedding; a value head is one tensor too). */
+    return 9.0 * m->layers + 2.0 + ((m->tied_embeddings && !m->value_head) ? 0 : 1);
+}
+
+double nrs_mdl_zero_w(const nrs_runtime_t *rt, const nrs_layout_t *l)
+{
+    return rt->zero3 ? l->dp : 1;
+}
+
+double nrs_mdl_zero_o(const nrs_runtime_t *rt, const nrs_layout_t *l)
+{
+    return rt->zero3 || rt->zero1 ? l->dp : 1;
+}
+
 int nrs_mdl_dims_ok(const nrs_model_t *m)
 {
     return m->layers > 0 && m->hidden > 0 && m->ffn > 0 && m->heads > 0 && m->kv_heads > 0 &&

@@ -85,6 +85,32 @@ static double adam_touch_bytes(const nrs_model_t *m)
     return 2.0 * nrs_mdl_opt_bytes_per_param(m->dtype) + 2.0 * b + extra;
 }
 
+/* ZeRO-3: one all-gather (or reduce-scatter) of the stage's parameters over the
+ * dp group, layer by layer: every rank receives (dp-1)/dp of them (Rajbhandari
+ * et al. 2020 §7.2.2), one collective per layer. */
+static double z3_collective_s(const ctx_t *x, double p_gpu)
+{
+    const nrs_layout_t *l = &x->l;
+    int span = l->tp * l->pp * l->dp;
+
+    if (l->dp <= 1)
+        return 0;
+    return x->ls * link_lat(x->c, span) +
+           (l->dp - 1.0) / l->dp * p_gpu * x->b / link_Bps(x->c, span);
+}
+
+/* ZeRO-3: bytes of the gathered (whole-over-dp) parameters alive at once: the
+ * layer being computed and the prefetched next one, plus the output head. */
+static double z3_gathered_bytes(const ctx_t *x)
+{
+    nrs_mdl_params_t layer = nrs_mdl_layer_params(x->m);
+    double head = x->m->value_head ? 2.0 * x->h : (double)x->m->vocab * x->h / x->l.tp + x->h;
+
+    if (x->l.dp <= 1)
+        return 0;
+    return x->b * (NRS_MDL_Z3_LIVE_LAYERS * nrs_mdl_per_gpu(layer, x->l.tp) + head);
+}
+
 static double train_transient(const ctx_t *x, const nrs_runtime_t *rt)
 {
     const nrs_layout_t *l = &x->l;
@@ -100,7 +126,7 @@ static double train_transient(const ctx_t *x, const nrs_runtime_t *rt)
     /* fp32 logits and their gradient for the loss. */
     double last = l->mb * x->seq * x->ls * stored + work + 2.0 * logits_bytes(x, l->mb * x->seq);
 
-    return fmax(first, last);
+    return fmax(first, last) + (rt->zero3 ? z3_gathered_bytes(x) : 0);
 }
 
 static void cost_train(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
@@ -116,22 +142,41 @@ static void cost_train(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
     /* Megatron: 2 all-reduces forward, 2 backward per layer (+2 recompute). */
     double mb_comm = mb_comm_s(x, l->mb * x->seq, s->runtime.recompute ? 6 : 4, 2);
     double p_gpu = nrs_mdl_per_gpu(nrs_mdl_stage_weights(x->m, l->pp), l->tp);
-    double opt_params = s->runtime.zero1 ? p_gpu / l->dp : p_gpu;
+    const nrs_runtime_t *rt = &s->runtime;
+    double opt_params = p_gpu / nrs_mdl_zero_o(rt, l);
 
     o->compute_s = ep * x->samples_r * flops_seq / x->stage_flops;
     double pipe_comm = ep * nmb * mb_comm;
     /* Bubble (pp-1)/m of the pipelined work (Narayanan et al. 2021 §2.2). */
     o->bubble_s = (o->compute_s + pipe_comm) * (l->pp - 1) / nmb;
-    /* Gradient all-reduce (ZeRO-1: reduce-scatter + all-gather, same bytes),
-     * once per optimizer step, one step per ppo epoch. */
-    o->comm_s = pipe_comm +
-                ep * allreduce_s(x->c, l->dp, p_gpu * x->b, l->tp * l->pp * l->dp);
-    /* The optimizer step is memory-bound. */
-    o->memory_s = ep * opt_params * adam_touch_bytes(x->m) / (x->c->hbm_gbps * NRS_MDL_GB);
-    o->trans_bytes = train_transient(x, &s->runtime);
+    if (rt->zero3) {
+        /* DeepSpeed ZeRO-3 gathers the parameters before each forward and each
+         * backward of every micro-batch (prefetched: hidden behind that
+         * micro-batch's compute up to its length) and reduce-scatters the
+         * gradients after each backward (not overlapped: overlap_comm off). */
+        double z = z3_collective_s(x, p_gpu), mb_compute = o->compute_s / (ep * nmb);
+        o->comm_s = pipe_comm + ep * nmb * (fmax(0, 2.0 * z - mb_compute) + z);
+    } else {
+        /* Gradient all-reduce (ZeRO-1: reduce-scatter + all-gather, same bytes),
+         * once per optimizer step, one step per ppo epoch. */
+        o->comm_s = pipe_comm +
+                    ep * allreduce_s(x->c, l->dp, p_gpu * x->b, l->tp * l->pp * l->dp);
+    }
+    if (rt->offload_optimizer) {
+        /* ZeRO-Offload: this rank's gradient shard goes to the host, CPU Adam
+         * updates the fp32 master, the new bf16 weights come back. */
+        double host_Bps = x->c->host_gbps * NRS_MDL_GB;
+        double adam_pps = NRS_MDL_CPU_ADAM_HOST_PPS / x->c->gpus_per_node;
+        o->comm_s += ep * 2.0 * opt_params * x->b / host_Bps;
+        o->memory_s = ep * opt_params / adam_pps;
+    } else {
+        /* The optimizer step is memory-bound. */
+        o->memory_s = ep * opt_params * adam_touch_bytes(x->m) / (x->c->hbm_gbps * NRS_MDL_GB);
+    }
+    o->trans_bytes = train_transient(x, rt);
 }
 
-static void cost_infer(const ctx_t *x, nrs_stage_cost_t *o)
+static void cost_infer(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
 {
     const nrs_layout_t *l = &x->l;
     int nmb = ceil_div(x->samples_r, l->mb);
@@ -147,6 +192,12 @@ static void cost_infer(const ctx_t *x, nrs_stage_cost_t *o)
      * plus the fp32 logits (log-probs of every token). */
     o->trans_bytes = l->mb * x->seq * nrs_mdl_act_token_layer(x->m, l->tp) +
                      logits_bytes(x, l->mb * x->seq);
+    if (s->runtime.zero3) {
+        /* One prefetched parameter all-gather per micro-batch's forward. */
+        double p_gpu = nrs_mdl_per_gpu(nrs_mdl_stage_weights(x->m, l->pp), l->tp);
+        o->comm_s += nmb * fmax(0, z3_collective_s(x, p_gpu) - o->compute_s / nmb);
+        o->trans_bytes += z3_gathered_bytes(x);
+    }
 }
 
 /* Integral over [x0, x1] of max(c0 + c1 x, m0 + m1 x), split into the parts
@@ -267,6 +318,10 @@ static int ctx_init(ctx_t *x, const nrs_spec_t *s, nrs_ms_t ms, const nrs_layout
     if (!m->present || nrs_mdl_dims_ok(m) != 0 || nrs_mdl_tp_pp_ok(m, l->tp, l->pp) != 0 ||
         l->dp < 1 || l->mb < 1 || cluster_ok(&s->cluster) != 0 || work_ok(w) != 0)
         return -1;
+    /* Offloading needs a host link to price. */
+    if (s->runtime.offload_optimizer && nrs_ms_stage(ms) == NRS_STAGE_TRAIN &&
+        !(s->cluster.host_gbps > 0))
+        return -1;
     x->c = &s->cluster;
     x->m = m;
     x->l = *l;
@@ -301,7 +356,7 @@ int nrs_cost_stage(const nrs_spec_t *s, nrs_ms_t ms, const nrs_layout_t *l,
         cost_train(&x, s, out);
         break;
     case NRS_STAGE_INFER:
-        cost_infer(&x, out);
+        cost_infer(&x, s, out);
         break;
     case NRS_STAGE_GENERATE:
         cost_generate(&x, out);

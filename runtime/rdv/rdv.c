@@ -111,11 +111,12 @@ static void value_cb(pmix_status_t st, pmix_value_t *kv, void *cbdata)
 {
     rdv_trk_t *t = cbdata;
     t->status = st;
-    if (st == PMIX_SUCCESS && kv) { /* kv belongs to PMIx: copy it */
-        PMIX_VALUE_CREATE(t->val, 1);
-        if (t->val && PMIx_Value_xfer(t->val, kv) != PMIX_SUCCESS)
-            t->status = PMIX_ERR_NOMEM;
-    }
+    /* PMIx 4.2 hands the value over ("protect the value" in
+     * pmix_client_get.c): it is ours to release. */
+    if (kv && st == PMIX_SUCCESS)
+        t->val = kv;
+    else if (kv)
+        PMIX_VALUE_RELEASE(kv);
     atomic_store(&t->done, 1);
 }
 

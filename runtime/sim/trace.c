@@ -8,7 +8,7 @@
  *   fail STEP NODE               node NODE of the current numbering fails at STEP
  *   memory STEP                  a stage fails to allocate at STEP
  *   response STEP LEN            mean response length from STEP on
- *   ramp STEP0 STEP1 LEN0 LEN1   linear over [STEP0, STEP1], LEN1 after
+ *   ramp STEP0 STEP1 LEN0 LEN1   linear over [STEP0, STEP1], LEN1 after (STEP1 <= steps)
  */
 #include <errno.h>
 #include <math.h>
@@ -170,7 +170,7 @@ static int directive(ctx_t *c, nrs_trace_t *t, const nrs_spec_t *s, seg_t *segs,
             return fail(c, 0, "too many response directives");
         if (want_words(c, ramp ? 5 : 3) || integer(c, 1, 0, t->steps - 1, &g.s0))
             return -1;
-        if (ramp ? integer(c, 2, g.s0, t->steps - 1, &g.s1) || num(c, 3, 1, 1e7, &g.l0) ||
+        if (ramp ? integer(c, 2, g.s0, t->steps, &g.s1) || num(c, 3, 1, 1e7, &g.l0) ||
                        num(c, 4, 1, 1e7, &g.l1)
                  : num(c, 2, 1, 1e7, &g.l0))
             return -1;
@@ -223,7 +223,7 @@ static int parse(ctx_t *c, char *text, nrs_trace_t *t, const nrs_spec_t *s, seg_
         return fail(c, 0, have_header ? "missing 'steps'" : "empty trace: expected 'nereus-trace 1'");
     }
     for (int i = 0; i < nsegs; i++)
-        if (segs[i].s0 >= t->steps || segs[i].s1 >= t->steps) {
+        if (segs[i].s0 >= t->steps || segs[i].s1 > t->steps) {
             c->nwords = 0;
             return fail(c, 0, "a response directive lies past 'steps' (declare steps first)");
         }

@@ -29,7 +29,7 @@ enum {
 };
 enum {
     NRS_RT_TRANSPORTS, NRS_RT_HEADROOM, NRS_RT_EMU_SCALE, NRS_RT_ZERO1, NRS_RT_RECOMPUTE,
-    NRS_RT_VERIFY, NRS_RT_N
+    NRS_RT_VERIFY, NRS_RT_ZERO3, NRS_RT_OFFLOAD, NRS_RT_WSYNC, NRS_RT_N
 };
 
 /* Cross-field rules: models the algorithm needs, divisibility of dims and

@@ -136,6 +136,9 @@ static int on_transports(nrs_sctx_t *c, const char *path, int key, int val, void
 static const nrs_enum_t xfer_enum[] = {
     {"ucx", NRS_XFER_UCX}, {"nccl", NRS_XFER_NCCL}, {"local", NRS_XFER_LOCAL}, {NULL, 0}};
 
+static const nrs_enum_t wsync_enum[] = {
+    {"reshard", NRS_WSYNC_RESHARD}, {"broadcast", NRS_WSYNC_BROADCAST}, {NULL, 0}};
+
 #define RT(f) offsetof(nrs_runtime_t, f)
 static const nrs_field_t runtime_fields[NRS_RT_N] = {
     [NRS_RT_TRANSPORTS] = {.name = "transports", .type = NRS_F_FN, .off = RT(transports),
@@ -145,6 +148,9 @@ static const nrs_field_t runtime_fields[NRS_RT_N] = {
     [NRS_RT_ZERO1] = F_BOOL("zero1", RT(zero1)),
     [NRS_RT_RECOMPUTE] = F_BOOL("recompute", RT(recompute)),
     [NRS_RT_VERIFY] = F_BOOL("verify", RT(verify)),
+    [NRS_RT_ZERO3] = F_BOOL("zero3", RT(zero3)),
+    [NRS_RT_OFFLOAD] = F_BOOL("offload_optimizer", RT(offload_optimizer)),
+    [NRS_RT_WSYNC] = F_ENUM("weight_sync", RT(weight_sync), wsync_enum),
 };
 
 /* ---- top level ----------------------------------------------------------- */
@@ -341,7 +347,9 @@ static void set_defaults(nrs_spec_t *s)
                                .calib_alpha = 0.3, .drift_threshold = 0.15, .poll_interval = 2};
     s->runtime = (nrs_runtime_t){.transports = NRS_XFER_UCX | NRS_XFER_NCCL | NRS_XFER_LOCAL,
                                  .mem_headroom_gib = 2, .emulation_scale = 1e-3, .zero1 = true,
-                                 .recompute = false, .verify = true};
+                                 .recompute = false, .verify = true, .zero3 = false,
+                                 .offload_optimizer = false,
+                                 .weight_sync = NRS_WSYNC_RESHARD};
 }
 
 static int load_tree(nrs_sctx_t *c, nrs_spec_t *s)

@@ -14,7 +14,9 @@ mp_out=$(mktemp "${TMPDIR:-/tmp}/nrs-mp.XXXXXX")
 trap 'rm -f "$mp_out"' EXIT
 # Sanitizer builds: LSan must not report UCX's and PMIx's own allocations.
 export LSAN_OPTIONS="${LSAN_OPTIONS:-}${LSAN_OPTIONS:+:}suppressions=${NRS_SRCDIR:-$B}/tests/mp/lsan.supp:print_suppressions=0"
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+# libpmix and libucx lack frame pointers: the fast unwinder would cut their
+# stacks short of the functions lsan.supp names.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}:fast_unwind_on_malloc=0"
 # The PMIx server library must not pick up a system server or old rendezvous files.
 export PMIX_MCA_gds="${PMIX_MCA_gds:-hash}"
 

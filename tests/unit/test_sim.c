@@ -56,7 +56,7 @@ static void test_trace_errors(void **st)
     expect_error("nereus-trace 1\nsteps 10\ntrue actor.frob 2\n", "bad.trace:3:6:", "unknown model-stage");
     expect_error("nereus-trace 1\nsteps 10\nnoise 1e999\n", "bad.trace:3:7:", "not a number");
     expect_error("nereus-trace 1\ngpus 2 8\nsteps 10\n", "bad.trace:2:1:", "'steps' must come before");
-    expect_error("nereus-trace 1\nsteps 10\nramp 5 2 100 200\n", "bad.trace:3:8:", "not a number in [5, 9]");
+    expect_error("nereus-trace 1\nsteps 10\nramp 5 2 100 200\n", "bad.trace:3:8:", "not a number in [5, 10]");
     expect_error("nereus-trace 1\nsteps 10\nresponse 1 2.5x\n", "bad.trace:3:12:", "'2.5x' is not a number");
 }
 

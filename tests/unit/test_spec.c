@@ -299,6 +299,9 @@ static void test_defaults(void **state)
     assert_int_equal(s.runtime.transports, NRS_XFER_UCX | NRS_XFER_NCCL | NRS_XFER_LOCAL);
     assert_true(s.runtime.mem_headroom_gib == 2 && s.runtime.emulation_scale == 1e-3);
     assert_true(s.runtime.zero1 && !s.runtime.recompute && s.runtime.verify);
+    assert_false(s.runtime.zero3);
+    assert_false(s.runtime.offload_optimizer);
+    assert_int_equal(s.runtime.weight_sync, NRS_WSYNC_RESHARD);
     for (int r = 0; r < NRS_ROLE_COUNT; r++) {
         const nrs_model_t *m = &s.models[r];
         assert_true(m->present);
@@ -308,6 +311,41 @@ static void test_defaults(void **state)
                          0);
         assert_dims(m, 16, 2048, 8192, 32, 8, 128256, true);
     }
+}
+
+/* The optional cost-model switches of runtime (docs/job-spec.md): set, and
+ * their errors. */
+static void test_runtime_cost_switches(void **state)
+{
+    (void)state;
+    char path[512], err[NRS_ERR_MAX], buf[4096];
+    size_t len = 0;
+    nrs_spec_t s;
+    src_path(path, sizeof(path), "tests/unit/data/spec/good/minimal.yaml");
+    char *base = slurp(path, &len);
+    assert_non_null(base);
+    int n = snprintf(buf, sizeof(buf), "%.*sruntime:\n  zero3: true\n  offload_optimizer: true\n"
+                                       "  weight_sync: Broadcast\n", (int)len, base);
+    assert_int_equal(nrs_spec_load_buffer("rt", buf, (size_t)n, &s, err, sizeof(err)), 0);
+    assert_true(s.runtime.zero3 && s.runtime.offload_optimizer);
+    assert_int_equal(s.runtime.weight_sync, NRS_WSYNC_BROADCAST);
+    assert_true(s.runtime.zero1 && s.runtime.verify); /* the others keep their defaults */
+    n = snprintf(buf, sizeof(buf), "%.*sruntime:\n  weight_sync: reshard\n  zero3: false\n",
+                 (int)len, base);
+    assert_int_equal(nrs_spec_load_buffer("rt", buf, (size_t)n, &s, err, sizeof(err)), 0);
+    assert_int_equal(s.runtime.weight_sync, NRS_WSYNC_RESHARD);
+    assert_false(s.runtime.zero3);
+    n = snprintf(buf, sizeof(buf), "%.*sruntime:\n  weight_sync: brodcast\n", (int)len, base);
+    assert_int_equal(nrs_spec_load_buffer("rt", buf, (size_t)n, &s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "runtime.weight_sync: unknown value 'brodcast'"));
+    assert_non_null(strstr(err, "did you mean 'broadcast'"));
+    n = snprintf(buf, sizeof(buf), "%.*sruntime:\n  zero3: yes\n", (int)len, base);
+    assert_int_equal(nrs_spec_load_buffer("rt", buf, (size_t)n, &s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "runtime.zero3"));
+    n = snprintf(buf, sizeof(buf), "%.*sruntime:\n  offload_optimiser: true\n", (int)len, base);
+    assert_int_equal(nrs_spec_load_buffer("rt", buf, (size_t)n, &s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "offload_optimizer"));
+    free(base);
 }
 
 static void test_overrides(void **state)
@@ -577,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_buffer_bounds),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_runtime_cost_switches),
         cmocka_unit_test(test_truncations_and_mutations),
     };
     struct CMUnitTest bad[NBAD];

@@ -1,0 +1,219 @@
+/* Connection buffers and framing. The input buffer grows only up to one whole
+ * frame (header + NRS_PROTO_MAX_PAYLOAD) and only once a valid header asks for
+ * it, so thousands of idle peers cost a few KiB each. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl/conn.h"
+
+enum { IN_INITIAL = 4096 };
+
+nrs_conn_t *nrs_conn_new(int fd, double now)
+{
+    nrs_conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->in = malloc(IN_INITIAL);
+    if (!c->in) {
+        free(c);
+        return NULL;
+    }
+    c->in_cap = IN_INITIAL;
+    c->fd = fd;
+    c->t_open = now;
+    c->rank = -1;
+    c->gpu = -1;
+    c->last_step = -1;
+    c->slot = -1;
+    return c;
+}
+
+void nrs_conn_free(nrs_conn_t *c)
+{
+    if (!c)
+        return;
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+/* Room the current frame may still use: up to its announced end once the
+ * header is in (a bad header stops input), else up to a header. */
+static size_t in_want(const nrs_conn_t *c)
+{
+    if (c->in_len < NRS_PROTO_HDR)
+        return IN_INITIAL;
+    nrs_hdr_t h;
+    if (nrs_proto_hdr_decode(c->in, &h) != 0)
+        return c->in_len;
+    size_t end = NRS_PROTO_HDR + (size_t)h.length;
+    return end > IN_INITIAL ? end : IN_INITIAL;
+}
+
+static int in_reserve(nrs_conn_t *c)
+{
+    size_t want = in_want(c);
+    if (want > NRS_CONN_IN_MAX)
+        want = NRS_CONN_IN_MAX;
+    if (want <= c->in_cap)
+        return 0;
+    uint8_t *p = realloc(c->in, want);
+    if (!p)
+        return -1;
+    c->in = p;
+    c->in_cap = want;
+    return 0;
+}
+
+static void note_partial(nrs_conn_t *c, size_t before, double now)
+{
+    if (before == 0 && c->in_len > 0)
+        c->t_partial = now;
+}
+
+size_t nrs_conn_feed(nrs_conn_t *c, const uint8_t *data, size_t n, double now)
+{
+    size_t before = c->in_len, took = 0;
+    while (took < n) {
+        if (in_reserve(c) != 0)
+            break;
+        size_t room = c->in_cap - c->in_len;
+        if (room == 0)
+            break;
+        size_t k = n - took < room ? n - took : room;
+        memcpy(c->in + c->in_len, data + took, k);
+        c->in_len += k;
+        took += k;
+        if (c->in_len >= NRS_PROTO_HDR && in_want(c) <= c->in_len)
+            break; /* a whole frame (or a bad header): let the caller look */
+    }
+    note_partial(c, before, now);
+    return took;
+}
+
+int nrs_conn_frame(nrs_conn_t *c, nrs_hdr_t *h, const uint8_t **payload)
+{
+    if (c->in_len < NRS_PROTO_HDR)
+        return 0;
+    int rc = nrs_proto_hdr_decode(c->in, h);
+    if (rc != 0)
+        return rc;
+    if (c->in_len < NRS_PROTO_HDR + (size_t)h->length)
+        return 0;
+    *payload = c->in + NRS_PROTO_HDR;
+    return 1;
+}
+
+void nrs_conn_consume(nrs_conn_t *c, const nrs_hdr_t *h, double now)
+{
+    size_t k = NRS_PROTO_HDR + (size_t)h->length;
+    memmove(c->in, c->in + k, c->in_len - k);
+    c->in_len -= k;
+    if (c->in_len > 0)
+        c->t_partial = now;
+    /* Give back a large buffer once the big frame is gone. */
+    if (c->in_cap > IN_INITIAL && c->in_len <= IN_INITIAL) {
+        uint8_t *p = realloc(c->in, IN_INITIAL);
+        if (p) {
+            c->in = p;
+            c->in_cap = IN_INITIAL;
+        }
+    }
+}
+
+int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n)
+{
+    if (c->out_off > 0 && c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    if (c->out_len - c->out_off + n > NRS_CONN_OUT_MAX)
+        return -1;
+    if (c->out_len + n > c->out_cap) {
+        if (c->out_off > 0) { /* compact first */
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + n)
+            cap *= 2;
+        if (cap != c->out_cap) {
+            uint8_t *p = realloc(c->out, cap);
+            if (!p)
+                return -1;
+            c->out = p;
+            c->out_cap = cap;
+        }
+    }
+    memcpy(c->out + c->out_len, frame, n);
+    c->out_len += n;
+    return 0;
+}
+
+void nrs_conn_clear_out(nrs_conn_t *c)
+{
+    c->out_off = c->out_len = 0;
+}
+
+ssize_t nrs_conn_read(nrs_conn_t *c, double now)
+{
+    if (in_reserve(c) != 0)
+        return -1;
+    size_t want = in_want(c);
+    if (want > c->in_cap)
+        want = c->in_cap;
+    if (want <= c->in_len)
+        return -2; /* a whole frame (or a bad header) waits to be looked at */
+    size_t before = c->in_len;
+    ssize_t k;
+    do
+        k = read(c->fd, c->in + c->in_len, want - c->in_len);
+    while (k < 0 && errno == EINTR);
+    if (k < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? -2 : -1;
+    c->in_len += (size_t)k;
+    note_partial(c, before, now);
+    return k;
+}
+
+int nrs_conn_flush(nrs_conn_t *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t k = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
+        }
+        c->out_off += (size_t)k;
+    }
+    c->out_off = c->out_len = 0;
+    /* Give back a large buffer after a big status reply. */
+    if (c->out_cap > 65536) {
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    return 0;
+}
+
+int nrs_conn_check_type(nrs_conn_state_t st, int role, int type)
+{
+    if (type == NRS_MSG_ERROR)
+        return 0; /* a peer may always say why it gives up */
+    if (st == NRS_CONN_NEW)
+        return type == NRS_MSG_HELLO ? 0 : -NRS_PERR_UNEXPECTED;
+    if (st != NRS_CONN_READY)
+        return -NRS_PERR_UNEXPECTED;
+    switch (role) {
+    case NRS_ROLE_WORKER:
+        return type == NRS_MSG_REPORT || type == NRS_MSG_ACK ? 0 : -NRS_PERR_UNEXPECTED;
+    case NRS_ROLE_WATCHER:
+    case NRS_ROLE_CLI:
+        return type == NRS_MSG_DELTA || type == NRS_MSG_STATUS_REQ ? 0 : -NRS_PERR_UNEXPECTED;
+    default:
+        return -NRS_PERR_UNEXPECTED;
+    }
+}

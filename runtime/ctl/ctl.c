@@ -1,0 +1,934 @@
+/* Controller state: peers, per-step aggregation of reports, decisions through
+ * runtime/adapt, and the two-phase transition PLAN -> PREPARE -> (every rank
+ * ACKs) -> COMMIT, or ABORT before the point of no return (COMMIT sent). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl/auth.h"
+#include "ctl/ctl.h"
+
+enum { DEC_MAX = 16, DQ_MAX = 16, CONNS_MAX = 65536 };
+enum { TR_IDLE, TR_PREPARE, TR_COMMIT };
+enum { TRP_NONE, TRP_WAIT, TRP_DONE }; /* nrs_conn_t.tr_state */
+
+typedef struct {
+    long step;
+    char source[32];
+    nrs_trigger_t trigger;
+    bool planned, admitted, forced;
+    double saving_s, horizon_steps, cost_s, makespan_s;
+    unsigned from_epoch, to_epoch;
+    char why[320];
+} decision_t;
+
+typedef struct {
+    nrs_msg_delta_t *m;
+    nrs_conn_t *from; /* NULL once it has gone */
+} queued_delta_t;
+
+struct nrs_ctl {
+    nrs_ctl_opts_t o;
+    char job[NRS_PROTO_STR_MAX];
+    char secret[NRS_PROTO_TOKEN_MAX];
+    bool has_secret;
+    double now, t_start;
+    unsigned long serial;
+
+    nrs_adapt_t a;     /* a.plan: the committed plan, or the proposed one while tr != IDLE */
+    nrs_work_t work;   /* conditions the ranks report */
+    int alloc_gpus;    /* GPUs of the allocation now */
+    uint64_t generation;
+    int rz_lost[NRS_PROTO_MAX_LOST]; /* GPUs of the committed plan gone, not yet planned away */
+    int rz_nlost;
+    bool retry;        /* decide again at the next tick (after an abort) */
+
+    nrs_conn_t **conns;
+    int nconns, cap_conns;
+    nrs_conn_t **by_gpu; /* workers by GPU index of the committed plan */
+    int nworkers;
+
+    /* The step being gathered. */
+    long step_cur, step_closed;
+    int step_n;
+    bool step_seen[NRS_MS_COUNT];
+    double step_max[NRS_MS_COUNT];
+    double resp_sum;
+    int resp_n;
+    uint32_t step_flags;
+
+    /* The transition in flight. */
+    int tr;
+    nrs_adapt_t tr_saved; /* the adaptation state before it: restored on ABORT */
+    unsigned tr_epoch;
+    bool tr_forced;
+    int tr_lost[NRS_PROTO_MAX_LOST];
+    int tr_nlost;
+    int tr_waiting, tr_parts;
+    double tr_t0, tr_deadline, tr_makespan;
+
+    queued_delta_t dq[DQ_MAX];
+    int ndq;
+
+    decision_t dec[DEC_MAX];
+    int ndec;
+    unsigned long tr_started, tr_committed, tr_aborted;
+    double tr_total_s, tr_last_s;
+    unsigned long reports, frames, dropped;
+};
+
+static const char *const trigger_names[] = {"none", "resources", "workload", "memory",
+                                            "calibration"};
+
+static void logf_(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(nrs_ctl_t *c, const char *fmt, ...)
+{
+    if (!c->o.log)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(c->o.log, "nereus-controller: [%.3f] ", c->now - c->t_start);
+    vfprintf(c->o.log, fmt, ap);
+    fputc('\n', c->o.log);
+    fflush(c->o.log);
+    va_end(ap);
+}
+
+static const char *peer_name(const nrs_conn_t *k, char *buf, size_t n)
+{
+    static const char *const roles[] = {"peer", "worker", "watcher", "cli"};
+    if (k->role == NRS_ROLE_WORKER)
+        snprintf(buf, n, "#%lu worker rank %d@%s", k->serial, k->gpu, k->host);
+    else
+        snprintf(buf, n, "#%lu %s%s%s", k->serial, roles[k->role >= 0 && k->role <= 3 ? k->role : 0],
+                 k->tcp ? " (tcp)" : "", "");
+    return buf;
+}
+
+void nrs_ctl_opts_init(nrs_ctl_opts_t *o, const nrs_spec_t *spec)
+{
+    memset(o, 0, sizeof(*o));
+    o->spec = spec;
+    o->job = "";
+    o->hello_timeout_s = 5;
+    o->frame_timeout_s = 10;
+    o->transition_timeout_s = 60;
+}
+
+static const nrs_plan_t *committed(const nrs_ctl_t *c)
+{
+    return c->tr != TR_IDLE ? &c->tr_saved.plan : &c->a.plan;
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why);
+
+static void notify(nrs_ctl_t *c, nrs_conn_t *k)
+{
+    if (c->o.on_output)
+        c->o.on_output(c->o.arg, k);
+}
+
+static void send_frame(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *f, int n)
+{
+    char nm[96];
+    if (k->state >= NRS_CONN_CLOSING)
+        return;
+    if (n < 0 || nrs_conn_queue(k, f, (size_t)n) != 0) {
+        logf_(c, "%s: %s: dropped", peer_name(k, nm, sizeof(nm)),
+              n < 0 ? "message does not encode" : "does not read its output");
+        k->state = NRS_CONN_DEAD;
+        c->dropped++;
+        retire_worker(c, k, "dropped");
+        notify(c, k);
+        return;
+    }
+    notify(c, k);
+}
+
+/* Send ERROR and close once it is flushed. */
+static void drop(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void drop(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *fmt, ...)
+{
+    nrs_msg_error_t e;
+    uint8_t buf[NRS_PROTO_HDR + 8 + NRS_PROTO_TEXT_MAX];
+    char nm[96];
+    va_list ap;
+    if (k->state >= NRS_CONN_CLOSING)
+        return;
+    e.code = (uint32_t)code;
+    va_start(ap, fmt);
+    vsnprintf(e.text, sizeof(e.text), fmt, ap);
+    va_end(ap);
+    logf_(c, "%s: dropped: %s: %s", peer_name(k, nm, sizeof(nm)), nrs_perr_name(code), e.text);
+    int n = nrs_enc_error(buf, sizeof(buf), &e);
+    if (n > 0 && nrs_conn_queue(k, buf, (size_t)n) == 0)
+        k->state = NRS_CONN_CLOSING;
+    else
+        k->state = NRS_CONN_DEAD;
+    k->t_closing = c->now;
+    c->dropped++;
+    retire_worker(c, k, e.text);
+    notify(c, k);
+}
+
+static int enc_plan_msg(nrs_ctl_t *c, uint8_t *buf, size_t cap, const nrs_plan_t *p,
+                        uint32_t flags, unsigned prev, const int *lost, int nlost)
+{
+    nrs_msg_plan_t *m = malloc(sizeof(*m));
+    if (!m)
+        return -1;
+    memset(m, 0, sizeof(*m));
+    m->flags = flags;
+    m->prev_epoch = prev;
+    m->plan = *p;
+    m->nlost = nlost;
+    if (nlost > 0)
+        memcpy(m->lost, lost, sizeof(int) * (size_t)nlost);
+    int n = nrs_enc_plan(buf, cap, m);
+    free(m);
+    (void)c;
+    return n;
+}
+
+static void send_plan(nrs_ctl_t *c, nrs_conn_t *k, const nrs_plan_t *p)
+{
+    uint8_t buf[4096];
+    send_frame(c, k, buf, enc_plan_msg(c, buf, sizeof(buf), p, 0, 0, NULL, 0));
+}
+
+static void send_epoch(nrs_ctl_t *c, nrs_conn_t *k, uint16_t type, unsigned epoch,
+                       const char *text)
+{
+    nrs_msg_epoch_t m;
+    uint8_t buf[NRS_PROTO_HDR + 8 + NRS_PROTO_TEXT_MAX];
+    m.epoch = epoch;
+    snprintf(m.text, sizeof(m.text), "%s", text ? text : "");
+    send_frame(c, k, buf, nrs_enc_epoch(buf, sizeof(buf), type, &m));
+}
+
+static void send_delta_reply(nrs_ctl_t *c, nrs_conn_t *k, uint64_t gen, bool accepted,
+                             unsigned new_epoch, const char *text)
+{
+    nrs_msg_delta_reply_t r;
+    uint8_t buf[NRS_PROTO_HDR + 24 + NRS_PROTO_TEXT_MAX];
+    if (!k)
+        return;
+    r.generation = gen;
+    r.accepted = accepted;
+    r.epoch = committed(c)->epoch;
+    r.new_epoch = new_epoch > r.epoch ? new_epoch : 0;
+    snprintf(r.text, sizeof(r.text), "%s", text);
+    send_frame(c, k, buf, nrs_enc_delta_reply(buf, sizeof(buf), &r));
+}
+
+/* ---- decisions ------------------------------------------------------------- */
+
+static void record(nrs_ctl_t *c, const decision_t *d)
+{
+    if (c->ndec == DEC_MAX)
+        memmove(c->dec, c->dec + 1, sizeof(c->dec[0]) * (DEC_MAX - 1));
+    else
+        c->ndec++;
+    c->dec[c->ndec - 1] = *d;
+    logf_(c,
+          "decision [%s, step %ld] trigger %s: %s%s saving %.4f s/step horizon %.1f steps "
+          "cost %.3f s (makespan %.3f s), epoch %u -> %u: %s",
+          d->source, d->step, trigger_names[d->trigger],
+          !d->planned ? "not planned" : d->admitted ? "ADMITTED" : "rejected",
+          d->forced ? " (forced)" : "", d->saving_s, d->horizon_steps, d->cost_s, d->makespan_s,
+          d->from_epoch, d->to_epoch, d->why);
+}
+
+static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved);
+
+/* One decision point: conditions now (allocation, reported workload, GPUs
+ * lost since the committed plan) through nrs_adapt_step. */
+static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs_adapt_out_t *out,
+                  char *err, size_t errlen)
+{
+    nrs_cond_t cond = {c->alloc_gpus, c->work};
+    nrs_resize_t rz = {c->rz_lost, c->rz_nlost};
+    nrs_adapt_t saved = c->a;
+    decision_t d;
+    int rc;
+
+    memset(&d, 0, sizeof(d));
+    err[0] = 0;
+    rc = nrs_adapt_step(&c->a, step < 0 ? 0 : (int)step, &cond, c->rz_nlost ? &rz : NULL, memfail,
+                        out, err, errlen);
+    d.step = step;
+    snprintf(d.source, sizeof(d.source), "%s", source);
+    d.from_epoch = saved.plan.epoch;
+    d.to_epoch = saved.plan.epoch;
+    if (rc != 0) {
+        c->a = saved;
+        d.trigger = out->trigger;
+        snprintf(d.why, sizeof(d.why), "cannot plan: %s", err);
+        record(c, &d);
+        return -1;
+    }
+    if (out->trigger == NRS_TRIGGER_NONE)
+        return 0;
+    d.trigger = out->trigger;
+    d.planned = out->decision.why[0] != 0;
+    d.admitted = out->changed;
+    d.forced = out->decision.forced;
+    d.saving_s = out->decision.saving_s;
+    d.horizon_steps = out->decision.horizon_steps;
+    d.cost_s = out->cost_s;
+    d.makespan_s = out->makespan_s;
+    if (out->changed)
+        d.to_epoch = c->a.plan.epoch;
+    snprintf(d.why, sizeof(d.why), "%s",
+             d.planned ? out->decision.why : "re-planned: the best plan is the current one");
+    record(c, &d);
+    if (out->changed)
+        start_transition(c, out, &saved);
+    return 0;
+}
+
+/* ---- transitions ----------------------------------------------------------- */
+
+static void finish_commit(nrs_ctl_t *c);
+static void run_queued_deltas(nrs_ctl_t *c);
+
+static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved)
+{
+    uint8_t *plan = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    c->tr = TR_PREPARE;
+    c->tr_saved = *saved;
+    c->tr_epoch = c->a.plan.epoch;
+    c->tr_forced = out->decision.forced;
+    c->tr_nlost = c->rz_nlost;
+    memcpy(c->tr_lost, c->rz_lost, sizeof(int) * (size_t)c->rz_nlost);
+    c->tr_t0 = c->now;
+    c->tr_deadline = c->now + c->o.transition_timeout_s;
+    c->tr_makespan = out->makespan_s;
+    c->tr_waiting = c->tr_parts = 0;
+    c->tr_started++;
+    int n = plan ? enc_plan_msg(c, plan, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &c->a.plan,
+                                NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
+                                saved->plan.epoch, c->tr_lost, c->tr_nlost)
+                 : -1;
+    logf_(c, "epoch %u: announcing to %d workers (%s%d GPUs lost), prepare", c->tr_epoch,
+          c->nworkers, c->tr_forced ? "forced, " : "", c->tr_nlost);
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->gpu < 0)
+            continue;
+        k->tr_state = TRP_WAIT;
+        k->tr_seconds = 0;
+        c->tr_parts++;
+        c->tr_waiting++;
+    }
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->tr_state != TRP_WAIT)
+            continue;
+        send_frame(c, k, plan, n);
+        if (c->tr == TR_PREPARE && k->tr_state == TRP_WAIT)
+            send_epoch(c, k, NRS_MSG_PREPARE, c->tr_epoch, NULL);
+    }
+    free(plan);
+    if (c->tr == TR_PREPARE && c->tr_waiting == 0) {
+        c->tr = TR_COMMIT;
+        finish_commit(c);
+    }
+}
+
+static void abort_transition(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
+{
+    char why[NRS_PROTO_TEXT_MAX];
+    va_list ap;
+    if (c->tr != TR_PREPARE)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    unsigned epoch = c->tr_epoch;
+    c->tr = TR_IDLE;
+    c->a = c->tr_saved; /* the old plan and the policy's state before the decision */
+    c->tr_aborted++;
+    c->retry = true;
+    logf_(c, "epoch %u: ABORT before the point of no return: %s (staying on epoch %u)", epoch, why,
+          c->a.plan.epoch);
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->tr_state == TRP_NONE)
+            continue;
+        k->tr_state = TRP_NONE;
+        send_epoch(c, k, NRS_MSG_ABORT, epoch, why);
+    }
+    run_queued_deltas(c);
+}
+
+static void enter_commit(nrs_ctl_t *c)
+{
+    c->tr = TR_COMMIT;
+    c->tr_deadline = c->now + c->o.transition_timeout_s;
+    c->tr_waiting = 0;
+    logf_(c, "epoch %u: every rank prepared: COMMIT (point of no return)", c->tr_epoch);
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->tr_state != TRP_DONE)
+            continue;
+        k->tr_state = TRP_WAIT;
+        c->tr_waiting++;
+    }
+    for (int i = 0; i < c->nconns; i++)
+        if (c->conns[i]->tr_state == TRP_WAIT)
+            send_epoch(c, c->conns[i], NRS_MSG_COMMIT, c->tr_epoch, NULL);
+    if (c->tr == TR_COMMIT && c->tr_waiting == 0)
+        finish_commit(c);
+}
+
+/* New GPU index of a survivor: lost GPUs leave, the others keep their order. */
+static int renumber(const int *lost, int nlost, int gpu)
+{
+    int below = 0;
+    for (int i = 0; i < nlost; i++) {
+        if (lost[i] == gpu)
+            return -1;
+        below += lost[i] < gpu;
+    }
+    return gpu - below;
+}
+
+static void finish_commit(nrs_ctl_t *c)
+{
+    double worst = 0;
+    const nrs_plan_t *p = &c->a.plan;
+    c->tr = TR_IDLE;
+    c->tr_committed++;
+    c->tr_last_s = c->now - c->tr_t0;
+    c->tr_total_s += c->tr_last_s;
+    /* Survivors take their places in the new numbering. */
+    memset(c->by_gpu, 0, sizeof(c->by_gpu[0]) * NRS_PROTO_MAX_GPUS);
+    c->nworkers = 0;
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->role != NRS_ROLE_WORKER || k->gpu < 0)
+            continue;
+        if (k->tr_seconds > worst)
+            worst = k->tr_seconds;
+        bool part = k->tr_state != TRP_NONE;
+        k->tr_state = TRP_NONE;
+        int g = renumber(c->tr_lost, c->tr_nlost, k->gpu);
+        if (g < 0 || g >= p->total_gpus || c->by_gpu[g]) {
+            k->gpu = -1;
+            drop(c, k, NRS_PERR_REFUSED, "no place in epoch %u", p->epoch);
+            continue;
+        }
+        k->gpu = g;
+        c->by_gpu[g] = k;
+        c->nworkers++;
+        if (!part) /* joined while the transition ran: take the new plan as it is */
+            send_plan(c, k, p);
+    }
+    c->rz_nlost = 0;
+    c->retry = false;
+    c->step_n = 0;
+    c->step_cur = -1;
+    if (worst > 0)
+        nrs_adapt_measure_transition(&c->a, worst, c->tr_makespan);
+    logf_(c, "epoch %u committed in %.3f s (ranks: %.3f s measured, %.3f s makespan predicted)",
+          p->epoch, c->tr_last_s, worst, c->tr_makespan);
+    run_queued_deltas(c);
+}
+
+/* ---- peers ----------------------------------------------------------------- */
+
+static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
+{
+    char nm[96];
+    if (k->role != NRS_ROLE_WORKER || k->gpu < 0 || c->by_gpu[k->gpu] != k)
+        return;
+    c->by_gpu[k->gpu] = NULL;
+    c->nworkers--;
+    int st = k->tr_state;
+    k->tr_state = TRP_NONE;
+    peer_name(k, nm, sizeof(nm));
+    k->gpu = -1;
+    if (st == TRP_NONE)
+        return;
+    if (c->tr == TR_PREPARE) {
+        abort_transition(c, "%s gone (%s)", nm, why);
+    } else if (c->tr == TR_COMMIT) {
+        logf_(c, "epoch %u: %s gone after the point of no return (%s): its state must be "
+                 "recovered from replicas", c->tr_epoch, nm, why);
+        if (st == TRP_WAIT && --c->tr_waiting == 0)
+            finish_commit(c);
+    }
+}
+
+int nrs_ctl_attach(nrs_ctl_t *c, nrs_conn_t *k, double now)
+{
+    c->now = now;
+    if (c->nconns >= CONNS_MAX)
+        return -1;
+    if (c->nconns == c->cap_conns) {
+        int cap = c->cap_conns ? c->cap_conns * 2 : 64;
+        nrs_conn_t **p = realloc(c->conns, sizeof(*p) * (size_t)cap);
+        if (!p)
+            return -1;
+        c->conns = p;
+        c->cap_conns = cap;
+    }
+    k->serial = ++c->serial;
+    k->slot = c->nconns;
+    c->conns[c->nconns++] = k;
+    return 0;
+}
+
+void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
+{
+    c->now = now;
+    if (k->slot < 0 || k->slot >= c->nconns || c->conns[k->slot] != k)
+        return;
+    retire_worker(c, k, "disconnected");
+    for (int i = 0; i < c->ndq; i++)
+        if (c->dq[i].from == k)
+            c->dq[i].from = NULL;
+    c->conns[k->slot] = c->conns[--c->nconns];
+    c->conns[k->slot]->slot = k->slot;
+    k->slot = -1;
+}
+
+static bool in_list(const int *v, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] == x)
+            return true;
+    return false;
+}
+
+static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
+{
+    nrs_msg_hello_t m;
+    char why[128];
+    if (nrs_dec_hello(p, n, &m, why, sizeof(why)) != 0)
+        return drop(c, k, NRS_PERR_MALFORMED, "HELLO: %s", why);
+    if (k->tcp && !(c->has_secret && nrs_auth_token_ok(c->secret, m.token)))
+        return drop(c, k, NRS_PERR_AUTH, "TCP peer without the job's token");
+    if (c->job[0] && m.job[0] && strcmp(m.job, c->job) != 0)
+        return drop(c, k, NRS_PERR_REFUSED, "job '%s' is not this controller's ('%s')", m.job,
+                    c->job);
+    if (m.role == NRS_ROLE_WORKER) {
+        if (m.nranks != c->alloc_gpus)
+            return drop(c, k, NRS_PERR_REFUSED, "nranks %d, but the job has %d GPUs", m.nranks,
+                        c->alloc_gpus);
+        if (m.rank >= committed(c)->total_gpus || in_list(c->rz_lost, c->rz_nlost, m.rank))
+            return drop(c, k, NRS_PERR_REFUSED, "rank %d has no GPU in epoch %u", m.rank,
+                        committed(c)->epoch);
+        if (c->by_gpu[m.rank])
+            return drop(c, k, NRS_PERR_REFUSED, "rank %d is already connected", m.rank);
+        k->gpu = m.rank;
+        c->by_gpu[m.rank] = k;
+        c->nworkers++;
+    }
+    k->role = (int)m.role;
+    k->rank = m.rank;
+    snprintf(k->host, sizeof(k->host), "%s", m.host);
+    k->state = NRS_CONN_READY;
+    if (m.role == NRS_ROLE_WORKER)
+        send_plan(c, k, committed(c));
+}
+
+/* Close the gathered step: measurements into the calibration, then a decision. */
+static void close_step(nrs_ctl_t *c)
+{
+    nrs_cond_t cond = {c->alloc_gpus, c->work};
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX], src[32];
+    if (c->step_n == 0)
+        return;
+    if (c->resp_n > 0)
+        cond.work.response_len = c->work.response_len = c->resp_sum / c->resp_n;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (c->step_seen[ms])
+            nrs_adapt_measure(&c->a, &cond, (nrs_ms_t)ms, c->step_max[ms]);
+    c->step_closed = c->step_cur;
+    c->step_n = 0;
+    bool memfail = c->step_flags & NRS_REPORT_MEM_FAILED;
+    snprintf(src, sizeof(src), "step %ld", c->step_cur);
+    if (c->tr == TR_IDLE)
+        decide(c, src, c->step_cur, memfail, &out, err, sizeof(err));
+}
+
+static void on_report(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
+{
+    nrs_msg_report_t m;
+    char why[128];
+    if (nrs_dec_report(p, n, &m, why, sizeof(why)) != 0)
+        return drop(c, k, NRS_PERR_MALFORMED, "REPORT: %s", why);
+    unsigned newest = c->tr == TR_COMMIT ? c->tr_epoch : committed(c)->epoch;
+    if (m.epoch > newest)
+        return drop(c, k, NRS_PERR_UNEXPECTED, "REPORT of epoch %u, newest is %u", m.epoch, newest);
+    if ((long)m.step <= k->last_step)
+        return drop(c, k, NRS_PERR_STALE, "REPORT of step %u after step %ld", m.step, k->last_step);
+    k->last_step = m.step;
+    k->t_report = c->now;
+    k->nreports++;
+    c->reports++;
+    if (k->gpu < 0 || c->tr != TR_IDLE || m.epoch != c->a.plan.epoch)
+        return; /* not a measurement of the plan that runs now */
+    if ((long)m.step > c->step_cur) {
+        close_step(c);
+        if (c->tr != TR_IDLE)
+            return;
+        c->step_cur = m.step;
+        c->step_n = 0;
+        memset(c->step_seen, 0, sizeof(c->step_seen));
+        c->resp_sum = 0;
+        c->resp_n = 0;
+        c->step_flags = 0;
+    } else if ((long)m.step < c->step_cur || c->step_closed == c->step_cur) {
+        return; /* late for a step already decided on */
+    }
+    for (int i = 0; i < m.nstages; i++) {
+        int ms = m.ms[i];
+        if (!c->step_seen[ms] || m.seconds[i] > c->step_max[ms])
+            c->step_max[ms] = m.seconds[i];
+        c->step_seen[ms] = true;
+    }
+    if (m.response_len > 0) {
+        c->resp_sum += m.response_len;
+        c->resp_n++;
+    }
+    c->step_flags |= m.flags;
+    if (++c->step_n >= c->nworkers)
+        close_step(c);
+}
+
+static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
+{
+    nrs_msg_ack_t m;
+    char why[128], nm[96];
+    if (nrs_dec_ack(p, n, &m, why, sizeof(why)) != 0)
+        return drop(c, k, NRS_PERR_MALFORMED, "ACK: %s", why);
+    if (m.epoch > c->a.plan.epoch)
+        return drop(c, k, NRS_PERR_UNEXPECTED, "ACK of epoch %u never announced", m.epoch);
+    bool want = k->tr_state == TRP_WAIT && m.epoch == c->tr_epoch &&
+                ((c->tr == TR_PREPARE && m.phase == NRS_MSG_PREPARE) ||
+                 (c->tr == TR_COMMIT && m.phase == NRS_MSG_COMMIT));
+    if (!want)
+        return; /* late answer to an aborted or finished transition */
+    k->tr_state = TRP_DONE;
+    if (m.phase == NRS_MSG_PREPARE) {
+        if (m.status != 0)
+            return abort_transition(c, "%s could not prepare epoch %u (status %d)",
+                                    peer_name(k, nm, sizeof(nm)), m.epoch, (int)m.status);
+        if (--c->tr_waiting == 0)
+            enter_commit(c);
+        return;
+    }
+    k->tr_seconds = m.seconds;
+    if (m.status != 0)
+        logf_(c, "epoch %u: %s failed after the point of no return (status %d): recovery needed",
+              m.epoch, peer_name(k, nm, sizeof(nm)), (int)m.status);
+    if (--c->tr_waiting == 0)
+        finish_commit(c);
+}
+
+/* ---- resource deltas ------------------------------------------------------- */
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Apply one delta to the allocation and decide; reply to `from` (may be NULL). */
+static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
+{
+    char text[NRS_PROTO_TEXT_MAX], err[NRS_ERR_MAX];
+    int gone[NRS_PROTO_MAX_LOST], ngone = 0;
+    const nrs_plan_t *cur = committed(c);
+    uint64_t gen = m->generation ? m->generation : c->generation + 1;
+    nrs_adapt_out_t out;
+
+    if (m->generation && m->generation <= c->generation) {
+        snprintf(text, sizeof(text), "stale generation %llu (controller is at %llu)",
+                 (unsigned long long)m->generation, (unsigned long long)c->generation);
+        return send_delta_reply(c, from, m->generation, false, 0, text);
+    }
+    if (m->kind == NRS_DELTA_ADD) {
+        long add = (long)m->add_nodes * c->o.spec->cluster.gpus_per_node;
+        if (c->alloc_gpus + add > NRS_PROTO_MAX_GPUS)
+            return send_delta_reply(c, from, gen, false, 0, "too many GPUs");
+    } else {
+        for (int h = 0; h < m->nhosts; h++) {
+            int found = 0;
+            for (int g = 0; g < cur->total_gpus; g++) {
+                nrs_conn_t *k = c->by_gpu[g];
+                if (k && !strcmp(k->host, m->hosts[h]) && !in_list(gone, ngone, g) &&
+                    !in_list(c->rz_lost, c->rz_nlost, g) && ngone < NRS_PROTO_MAX_LOST) {
+                    gone[ngone++] = g;
+                    found++;
+                }
+            }
+            if (!found) {
+                snprintf(text, sizeof(text), "unknown host '%s' (no rank of epoch %u runs there)",
+                         m->hosts[h], cur->epoch);
+                return send_delta_reply(c, from, gen, false, 0, text);
+            }
+        }
+        for (int i = 0; i < m->ngpus; i++) {
+            int g = m->gpus[i];
+            if (g >= cur->total_gpus) {
+                snprintf(text, sizeof(text), "GPU %d not in epoch %u (%d GPUs)", g, cur->epoch,
+                         cur->total_gpus);
+                return send_delta_reply(c, from, gen, false, 0, text);
+            }
+            if (!in_list(gone, ngone, g) && !in_list(c->rz_lost, c->rz_nlost, g))
+                gone[ngone++] = g;
+        }
+        if (c->alloc_gpus - ngone < 1)
+            return send_delta_reply(c, from, gen, false, 0, "that would leave no GPU");
+    }
+    /* The delta is a fact about the allocation: from here on it is applied. */
+    c->generation = gen;
+    if (c->tr == TR_PREPARE)
+        abort_transition(c, "superseded by resource delta %llu", (unsigned long long)gen);
+    if (m->kind == NRS_DELTA_ADD) {
+        c->alloc_gpus += (int)m->add_nodes * c->o.spec->cluster.gpus_per_node;
+    } else {
+        for (int i = 0; i < ngone; i++) {
+            nrs_conn_t *k = c->by_gpu[gone[i]];
+            c->rz_lost[c->rz_nlost++] = gone[i];
+            if (k)
+                drop(c, k, NRS_PERR_REFUSED, "%s: rank retired (resource delta %llu)",
+                     m->kind == NRS_DELTA_LOST ? "node lost" : "node removed",
+                     (unsigned long long)gen);
+        }
+        qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
+        c->alloc_gpus -= ngone;
+    }
+    logf_(c, "resource delta %llu: %s -> %d GPUs (%d lost since epoch %u)",
+          (unsigned long long)gen,
+          m->kind == NRS_DELTA_ADD ? "add" : m->kind == NRS_DELTA_LOST ? "lost" : "remove",
+          c->alloc_gpus, c->rz_nlost, cur->epoch);
+    char src[32];
+    snprintf(src, sizeof(src), "delta %llu", (unsigned long long)gen);
+    c->retry = false;
+    if (decide(c, src, c->step_closed, false, &out, err, sizeof(err)) != 0) {
+        snprintf(text, sizeof(text), "applied: %d GPUs; no plan: %s", c->alloc_gpus, err);
+        c->retry = true;
+        return send_delta_reply(c, from, gen, true, 0, text);
+    }
+    if (out.changed)
+        snprintf(text, sizeof(text), "applied: %d GPUs; epoch %u announced%s: %s", c->alloc_gpus,
+                 c->a.plan.epoch, out.decision.forced ? " (forced)" : "", out.decision.why);
+    else
+        snprintf(text, sizeof(text), "applied: %d GPUs; plan kept: %s", c->alloc_gpus,
+                 out.decision.why[0] ? out.decision.why : "the current plan is still the best");
+    send_delta_reply(c, from, gen, true, out.changed ? c->a.plan.epoch : 0, text);
+}
+
+static void run_queued_deltas(nrs_ctl_t *c)
+{
+    while (c->ndq > 0 && c->tr != TR_COMMIT) {
+        queued_delta_t q = c->dq[0];
+        memmove(c->dq, c->dq + 1, sizeof(c->dq[0]) * (size_t)(--c->ndq));
+        apply_delta(c, q.from, q.m);
+        free(q.m);
+    }
+}
+
+static void on_delta(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
+{
+    char why[128];
+    nrs_msg_delta_t *m = malloc(sizeof(*m));
+    if (!m)
+        return drop(c, k, NRS_PERR_INTERNAL, "out of memory");
+    if (nrs_dec_delta(p, n, m, why, sizeof(why)) != 0) {
+        free(m);
+        return drop(c, k, NRS_PERR_MALFORMED, "DELTA: %s", why);
+    }
+    if (c->tr == TR_COMMIT) { /* past the point of no return: after the commit */
+        if (c->ndq == DQ_MAX) {
+            free(m);
+            return send_delta_reply(c, k, m->generation, false, 0, "busy: too many deltas queued");
+        }
+        c->dq[c->ndq].m = m;
+        c->dq[c->ndq++].from = k;
+        return;
+    }
+    apply_delta(c, k, m);
+    free(m);
+}
+
+static void on_status_req(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
+{
+    nrs_msg_status_req_t m;
+    char why[128];
+    char *text = NULL;
+    size_t len = 0;
+    if (nrs_dec_status_req(p, n, &m, why, sizeof(why)) != 0)
+        return drop(c, k, NRS_PERR_MALFORMED, "STATUS_REQ: %s", why);
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return drop(c, k, NRS_PERR_INTERNAL, "out of memory");
+    nrs_ctl_status(c, m.format & NRS_STATUS_JSON, c->now, f);
+    fclose(f);
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    size_t off = 0;
+    const size_t chunk = NRS_PROTO_MAX_PAYLOAD;
+    do {
+        size_t k2 = len - off < chunk ? len - off : chunk;
+        uint32_t fl = off + k2 < len ? NRS_FLAG_MORE : 0;
+        int fn = buf ? nrs_enc_status(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, text + off, k2, fl)
+                     : -1;
+        send_frame(c, k, buf, fn);
+        off += k2;
+    } while (off < len && k->state == NRS_CONN_READY);
+    free(buf);
+    free(text);
+}
+
+void nrs_ctl_input(nrs_ctl_t *c, nrs_conn_t *k, double now)
+{
+    nrs_hdr_t h;
+    const uint8_t *p;
+    int rc;
+    c->now = now;
+    while (k->state < NRS_CONN_CLOSING && (rc = nrs_conn_frame(k, &h, &p)) != 0) {
+        if (rc < 0) {
+            drop(c, k, -rc, "bad frame header");
+            k->in_len = 0;
+            return;
+        }
+        c->frames++;
+        if ((rc = nrs_conn_check_type(k->state, k->role, h.type)) != 0) {
+            drop(c, k, -rc, "%s not allowed %s", nrs_msg_name(h.type),
+                 k->state == NRS_CONN_NEW ? "before HELLO" : "for this role");
+            k->in_len = 0;
+            return;
+        }
+        switch (h.type) {
+        case NRS_MSG_HELLO: on_hello(c, k, p, h.length); break;
+        case NRS_MSG_REPORT: on_report(c, k, p, h.length); break;
+        case NRS_MSG_ACK: on_ack(c, k, p, h.length); break;
+        case NRS_MSG_DELTA: on_delta(c, k, p, h.length); break;
+        case NRS_MSG_STATUS_REQ: on_status_req(c, k, p, h.length); break;
+        case NRS_MSG_ERROR: {
+            nrs_msg_error_t e;
+            char why[128];
+            if (nrs_dec_error(p, h.length, &e, why, sizeof(why)) != 0)
+                snprintf(e.text, sizeof(e.text), "(malformed ERROR: %s)", why);
+            char nm[96];
+            logf_(c, "%s says: %s; closing", peer_name(k, nm, sizeof(nm)), e.text);
+            k->state = NRS_CONN_DEAD;
+            retire_worker(c, k, "peer error");
+            notify(c, k);
+            break;
+        }
+        default: break;
+        }
+        if (k->state >= NRS_CONN_CLOSING) {
+            k->in_len = 0;
+            return;
+        }
+        nrs_conn_consume(k, &h, now);
+    }
+}
+
+void nrs_ctl_tick(nrs_ctl_t *c, double now)
+{
+    c->now = now;
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->state == NRS_CONN_NEW && now - k->t_open > c->o.hello_timeout_s)
+            drop(c, k, NRS_PERR_TIMEOUT, "no HELLO within %.1f s", c->o.hello_timeout_s);
+        else if (k->state < NRS_CONN_CLOSING && k->in_len > 0 &&
+                 now - k->t_partial > c->o.frame_timeout_s)
+            drop(c, k, NRS_PERR_TIMEOUT, "frame incomplete for %.1f s", c->o.frame_timeout_s);
+        else if (k->state == NRS_CONN_CLOSING && now - k->t_closing > 2.0) {
+            k->state = NRS_CONN_DEAD;
+            notify(c, k);
+        }
+    }
+    if (c->tr == TR_PREPARE && now > c->tr_deadline) {
+        abort_transition(c, "%d of %d ranks did not prepare within %.1f s", c->tr_waiting,
+                         c->tr_parts, c->o.transition_timeout_s);
+    } else if (c->tr == TR_COMMIT && now > c->tr_deadline) {
+        logf_(c, "epoch %u: %d ranks did not confirm the commit within %.1f s: they need recovery",
+              c->tr_epoch, c->tr_waiting, c->o.transition_timeout_s);
+        finish_commit(c);
+    }
+    if (c->retry && c->tr == TR_IDLE) {
+        nrs_adapt_out_t out;
+        char err[NRS_ERR_MAX];
+        c->retry = false;
+        if (c->alloc_gpus != c->a.plan.total_gpus || c->rz_nlost)
+            if (decide(c, "retry", c->step_closed, false, &out, err, sizeof(err)) != 0)
+                c->retry = false; /* no plan: wait for the next delta */
+    }
+}
+
+/* ---- life cycle ------------------------------------------------------------ */
+
+int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err, size_t errlen)
+{
+    nrs_ctl_t *c = calloc(1, sizeof(*c));
+    *out = NULL;
+    if (!c || !(c->by_gpu = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->by_gpu[0])))) {
+        free(c);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    c->o = *o;
+    c->now = c->t_start = now;
+    snprintf(c->job, sizeof(c->job), "%s", o->job ? o->job : "");
+    if (o->secret) {
+        snprintf(c->secret, sizeof(c->secret), "%s", o->secret);
+        c->has_secret = c->secret[0] != 0;
+    }
+    const nrs_spec_t *s = o->spec;
+    c->alloc_gpus = o->gpus > 0 ? o->gpus : s->cluster.nodes * s->cluster.gpus_per_node;
+    if (c->alloc_gpus > NRS_PROTO_MAX_GPUS) {
+        snprintf(err, errlen, "%d GPUs: at most %d", c->alloc_gpus, NRS_PROTO_MAX_GPUS);
+        goto fail;
+    }
+    nrs_work_from_spec(s, &c->work);
+    nrs_cond_t cond = {c->alloc_gpus, c->work};
+    if (nrs_adapt_init(&c->a, s, &cond, err, errlen) != 0)
+        goto fail;
+    c->step_cur = c->step_closed = -1;
+    logf_(c, "epoch %u: %d GPUs, predicted step %.3f s", c->a.plan.epoch, c->alloc_gpus,
+          c->a.plan.step_s);
+    *out = c;
+    return 0;
+fail:
+    free(c->by_gpu);
+    free(c);
+    return -1;
+}
+
+void nrs_ctl_free(nrs_ctl_t *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->ndq; i++)
+        free(c->dq[i].m);
+    free(c->conns);
+    free(c->by_gpu);
+    free(c);
+}
+
+int nrs_ctl_nconns(const nrs_ctl_t *c) { return c->nconns; }
+nrs_conn_t *nrs_ctl_conn(const nrs_ctl_t *c, int i) { return c->conns[i]; }
+unsigned nrs_ctl_epoch(const nrs_ctl_t *c) { return committed(c)->epoch; }
+unsigned nrs_ctl_pending_epoch(const nrs_ctl_t *c) { return c->tr != TR_IDLE ? c->tr_epoch : 0; }
+int nrs_ctl_nworkers(const nrs_ctl_t *c) { return c->nworkers; }
+unsigned long nrs_ctl_reports(const nrs_ctl_t *c) { return c->reports; }
+const nrs_adapt_t *nrs_ctl_adapt(const nrs_ctl_t *c) { return &c->a; }
+
+/* Status rendering lives in status.c (it needs the fields above). */
+#define NRS_CTL_INTERNAL
+#include "ctl/status_render.h"

@@ -1,0 +1,79 @@
+/* Nereus SPANK plugin: what the per-context files share.
+ *
+ * spank.c dispatches every slurm_spank_* entry point on spank_context() to
+ * one of: submit.c (srun = local, sbatch/salloc = allocator: the submission
+ * side, same work in both), remote.c (slurmstepd), slurmd.c (slurmd).
+ * config.c parses the plugstack.conf arguments once; options.c owns the
+ * option table and its callbacks. Nothing here is exported: the linker
+ * version script (nereus.lds) keeps only the SPANK symbols visible.
+ */
+#ifndef NRS_SPANK_H
+#define NRS_SPANK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <slurm/spank.h>
+
+/* Slurm 22.05 is the oldest version we build against (Debian 12). */
+#define NRS_SLURM_MIN SLURM_VERSION_NUM(22, 5, 0)
+#if SLURM_VERSION_NUMBER < NRS_SLURM_MIN
+#error "nereus: the SPANK plugin needs Slurm 22.05 or newer"
+#endif
+
+#define NRS_SPANK_PREFIX "nereus: "
+#define nrs_err(...) slurm_error(NRS_SPANK_PREFIX __VA_ARGS__)
+#define nrs_info(...) slurm_info(NRS_SPANK_PREFIX __VA_ARGS__)
+#define nrs_verbose(...) slurm_verbose(NRS_SPANK_PREFIX __VA_ARGS__)
+#define nrs_debug(...) slurm_debug(NRS_SPANK_PREFIX __VA_ARGS__)
+
+enum { NRS_SPANK_PATH_MAX = 4096, NRS_SPANK_MSG_MAX = 1024 };
+
+/* plugstack.conf arguments: "key=value" words after the plugin path. */
+typedef struct {
+    char runtime_dir[NRS_SPANK_PATH_MAX];  /* nereus-controller and friends */
+    char state_dir[NRS_SPANK_PATH_MAX];    /* per-job dirs; "%n" = node name */
+    char default_spec[NRS_SPANK_PATH_MAX]; /* used by a bare --nereus */
+    double poll_interval;                  /* allocation watcher, seconds */
+    bool parsed;                           /* parsed once per process */
+    bool broken;                           /* parse failed: refuse --nereus */
+    char error[NRS_SPANK_MSG_MAX];         /* why it is broken */
+} nrs_spank_config_t;
+
+extern nrs_spank_config_t nrs_spank_config;
+
+/* Parse argv once into nrs_spank_config. 0, or -1 with the reason logged and
+ * kept in nrs_spank_config.error. Later calls return the first result. */
+int nrs_spank_config_parse(int ac, char **av);
+/* Reset to defaults (tests and re-init). */
+void nrs_spank_config_reset(void);
+
+/* --nereus[=FILE]: what the user asked for, filled by the option callback. */
+typedef struct {
+    bool given;                     /* --nereus seen (with or without FILE) */
+    char arg[NRS_SPANK_PATH_MAX];   /* FILE as given, or default_spec */
+    char checked[NRS_SPANK_PATH_MAX]; /* last arg validated successfully */
+} nrs_spank_opt_t;
+
+extern nrs_spank_opt_t nrs_spank_opt;
+
+/* Register every option of the table; call from slurm_spank_init only. */
+int nrs_spank_options_register(spank_t sp);
+
+/* Validate a spec file with the runtime's loader; on failure log
+ * "nereus: FILE:LINE:COL: message" and return -1. */
+int nrs_spank_validate_spec(const char *path);
+
+/* Copy src into dst of size n; -1 (and dst untouched) if it does not fit. */
+int nrs_spank_strlcpy(char *dst, const char *src, size_t n);
+
+/* Per context. Each returns 0 or -1 (with the reason logged). */
+int nrs_submit_init(spank_t sp, int ac, char **av);
+int nrs_submit_post_opt(spank_t sp, int ac, char **av);
+int nrs_remote_init(spank_t sp, int ac, char **av);
+int nrs_remote_post_opt(spank_t sp, int ac, char **av);
+int nrs_remote_user_init(spank_t sp, int ac, char **av);
+int nrs_remote_exit(spank_t sp, int ac, char **av);
+int nrs_slurmd_init(spank_t sp, int ac, char **av);
+
+#endif

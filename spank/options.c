@@ -1,0 +1,98 @@
+/* The plugin's options: one table, registered in a loop from slurm_spank_init
+ * (the only place Slurm allows it, in every context that uses them), one
+ * callback each. Callbacks may fire more than once (DESIGN §8): they only
+ * record the latest value, and validation is cached per path. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nereus/spec.h"
+#include "nrs_spank.h"
+
+nrs_spank_opt_t nrs_spank_opt;
+
+enum { NRS_OPT_NEREUS = 1 };
+
+static int nrs_opt_nereus(int val, const char *optarg, int remote);
+
+static struct spank_option nrs_spank_options[] = {
+    {"nereus", "FILE",
+     "Adapt the TP/PP/DP layout of this RLHF job while it runs; FILE is the "
+     "Nereus job spec (YAML). Without FILE, the site's default_spec.",
+     2, NRS_OPT_NEREUS, nrs_opt_nereus},
+    SPANK_OPTIONS_TABLE_END,
+};
+
+int nrs_spank_options_register(spank_t sp)
+{
+    for (struct spank_option *o = nrs_spank_options; o->name != NULL; o++) {
+        spank_err_t rc = spank_option_register(sp, o);
+
+        if (rc != ESPANK_SUCCESS) {
+            nrs_err("cannot register --%s: %s", o->name, spank_strerror(rc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int nrs_spank_validate_spec(const char *path)
+{
+    char err[NRS_ERR_MAX];
+    nrs_spec_t *spec = calloc(1, sizeof(*spec));
+    int rc = -1;
+
+    if (spec == NULL) {
+        nrs_err("%s: out of memory", path);
+        goto out;
+    }
+    err[0] = '\0';
+    if (nrs_spec_load(path, spec, err, sizeof(err)) != 0) {
+        nrs_err("%s", err[0] ? err : "invalid job spec");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(spec);
+    return rc;
+}
+
+/* The spec a --nereus with this optarg names, or NULL with the reason logged. */
+static const char *nrs_opt_spec_path(const char *optarg)
+{
+    if (optarg != NULL && optarg[0] != '\0')
+        return optarg;
+    if (nrs_spank_config.default_spec[0] != '\0')
+        return nrs_spank_config.default_spec;
+    nrs_err("--nereus needs a job spec: --nereus=FILE (this cluster sets no default_spec)");
+    return NULL;
+}
+
+static int nrs_opt_nereus(int val, const char *optarg, int remote)
+{
+    nrs_spank_opt_t *o = &nrs_spank_opt;
+    const char *path;
+
+    (void)val;
+    if (nrs_spank_config.broken) {
+        nrs_err("the plugin is misconfigured (%s); ask your administrator", nrs_spank_config.error);
+        return -1;
+    }
+    path = nrs_opt_spec_path(optarg);
+    if (path == NULL)
+        return -1;
+    if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0) {
+        nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
+        return -1;
+    }
+    o->given = true;
+    /* Remote (slurmstepd, as root): only record; user_init checks the file as
+     * the job's user. Submission side: refuse a bad spec before any
+     * allocation exists. */
+    if (remote || strcmp(o->checked, o->arg) == 0)
+        return 0;
+    if (nrs_spank_validate_spec(o->arg) < 0)
+        return -1;
+    nrs_spank_strlcpy(o->checked, o->arg, sizeof(o->checked));
+    return 0;
+}
