@@ -22,12 +22,16 @@
 #endif
 
 #define NRS_SPANK_PREFIX "nereus: "
-#define nrs_err(...) slurm_error(NRS_SPANK_PREFIX __VA_ARGS__)
 #define nrs_info(...) slurm_info(NRS_SPANK_PREFIX __VA_ARGS__)
 #define nrs_verbose(...) slurm_verbose(NRS_SPANK_PREFIX __VA_ARGS__)
 #define nrs_debug(...) slurm_debug(NRS_SPANK_PREFIX __VA_ARGS__)
 
 enum { NRS_SPANK_PATH_MAX = 4096, NRS_SPANK_MSG_MAX = 1024 };
+
+/* slurm_error("nereus: ...") that also keeps the message, so that a step
+ * running without Nereus can tell its tasks why (NEREUS_ERROR). */
+void nrs_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern char nrs_spank_last_error[NRS_SPANK_MSG_MAX];
 
 /* plugstack.conf arguments: "key=value" words after the plugin path. */
 typedef struct {

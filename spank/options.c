@@ -74,6 +74,17 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
     const char *path;
 
     (void)val;
+    o->given = true;
+    /* Remote (slurmstepd, as root): only record, never fail here (that
+     * would fail the step even for an "optional" plugin); post_opt and
+     * user_init check as the job's user and disable Nereus on error. */
+    if (remote) {
+        path = optarg != NULL && optarg[0] != '\0' ? optarg : nrs_spank_config.default_spec;
+        if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0)
+            o->arg[0] = '\0';
+        return 0;
+    }
+    /* Submission side: refuse a bad spec before any allocation exists. */
     if (nrs_spank_config.broken) {
         nrs_err("the plugin is misconfigured (%s); ask your administrator", nrs_spank_config.error);
         return -1;
@@ -85,11 +96,7 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
         nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
         return -1;
     }
-    o->given = true;
-    /* Remote (slurmstepd, as root): only record; user_init checks the file as
-     * the job's user. Submission side: refuse a bad spec before any
-     * allocation exists. */
-    if (remote || strcmp(o->checked, o->arg) == 0)
+    if (strcmp(o->checked, o->arg) == 0)
         return 0;
     if (nrs_spank_validate_spec(o->arg) < 0)
         return -1;

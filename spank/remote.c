@@ -27,6 +27,7 @@ typedef struct {
     uid_t uid;
     gid_t gid;
     bool disabled; /* a hook failed: run the step without Nereus */
+    char why[NRS_SPANK_MSG_MAX];
     char job_dir[NRS_SPANK_PATH_MAX];
     char spec[PATH_MAX];
 } nrs_remote_t;
@@ -178,6 +179,16 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     return 0;
 }
 
+/* Keep the first reason; the step goes on without Nereus (plugin "optional")
+ * or fails (plugin "required": Slurm's decision, from our return value). */
+static void nrs_remote_disable(nrs_remote_t *r)
+{
+    if (!r->disabled)
+        nrs_spank_strlcpy(r->why, nrs_spank_last_error, sizeof(r->why));
+    r->disabled = true;
+    slurm_error(NRS_SPANK_PREFIX "job %u: running this step without Nereus", r->job_id);
+}
+
 int nrs_remote_post_opt(spank_t sp, int ac, char **av)
 {
     nrs_remote_t *r = &nrs_remote;
@@ -190,12 +201,19 @@ int nrs_remote_post_opt(spank_t sp, int ac, char **av)
         goto fail;
     if (r->step_id == SLURM_EXTERN_CONT)
         return 0; /* the extern step runs no tasks of the job */
+    if (nrs_spank_config.broken) {
+        nrs_err("plugin misconfigured on this node: %s", nrs_spank_config.error);
+        goto fail;
+    }
+    if (nrs_spank_opt.arg[0] == '\0') {
+        nrs_err("--nereus without FILE and no default_spec on this node");
+        goto fail;
+    }
     if (nrs_remote_job_dir(sp, r) < 0)
         goto fail;
     return 0;
 fail:
-    r->disabled = true;
-    nrs_err("job %u: running this step without Nereus", r->job_id);
+    nrs_remote_disable(r);
     return -1;
 }
 
@@ -228,6 +246,7 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
     char poll[32];
 
     snprintf(poll, sizeof(poll), "%g", nrs_spank_config.poll_interval);
+    spank_unsetenv(sp, "NEREUS_ERROR"); /* inherited from a failed batch step */
     if (nrs_remote_setenv(sp, "NEREUS_SPEC", r->spec) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_JOB_DIR", r->job_dir) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_RUNTIME_DIR", nrs_spank_config.runtime_dir) < 0 ||
@@ -236,14 +255,29 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
     return 0;
 }
 
+/* A step running without Nereus: drop what it inherited (a step launched from
+ * a batch script gets the batch step's NEREUS_*) and tell the tasks why;
+ * their stderr is the user's, slurmstepd's log is not. */
+static int nrs_remote_unexport(spank_t sp, const nrs_remote_t *r)
+{
+    static const char *const names[] = {"NEREUS_SPEC", "NEREUS_JOB_DIR", "NEREUS_RUNTIME_DIR",
+                                        "NEREUS_POLL_INTERVAL"};
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        spank_unsetenv(sp, names[i]);
+    return spank_setenv(sp, "NEREUS_ERROR", r->why, 1) == ESPANK_SUCCESS ? 0 : -1;
+}
+
 int nrs_remote_user_init(spank_t sp, int ac, char **av)
 {
     nrs_remote_t *r = &nrs_remote;
 
     (void)ac;
     (void)av;
-    if (!nrs_spank_opt.given || r->disabled || r->step_id == SLURM_EXTERN_CONT)
+    if (!nrs_spank_opt.given || r->step_id == SLURM_EXTERN_CONT)
         return 0;
+    if (r->disabled)
+        return nrs_remote_unexport(sp, r);
     /* We run as the user in the step's working directory here: a relative
      * spec resolves as it did at submission, and the user must be able to
      * read it on this node. */
@@ -257,8 +291,8 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av)
         goto fail;
     return 0;
 fail:
-    r->disabled = true;
-    nrs_err("job %u: running this step without Nereus", r->job_id);
+    nrs_remote_disable(r);
+    nrs_remote_unexport(sp, r);
     return -1;
 }
 

@@ -1,0 +1,73 @@
+# Shared by the tests/slurm drivers: they run against the local cluster of
+# scripts/cluster (SLURM_CONF set by run.sh), every command under a time-out,
+# and print the cmocka-style lines scripts/test counts:
+#   sl_ok NAME / sl_fail NAME WHY / sl_skip NAME WHY / sl_check NAME CMD...
+#   sl_run LIMIT CMD...   run CMD, output in $sl_out, exit status in $sl_rc
+#   sl_done               summary lines; exit status
+set -u
+NRS_SRCDIR="${NRS_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+: "${NRS_CLUSTER_DIR:=/tmp/nereus-cluster}"
+: "${SLURM_CONF:=$NRS_CLUSTER_DIR/etc/slurm.conf}"
+export SLURM_CONF NRS_CLUSTER_DIR
+sl_pass=0 sl_failed=0 sl_skipped=0 sl_rc=0
+sl_tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-slurm.XXXXXX")
+chmod 755 "$sl_tmp" # read by slurmstepd and the tasks
+sl_out="$sl_tmp/out"
+: >"$sl_out"
+trap 'rm -rf "$sl_tmp"' EXIT
+
+sl_ok() { echo "[       OK ] $1"; sl_pass=$((sl_pass + 1)); }
+sl_fail() {
+    echo "[  FAILED  ] $1: $2"; sl_failed=$((sl_failed + 1))
+    [ ! -s "$sl_out" ] || sed 's/^/    | /' "$sl_out" | tail -n 25
+}
+sl_skip() { echo "[ SKIPPED  ] $1: $2"; sl_skipped=$((sl_skipped + 1)); }
+sl_run() { # limit cmd...: never hangs
+    local limit="$1"; shift
+    timeout -k 5 "$limit" "$@" >"$sl_out" 2>&1
+    sl_rc=$?
+    [ "$sl_rc" -ne 124 ] || echo "(time-out after $limit s: $*)" >>"$sl_out"
+    return 0
+}
+sl_check() { # name cmd...: pass when cmd succeeds
+    local name="$1"; shift
+    if "$@"; then sl_ok "$name"; else sl_fail "$name" "check failed: $*"; fi
+}
+sl_done() {
+    [ "$sl_pass" -gt 0 ] && echo "[  PASSED  ] $sl_pass test(s)."
+    [ "$sl_failed" -gt 0 ] && echo "[  FAILED  ] $sl_failed test(s), listed above"
+    [ "$sl_skipped" -gt 0 ] && echo "[  SKIPPED ] $sl_skipped test(s)"
+    [ "$sl_failed" -eq 0 ] || exit 1
+    [ "$sl_pass" -gt 0 ] || exit 77
+    exit 0
+}
+
+# Specs: a good one (the shipped tiny CPU example) and a copy with one typo,
+# whose FILE:LINE:COL we know from where the typo is.
+sl_good="$sl_tmp/good.yaml"
+sl_bad="$sl_tmp/bad.yaml"
+cp "$NRS_SRCDIR/examples/tiny-cpu.yaml" "$sl_good"
+sed 's/^  gpus_per_node:/  gpus_per_nod:/' "$sl_good" >"$sl_bad"
+sl_bad_where="bad.yaml:$(grep -n '^  gpus_per_nod:' "$sl_bad" | cut -d: -f1):3:"
+chmod 644 "$sl_good" "$sl_bad"
+
+sl_job_field() { # jobid field: one field of scontrol show job
+    timeout 10 scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1
+}
+sl_wait_job_state() { # jobid state seconds
+    local deadline=$((SECONDS + $3))
+    while [ $SECONDS -lt $deadline ]; do
+        [ "$(sl_job_field "$1" JobState)" = "$2" ] && return 0
+        sleep 0.5
+    done
+    return 1
+}
+# No job record carries this name (the refused submission created none).
+sl_no_job_named() {
+    local jobs
+    jobs=$(timeout 10 scontrol -o show jobs 2>&1) || return 1 # no answer proves nothing
+    ! grep -q "JobName=$1 " <<<"$jobs"
+}
+sl_plugstack() { echo "$NRS_CLUSTER_DIR/etc/plugstack.conf"; }
+sl_plugstack_restore() { cp "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" "$(sl_plugstack)"; }
+sl_have_plugin() { grep -q 'nereus.so' "$(sl_plugstack)" 2>/dev/null; }
