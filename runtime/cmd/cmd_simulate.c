@@ -17,16 +17,21 @@ static const char usage[] =
     "hidden factors, running the real planner, policy and transition graph.\n"
     "\n"
     "  --trace TRACE     the trace file (required)\n"
-    "  --policy POLICY   nereus | fixed | static-best | oracle | all (default all)\n"
+    "  --policy POLICY   nereus | fixed | static-best | oracle | openrlhf-like |\n"
+    "                    verl-like | all (default all)\n"
     "                    fixed: initial tp/pp kept, only dp scales; static-best: the\n"
     "                    one tp/pp best for the whole trace, chosen with hindsight;\n"
-    "                    oracle: best plan every step with true speeds, free moves\n"
+    "                    oracle: best plan every step with true speeds, free moves;\n"
+    "                    openrlhf-like, verl-like: MODELLED placements of those\n"
+    "                    systems priced by the same cost model, not runs of them\n"
+    "                    (docs/baselines.md)\n"
     "  --csv OUT         write one row per policy and step to OUT ('-': stdout)\n"
     "  --quiet           no progress on the terminal\n"
     "  -h, --help        show this help\n"
     "\n"
-    "Prints per policy: mean step latency, total time, transitions, the share of\n"
-    "time spent in transitions, and the mean prediction error.\n"
+    "Prints per policy: mean step latency, throughput (samples per second of mean\n"
+    "step), total time, transitions, the share of time spent in transitions, and the\n"
+    "mean prediction error; nereus' throughput against each baseline that ran.\n"
     "Exit status: 0 success, 1 bad spec or trace, 2 usage error.\n";
 
 typedef struct {
@@ -65,11 +70,21 @@ static void on_row(const nrs_sim_row_t *row, void *arg)
     }
 }
 
-static void print_summary(nrs_sim_policy_t pol, const nrs_sim_summary_t *m)
+/* Samples (global_batch x samples_per_prompt) per second of mean step. */
+static double throughput(const nrs_spec_t *s, const nrs_sim_summary_t *m)
 {
-    printf("%-12s %13.3f %11.3f %8d (%d forced) %12.4f%% %10.2f%%", nrs_sim_policy_name(pol),
-           m->mean_step_s, m->total_s / 3600, m->transitions, m->forced,
-           m->transition_share * 100, m->pred_err * 100);
+    nrs_work_t w;
+    nrs_work_from_spec(s, &w);
+    return m->mean_step_s > 0 ? w.samples / m->mean_step_s : 0;
+}
+
+static void print_summary(const nrs_spec_t *s, nrs_sim_policy_t pol, const nrs_sim_summary_t *m)
+{
+    printf("%-14s %12.3f %10.2f %10.3f %8d (%d forced) %12.4f%% %10.2f%%",
+           nrs_sim_policy_name(pol), m->mean_step_s, throughput(s, m), m->total_s / 3600,
+           m->transitions, m->forced, m->transition_share * 100, m->pred_err * 100);
+    if (nrs_sim_policy_modelled(pol))
+        printf("  (modelled)");
     if (m->checkpoints)
         printf("  %d checkpoint restores", m->checkpoints);
     if (m->infeasible_step >= 0)
@@ -108,7 +123,7 @@ int nrs_cmd_simulate(int argc, char **argv)
                 all = 0;
             } else {
                 fprintf(stderr, "nereus simulate: --policy: unknown policy '%s' (nereus, fixed, "
-                                "static-best, oracle, all)\n", optarg);
+                                "static-best, oracle, openrlhf-like, verl-like, all)\n", optarg);
                 return NRS_EXIT_USAGE;
             }
             break;
@@ -167,11 +182,11 @@ int nrs_cmd_simulate(int argc, char **argv)
     FILE *info = csv && !strcmp(csv, "-") ? stderr : stdout;
     if (rc == NRS_EXIT_OK && info == stdout) {
         printf("Simulated %s over %s: %d steps\n\n", argv[optind], trace, t.steps);
-        printf("%-12s %13s %11s %20s %13s %11s\n", "policy", "mean step s", "total h",
-               "transitions", "in transit.", "pred. err");
+        printf("%-14s %12s %10s %10s %20s %13s %11s\n", "policy", "mean step s", "samples/s",
+               "total h", "transitions", "in transit.", "pred. err");
         for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++)
             if (ran[p])
-                print_summary((nrs_sim_policy_t)p, &sum[p]);
+                print_summary(&s, (nrs_sim_policy_t)p, &sum[p]);
         if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_FIXED] && sum[NRS_SIM_FIXED].infeasible_step < 0)
             printf("\nnereus vs fixed: %.1f%% lower mean step latency, %.1f%% less total time\n",
                    100 * (1 - sum[NRS_SIM_NEREUS].mean_step_s / sum[NRS_SIM_FIXED].mean_step_s),
@@ -179,6 +194,17 @@ int nrs_cmd_simulate(int argc, char **argv)
         if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_STATIC_BEST])
             printf("nereus vs static-best: %+.1f%% total time\n",
                    100 * (sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_STATIC_BEST].total_s - 1));
+        for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
+            if (!ran[p] || !ran[NRS_SIM_NEREUS] || !nrs_sim_policy_modelled((nrs_sim_policy_t)p))
+                continue;
+            if (sum[p].infeasible_step >= 0 || sum[p].steps == 0)
+                printf("nereus vs %s: no ratio, the baseline stopped\n",
+                       nrs_sim_policy_name((nrs_sim_policy_t)p));
+            else
+                printf("nereus vs %s: %.2fx throughput (MODELLED baseline, not a run of it; "
+                       "docs/baselines.md)\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
+                       throughput(&s, &sum[NRS_SIM_NEREUS]) / throughput(&s, &sum[p]));
+        }
     }
     if (o.csv && o.csv != stdout)
         fclose(o.csv);

@@ -12,8 +12,13 @@
 #include "adapt/adapt.h"
 #include "sim/sim.h"
 
-static const char *const policy_names[NRS_SIM_POLICY_COUNT] = {"nereus", "fixed", "static-best",
-                                                               "oracle"};
+static const char *const policy_names[NRS_SIM_POLICY_COUNT] = {
+    "nereus", "fixed", "static-best", "oracle", "openrlhf-like", "verl-like"};
+
+bool nrs_sim_policy_modelled(nrs_sim_policy_t p)
+{
+    return p == NRS_SIM_OPENRLHF || p == NRS_SIM_VERL;
+}
 
 const char *nrs_sim_policy_name(nrs_sim_policy_t p)
 {
@@ -47,7 +52,9 @@ static double gauss_at(unsigned long seed, int step, int stream)
 }
 
 typedef struct {
-    const nrs_spec_t *s;
+    const nrs_spec_t *s;     /* what the run is priced with (bspec for modelled baselines) */
+    const nrs_spec_t *user;  /* the job's own spec */
+    nrs_spec_t bspec;
     const nrs_trace_t *t;
     nrs_sim_policy_t pol;
     int gpus, ev;
@@ -134,6 +141,36 @@ static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
         if (rc == -1)
             return -1;
         *trans = (mk + NRS_ADAPT_SETUP_S) * r->t->truth.sync + (lostb ? r->t->checkpoint_s : 0);
+        *moved = true;
+        np.epoch = r->plan.epoch + 1;
+    } else {
+        np.epoch = r->have_plan ? r->plan.epoch : 1;
+    }
+    r->plan = np;
+    r->planned = *c;
+    r->have_plan = true;
+    return 0;
+}
+
+/* Modelled baselines: their template, re-planned (micro-batches) when the
+ * workload moves. Neither system resizes a running job: a change of GPUs is a
+ * restart from a checkpoint (trace `checkpoint`) with the template re-scaled. */
+static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *moved, char *err,
+                         size_t errlen)
+{
+    nrs_plan_t np;
+    bool resources = !r->have_plan || c->gpus != r->planned.gpus || r->nlost > 0;
+    *trans = 0;
+    *moved = false;
+    if (r->have_plan && !resources && !workload_moved(c, &r->planned)) {
+        nrs_plan_t p = r->plan;
+        if (nrs_plan_eval(r->s, &c->work, NULL, &p, err, errlen) == 0)
+            return 0;
+    }
+    if (nrs_sim_baseline_plan(r->user, r->pol, c->gpus, &c->work, &np, err, errlen) != 0)
+        return 1;
+    if (r->have_plan && resources) {
+        *trans = r->t->checkpoint_s;
         *moved = true;
         np.epoch = r->plan.epoch + 1;
     } else {
@@ -243,6 +280,8 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
             rc = step_nereus(r, step, &c, &trans, &moved, &forced, &ckpt, err, errlen);
         else if (r->pol == NRS_SIM_ORACLE)
             rc = step_oracle(r, &c, &moved, err, errlen);
+        else if (nrs_sim_policy_modelled(r->pol))
+            rc = step_modelled(r, &c, &trans, &moved, err, errlen);
         else
             rc = step_fixed(r, &c, &trans, &moved, err, errlen);
         if (rc == 0)
@@ -289,9 +328,13 @@ static int run_one(const nrs_spec_t *s, const nrs_trace_t *t, nrs_sim_policy_t p
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    r->s = s;
+    r->s = r->user = s;
     r->t = t;
     r->pol = pol;
+    if (nrs_sim_policy_modelled(pol)) {
+        nrs_sim_baseline_spec(s, pol, &r->bspec);
+        r->s = &r->bspec;
+    }
     if (fixed_from) {
         r->fixed_from = *fixed_from;
         r->have_fixed_from = true;

@@ -39,11 +39,30 @@ typedef enum {
     NRS_SIM_FIXED,
     NRS_SIM_STATIC_BEST,
     NRS_SIM_ORACLE,
+    NRS_SIM_OPENRLHF, /* modelled OpenRLHF placement (docs/baselines.md), not run */
+    NRS_SIM_VERL,     /* modelled verl placement (docs/baselines.md), not run */
     NRS_SIM_POLICY_COUNT
 } nrs_sim_policy_t;
 
 const char *nrs_sim_policy_name(nrs_sim_policy_t p);
 int nrs_sim_policy_parse(const char *name, nrs_sim_policy_t *out);
+/* Whether the policy is one of the modelled baselines (openrlhf-like, verl-like). */
+bool nrs_sim_policy_modelled(nrs_sim_policy_t p);
+
+/* ---- modelled baselines (runtime/sim/baselines.c, docs/baselines.md) ----- */
+
+/* The spec the baseline is priced with: s with the runtime switches of the
+ * cost model that system uses (zero3, offload_optimizer, recompute,
+ * weight_sync). */
+void nrs_sim_baseline_spec(const nrs_spec_t *s, nrs_sim_policy_t pol, nrs_spec_t *out);
+/* The baseline's template plan on `gpus` GPUs: pools, placement, tp/pp (dp and
+ * micro-batches unset). 0, or -1 with err. */
+int nrs_sim_baseline_template(const nrs_spec_t *s, nrs_sim_policy_t pol, int gpus, nrs_plan_t *t,
+                              char *err, size_t errlen);
+/* The template planned for work w (NRS_PLAN_TEMPLATE: dp fills the pools,
+ * micro-batches chosen to fit memory) under the baseline's spec. */
+int nrs_sim_baseline_plan(const nrs_spec_t *s, nrs_sim_policy_t pol, int gpus, const nrs_work_t *w,
+                          nrs_plan_t *out, char *err, size_t errlen);
 
 typedef struct {
     int step, gpus;

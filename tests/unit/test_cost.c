@@ -496,6 +496,147 @@ static void test_sync(void **state)
     assert_true(isinf(nrs_cost_sync_s(&s, &t, &bad, 0, NULL)));
 }
 
+/* ---- optional runtime switches: zero3, offload_optimizer, weight_sync -------- */
+
+/* ZeRO-3 splits weights and gradients over dp as well, for every DeepSpeed
+ * model; offloading removes the 12 optimizer bytes from the GPU. */
+static void test_zero3_offload_memory(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    nrs_layout_t l = lay(1, 1, 4, 1);
+    s.runtime.zero3 = true;
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) == (2.0 + 2.0 + 12.0) * P8 / 4);
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_REF, &l) == 2.0 * P8 / 4);
+    s.runtime.offload_optimizer = true;
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) == (2.0 + 2.0) * P8 / 4);
+    /* Offload without ZeRO-3: weights and grads whole, nothing for Adam. */
+    s.runtime.zero3 = false;
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) == 4.0 * P8);
+    /* ZeRO-3 without ZeRO-1 still shards the optimizer state. */
+    s.runtime.offload_optimizer = false;
+    s.runtime.zero3 = true;
+    s.runtime.zero1 = false;
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) == 16.0 * P8 / 4);
+    /* dp = 1: nothing to shard over. */
+    l = lay(1, 1, 1, 1);
+    assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) == 16.0 * P8);
+}
+
+static void test_zero3_time(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    nrs_work_t w = work_of(&s);
+    nrs_stage_cost_t o, z;
+
+    /* dp = 4 inside a node, mb = 4: 64 sequences a replica, 16 micro-batches.
+     * Per micro-batch two parameter all-gathers (hidden behind the compute)
+     * and one gradient reduce-scatter; each is 32 collectives of 10 us plus
+     * (dp-1)/dp of the 2P weight bytes over NVLink. The step's gradient
+     * all-reduce is gone. */
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &o), 0);
+    assert_true(fabs(o.comm_s - (10e-6 + 2.0 * 3 / 4 * 2 * P8 / 450e9)) <= 1e-12);
+    s.runtime.zero3 = true;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &z), 0);
+    double coll = 32 * 10e-6 + 3.0 / 4 * 2 * P8 / 450e9; /* 0.02709 s */
+    assert_true(2 * coll < z.compute_s / 16);                /* all-gathers hidden */
+    assert_true(fabs(z.comm_s - 16 * coll) <= 1e-9 * z.comm_s);
+    assert_true(z.comm_s > o.comm_s); /* 1.5x the volume, every micro-batch */
+    assert_true(z.compute_s == o.compute_s && z.memory_s < o.memory_s * (1 + 1e-12));
+    /* Gathered parameters: two whole layers and the head (+ final norm). */
+    double gathered = 2.0 * (2 * P8_LAYER + P8_EMB + 4096);
+    assert_true(fabs(z.trans_bytes - o.trans_bytes - gathered) <= 1e-6 * gathered);
+
+    /* dp = 16 spans two nodes: NIC speed and 30 us; mb = 1, 16 micro-batches.
+     * The all-gathers now outlast the compute: the excess shows. */
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 16, 1), &w, &z), 0);
+    coll = 32 * 30e-6 + 15.0 / 16 * 2 * P8 / 50e9; /* 0.30209 s */
+    double cmb = z.compute_s / 16;
+    assert_true(2 * coll > cmb);
+    assert_true(fabs(z.comm_s - 16 * (2 * coll - cmb + coll)) <= 1e-9 * z.comm_s);
+
+    /* Infer: one all-gather per micro-batch's forward, excess over compute. */
+    assert_int_equal(stage(&s, NRS_MS_REF_INFER, lay(1, 1, 16, 1), &w, &z), 0);
+    cmb = z.compute_s / 16;
+    assert_true(fabs(z.comm_s - 16 * fmax(0, coll - cmb)) <= 1e-9 * z.comm_s);
+    assert_true(z.comm_s > 0);
+    s.runtime.zero3 = false;
+    assert_int_equal(stage(&s, NRS_MS_REF_INFER, lay(1, 1, 16, 1), &w, &o), 0);
+    assert_true(o.comm_s == 0 && o.compute_s == z.compute_s);
+}
+
+static void test_offload_time(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    nrs_work_t w = work_of(&s);
+    nrs_stage_cost_t o, f;
+
+    /* ZeRO-1 over dp = 4: this rank owns P/4 of the optimizer. Offloaded, the
+     * HBM-bound Adam step becomes CPU Adam at 4.5e9 params/s per host shared by
+     * 8 GPUs, plus its gradients down and weights up over 25 GB/s PCIe. */
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &o), 0);
+    s.runtime.offload_optimizer = true;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &f), 0);
+    double po = P8 / 4;
+    assert_true(fabs(f.memory_s - po / (4.5e9 / 8)) <= 1e-9 * f.memory_s); /* 3.569 s */
+    assert_true(fabs(f.comm_s - o.comm_s - 2 * po * 2 / 25e9) <= 1e-9 * f.comm_s);
+    assert_true(f.memory_s > o.memory_s && f.compute_s == o.compute_s);
+    assert_true(f.trans_bytes == o.trans_bytes);
+    /* Two PPO epochs: two optimizer steps. */
+    s.workload.ppo_epochs = 2;
+    nrs_stage_cost_t e2;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &e2), 0);
+    assert_true(fabs(e2.memory_s - 2 * f.memory_s) <= 1e-9 * e2.memory_s);
+    /* No host link to price: invalid; infer does not care. */
+    s.cluster.host_gbps = 0;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, lay(1, 1, 4, 4), &w, &f), -1);
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_INFER, lay(1, 1, 4, 4), &w, &f), 0);
+}
+
+static void test_sync_broadcast(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    double W = 2.0 * P8, tensors = 32 * 9 + 3; /* 291 Hugging Face tensors */
+    nrs_layout_t t = lay(1, 1, 2, 1), g = lay(2, 1, 2, 8);
+    double reshard = nrs_cost_sync_s(&s, &t, &g, 0, NULL);
+
+    /* OpenRLHF on one node: actor dp = 2 and vLLM 2 x tp 2 share the node. No
+     * ZeRO-3: rank 0 holds every tensor; it broadcasts W over NVLink, 10 ms a
+     * tensor, plus the fixed 5 ms. */
+    s.runtime.weight_sync = NRS_WSYNC_BROADCAST;
+    double b = nrs_cost_sync_s(&s, &t, &g, 0, NULL);
+    assert_true(fabs(b - (W / 450e9 + tensors * 10e-3 + 5e-3)) <= 1e-12); /* 2.9507 s */
+    assert_true(b > reshard);
+    /* ZeRO-3: each tensor first all-gathered over the dp = 2 ranks. */
+    s.runtime.zero3 = true;
+    double bz = nrs_cost_sync_s(&s, &t, &g, 0, NULL);
+    assert_true(fabs(bz - b - W / 2 / 450e9) <= 1e-12);
+    /* 128 GPUs: actor dp = 32 over 4 nodes, 32 engines on 8 nodes: NIC speed. */
+    t = lay(1, 1, 32, 1);
+    g = lay(2, 1, 32, 8);
+    double big = nrs_cost_sync_s(&s, &t, &g, 0, NULL);
+    assert_true(fabs(big - (W * 31 / 32 / 50e9 + W / 50e9 + tensors * 10e-3 + 5e-3)) <= 1e-9);
+    /* Calibrated like every sync. */
+    nrs_calib_t c;
+    nrs_calib_init(&c);
+    c.sync = 1.5;
+    assert_true(fabs(nrs_cost_sync_s(&s, &t, &g, 0, &c) - 1.5 * big) <= 1e-9);
+    /* Broadcast is paid even for identical sharding on one pool. */
+    nrs_layout_t same = lay(1, 1, 32, 8);
+    assert_true(nrs_cost_sync_s(&s, &t, &same, 1, NULL) > tensors * 10e-3);
+
+    /* Reshard under ZeRO-3, same pool, same tp/pp: generation gathers its dp
+     * shards: (dp-1)/dp of its shard over the dp group's links (32 GPUs: NIC). */
+    s.runtime.weight_sync = NRS_WSYNC_RESHARD;
+    double z = nrs_cost_sync_s(&s, &t, &same, 1, NULL);
+    assert_true(fabs(z - (31.0 / 32 * W / 50e9 + 5e-3)) <= 1e-9);
+    s.runtime.zero3 = false;
+    assert_true(nrs_cost_sync_s(&s, &t, &same, 1, NULL) == 0);
+}
+
 /* Predictions the lead sanity-checks against published numbers (printed). */
 static void test_print_anchors(void **state)
 {
@@ -543,6 +684,10 @@ int main(void)
         cmocka_unit_test(test_train_hand_worked),
         cmocka_unit_test(test_generate_hand_worked),
         cmocka_unit_test(test_sync),
+        cmocka_unit_test(test_zero3_offload_memory),
+        cmocka_unit_test(test_zero3_time),
+        cmocka_unit_test(test_offload_time),
+        cmocka_unit_test(test_sync_broadcast),
         cmocka_unit_test(test_print_anchors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
