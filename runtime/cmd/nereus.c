@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cmd/cli.h"
+#include "ctl/ctl_cmd.h"
 
 static const char usage[] =
     "Usage: nereus COMMAND [OPTIONS]\n"
@@ -24,6 +25,9 @@ static const char usage[] =
     "  simulate FILE --trace TRACE\n"
     "                   replay a trace of GPUs and response lengths against the\n"
     "                   policies (nereus, fixed, static-best, oracle)\n"
+    "  status [--json]  the job controller's state: epoch, plan, ranks, decisions\n"
+    "  delta --add N | --remove HOSTS | --lost HOSTS\n"
+    "                   send a resource delta to the job controller\n"
     "  help [COMMAND]   show this text, or a command's own help\n"
     "  version          print the version\n"
     "\n"
@@ -60,7 +64,8 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"validate", nrs_cmd_validate}, {"plan", nrs_cmd_plan}, {"simulate", nrs_cmd_simulate},
-                 {"transition", nrs_cmd_transition}};
+                 {"transition", nrs_cmd_transition}, {"status", nrs_cmd_status},
+                 {"delta", nrs_cmd_delta}};
 
     if (argc < 2) {
         fputs(usage, stderr);

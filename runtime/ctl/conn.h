@@ -48,6 +48,7 @@ typedef struct nrs_conn {
     int tr_state;    /* transition participation (ctl.c) */
     double tr_seconds;
     bool dirty;      /* queued output not yet handed to the socket (loop.c) */
+    unsigned ev;     /* epoll events armed (loop.c) */
 } nrs_conn_t;
 
 nrs_conn_t *nrs_conn_new(int fd, double now);

@@ -7,79 +7,11 @@
 #include <string.h>
 
 #include "ctl/auth.h"
-#include "ctl/ctl.h"
+#include "ctl/ctl_int.h"
 
-enum { DEC_MAX = 16, DQ_MAX = 16, CONNS_MAX = 65536 };
-enum { TR_IDLE, TR_PREPARE, TR_COMMIT };
-enum { TRP_NONE, TRP_WAIT, TRP_DONE }; /* nrs_conn_t.tr_state */
-
-typedef struct {
-    long step;
-    char source[32];
-    nrs_trigger_t trigger;
-    bool planned, admitted, forced;
-    double saving_s, horizon_steps, cost_s, makespan_s;
-    unsigned from_epoch, to_epoch;
-    char why[320];
-} decision_t;
-
-typedef struct {
-    nrs_msg_delta_t *m;
-    nrs_conn_t *from; /* NULL once it has gone */
-} queued_delta_t;
-
-struct nrs_ctl {
-    nrs_ctl_opts_t o;
-    char job[NRS_PROTO_STR_MAX];
-    char secret[NRS_PROTO_TOKEN_MAX];
-    bool has_secret;
-    double now, t_start;
-    unsigned long serial;
-
-    nrs_adapt_t a;     /* a.plan: the committed plan, or the proposed one while tr != IDLE */
-    nrs_work_t work;   /* conditions the ranks report */
-    int alloc_gpus;    /* GPUs of the allocation now */
-    uint64_t generation;
-    int rz_lost[NRS_PROTO_MAX_LOST]; /* GPUs of the committed plan gone, not yet planned away */
-    int rz_nlost;
-    bool retry;        /* decide again at the next tick (after an abort) */
-
-    nrs_conn_t **conns;
-    int nconns, cap_conns;
-    nrs_conn_t **by_gpu; /* workers by GPU index of the committed plan */
-    int nworkers;
-
-    /* The step being gathered. */
-    long step_cur, step_closed;
-    int step_n;
-    bool step_seen[NRS_MS_COUNT];
-    double step_max[NRS_MS_COUNT];
-    double resp_sum;
-    int resp_n;
-    uint32_t step_flags;
-
-    /* The transition in flight. */
-    int tr;
-    nrs_adapt_t tr_saved; /* the adaptation state before it: restored on ABORT */
-    unsigned tr_epoch;
-    bool tr_forced;
-    int tr_lost[NRS_PROTO_MAX_LOST];
-    int tr_nlost;
-    int tr_waiting, tr_parts;
-    double tr_t0, tr_deadline, tr_makespan;
-
-    queued_delta_t dq[DQ_MAX];
-    int ndq;
-
-    decision_t dec[DEC_MAX];
-    int ndec;
-    unsigned long tr_started, tr_committed, tr_aborted;
-    double tr_total_s, tr_last_s;
-    unsigned long reports, frames, dropped;
-};
-
-static const char *const trigger_names[] = {"none", "resources", "workload", "memory",
-                                            "calibration"};
+const char *const nrs_ctl_trigger_names[] = {"none", "resources", "workload", "memory",
+                                           "calibration"};
+#define trigger_names nrs_ctl_trigger_names
 
 static void logf_(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(nrs_ctl_t *c, const char *fmt, ...)
@@ -235,12 +167,13 @@ static void record(nrs_ctl_t *c, const decision_t *d)
         c->ndec++;
     c->dec[c->ndec - 1] = *d;
     logf_(c,
-          "decision [%s, step %ld] trigger %s: %s%s saving %.4f s/step horizon %.1f steps "
-          "cost %.3f s (makespan %.3f s), epoch %u -> %u: %s",
-          d->source, d->step, trigger_names[d->trigger],
+          "decision [%s] trigger %s: %s%s saving %.4f s/step horizon %.1f steps "
+          "cost %.3f s (makespan %.3f s%s), epoch %u -> %u: %s",
+          d->source, trigger_names[d->trigger],
           !d->planned ? "not planned" : d->admitted ? "ADMITTED" : "rejected",
           d->forced ? " (forced)" : "", d->saving_s, d->horizon_steps, d->cost_s, d->makespan_s,
-          d->from_epoch, d->to_epoch, d->why);
+          d->lost_boxes > 0 ? ", STATE LOST: checkpoint needed" : "", d->from_epoch, d->to_epoch,
+          d->why);
 }
 
 static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved);
@@ -268,9 +201,12 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
         c->a = saved;
         d.trigger = out->trigger;
         snprintf(d.why, sizeof(d.why), "cannot plan: %s", err);
-        record(c, &d);
+        if (strcmp(c->last_fail, d.why) != 0) /* once, not at every step */
+            record(c, &d);
+        snprintf(c->last_fail, sizeof(c->last_fail), "%s", d.why);
         return -1;
     }
+    c->last_fail[0] = 0;
     if (out->trigger == NRS_TRIGGER_NONE)
         return 0;
     d.trigger = out->trigger;
@@ -281,6 +217,7 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
     d.horizon_steps = out->decision.horizon_steps;
     d.cost_s = out->cost_s;
     d.makespan_s = out->makespan_s;
+    d.lost_boxes = out->lost_boxes;
     if (out->changed)
         d.to_epoch = c->a.plan.epoch;
     snprintf(d.why, sizeof(d.why), "%s",
@@ -354,7 +291,11 @@ static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
     c->tr = TR_IDLE;
     c->a = c->tr_saved; /* the old plan and the policy's state before the decision */
     c->tr_aborted++;
-    c->retry = true;
+    c->retry = true; /* with a growing back-off: a rank that keeps failing must not storm */
+    c->retry_backoff_s = c->retry_backoff_s > 0 ? 2 * c->retry_backoff_s : 1.0;
+    if (c->retry_backoff_s > 30)
+        c->retry_backoff_s = 30;
+    c->retry_at = c->now + c->retry_backoff_s;
     logf_(c, "epoch %u: ABORT before the point of no return: %s (staying on epoch %u)", epoch, why,
           c->a.plan.epoch);
     for (int i = 0; i < c->nconns; i++) {
@@ -432,6 +373,7 @@ static void finish_commit(nrs_ctl_t *c)
     }
     c->rz_nlost = 0;
     c->retry = false;
+    c->retry_backoff_s = 0;
     c->step_n = 0;
     c->step_cur = -1;
     if (worst > 0)
@@ -556,7 +498,7 @@ static void close_step(nrs_ctl_t *c)
     c->step_n = 0;
     bool memfail = c->step_flags & NRS_REPORT_MEM_FAILED;
     snprintf(src, sizeof(src), "step %ld", c->step_cur);
-    if (c->tr == TR_IDLE)
+    if (c->tr == TR_IDLE && !(c->retry && c->now < c->retry_at)) /* back off after an abort */
         decide(c, src, c->step_cur, memfail, &out, err, sizeof(err));
 }
 
@@ -713,12 +655,11 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
           (unsigned long long)gen,
           m->kind == NRS_DELTA_ADD ? "add" : m->kind == NRS_DELTA_LOST ? "lost" : "remove",
           c->alloc_gpus, c->rz_nlost, cur->epoch);
-    char src[32];
-    snprintf(src, sizeof(src), "delta %llu", (unsigned long long)gen);
+    char src[48];
+    snprintf(src, sizeof(src), "delta %llu at step %ld", (unsigned long long)gen, c->step_closed);
     c->retry = false;
     if (decide(c, src, c->step_closed, false, &out, err, sizeof(err)) != 0) {
         snprintf(text, sizeof(text), "applied: %d GPUs; no plan: %s", c->alloc_gpus, err);
-        c->retry = true;
         return send_delta_reply(c, from, gen, true, 0, text);
     }
     if (out.changed)
@@ -752,8 +693,9 @@ static void on_delta(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     }
     if (c->tr == TR_COMMIT) { /* past the point of no return: after the commit */
         if (c->ndq == DQ_MAX) {
+            uint64_t gen = m->generation;
             free(m);
-            return send_delta_reply(c, k, m->generation, false, 0, "busy: too many deltas queued");
+            return send_delta_reply(c, k, gen, false, 0, "busy: too many deltas queued");
         }
         c->dq[c->ndq].m = m;
         c->dq[c->ndq++].from = k;
@@ -861,7 +803,7 @@ void nrs_ctl_tick(nrs_ctl_t *c, double now)
               c->tr_epoch, c->tr_waiting, c->o.transition_timeout_s);
         finish_commit(c);
     }
-    if (c->retry && c->tr == TR_IDLE) {
+    if (c->retry && c->tr == TR_IDLE && now >= c->retry_at) {
         nrs_adapt_out_t out;
         char err[NRS_ERR_MAX];
         c->retry = false;
@@ -928,7 +870,3 @@ unsigned nrs_ctl_pending_epoch(const nrs_ctl_t *c) { return c->tr != TR_IDLE ? c
 int nrs_ctl_nworkers(const nrs_ctl_t *c) { return c->nworkers; }
 unsigned long nrs_ctl_reports(const nrs_ctl_t *c) { return c->reports; }
 const nrs_adapt_t *nrs_ctl_adapt(const nrs_ctl_t *c) { return &c->a; }
-
-/* Status rendering lives in status.c (it needs the fields above). */
-#define NRS_CTL_INTERNAL
-#include "ctl/status_render.h"

@@ -1,0 +1,83 @@
+/* Internals of the controller state, shared by ctl.c (behaviour) and
+ * ctl_report.c (status rendering). Not a public interface. */
+#ifndef NRS_CTL_INT_H
+#define NRS_CTL_INT_H
+
+#include "ctl/ctl.h"
+
+enum { DEC_MAX = 16, DQ_MAX = 16, CONNS_MAX = 65536 };
+enum { TR_IDLE, TR_PREPARE, TR_COMMIT };
+enum { TRP_NONE, TRP_WAIT, TRP_DONE }; /* nrs_conn_t.tr_state */
+
+typedef struct {
+    long step;
+    char source[48];
+    nrs_trigger_t trigger;
+    bool planned, admitted, forced;
+    double saving_s, horizon_steps, cost_s, makespan_s;
+    int lost_boxes; /* > 0: state that survives nowhere (checkpoint needed) */
+    unsigned from_epoch, to_epoch;
+    char why[320];
+} decision_t;
+
+typedef struct {
+    nrs_msg_delta_t *m;
+    nrs_conn_t *from; /* NULL once it has gone */
+} queued_delta_t;
+
+struct nrs_ctl {
+    nrs_ctl_opts_t o;
+    char job[NRS_PROTO_STR_MAX];
+    char secret[NRS_PROTO_TOKEN_MAX];
+    bool has_secret;
+    double now, t_start;
+    unsigned long serial;
+
+    nrs_adapt_t a;     /* a.plan: the committed plan, or the proposed one while tr != IDLE */
+    nrs_work_t work;   /* conditions the ranks report */
+    int alloc_gpus;    /* GPUs of the allocation now */
+    uint64_t generation;
+    int rz_lost[NRS_PROTO_MAX_LOST]; /* GPUs of the committed plan gone, not yet planned away */
+    int rz_nlost;
+    bool retry;        /* decide again at retry_at (after an abort) */
+    double retry_at, retry_backoff_s;
+
+    nrs_conn_t **conns;
+    int nconns, cap_conns;
+    nrs_conn_t **by_gpu; /* workers by GPU index of the committed plan */
+    int nworkers;
+
+    /* The step being gathered. */
+    long step_cur, step_closed;
+    int step_n;
+    bool step_seen[NRS_MS_COUNT];
+    double step_max[NRS_MS_COUNT];
+    double resp_sum;
+    int resp_n;
+    uint32_t step_flags;
+
+    /* The transition in flight. */
+    int tr;
+    nrs_adapt_t tr_saved; /* the adaptation state before it: restored on ABORT */
+    unsigned tr_epoch;
+    bool tr_forced;
+    int tr_lost[NRS_PROTO_MAX_LOST];
+    int tr_nlost;
+    int tr_waiting, tr_parts;
+    double tr_t0, tr_deadline, tr_makespan;
+
+    queued_delta_t dq[DQ_MAX];
+    int ndq;
+
+    decision_t dec[DEC_MAX];
+    char last_fail[NRS_ERR_MAX]; /* the last 'cannot plan' (logged once) */
+    int ndec;
+    unsigned long tr_started, tr_committed, tr_aborted;
+    double tr_total_s, tr_last_s;
+    unsigned long reports, frames, dropped;
+};
+
+
+extern const char *const nrs_ctl_trigger_names[];
+
+#endif

@@ -1,0 +1,278 @@
+/* Test driver: N synthetic ranks (one process, one connection each) that
+ * report synthetic stage times and follow the controller's epochs; or one
+ * misbehaving peer (--bad MODE) checking that the controller answers it with
+ * an ERROR or drops it. Exit 0 when what was expected happened. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl/client.h"
+#include "fake_common.h"
+
+static const char usage[] =
+    "usage: fake_workers (--socket-dir D | --tcp H:P [--token-file F]) --nranks M\n"
+    "         [--ranks N] [--first R] [--gpn G] [--steps S] [--interval-ms I]\n"
+    "         [--factor F] [--gen-factor F] [--response-len L] [--grow G]\n"
+    "         [--expect-epoch E] [--expect-retired K] [--timeout T] [--prepare-status S]\n"
+    "         [--no-ack] [--verbose]\n"
+    "       fake_workers --socket-dir D --bad garbage|midframe|slowloris|badversion|\n"
+    "         hugelen|nohello|beforehello|badhello|badreport [--timeout T]\n";
+
+static int read_token(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f || !fgets(out, (int)cap, f)) {
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    fclose(f);
+    out[strcspn(out, "\n")] = 0;
+    return 0;
+}
+
+/* Waits for the controller's reaction: 0 when it sent ERROR or closed. */
+static int expect_drop(int fd, double timeout, const char *mode)
+{
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    nrs_hdr_t h;
+    char err[256];
+    int rc = -1;
+    double t0 = fw_now();
+    while (buf && fw_now() - t0 < timeout) {
+        if (nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &h,
+                            timeout - (fw_now() - t0), err, sizeof(err)) != 0) {
+            if (strstr(err, "closed")) {
+                printf("bad peer %s: connection closed by the controller\n", mode);
+                rc = 0;
+            } else {
+                printf("bad peer %s: %s\n", mode, err);
+            }
+            break;
+        }
+        if (h.type == NRS_MSG_ERROR) {
+            nrs_msg_error_t e;
+            if (nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0)
+                printf("bad peer %s: ERROR %s: %s (after %.2f s)\n", mode,
+                       nrs_perr_name((int)e.code), e.text, fw_now() - t0);
+            rc = 0;
+            break;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+static int bad_peer(const char *dir, const char *mode, double timeout)
+{
+    char err[512];
+    uint8_t buf[512];
+    int fd = nrs_client_connect_unix(dir, err, sizeof(err)), n;
+    if (fd < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    nrs_msg_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.role = NRS_ROLE_WORKER;
+    h.rank = 0;
+    h.nranks = 1;
+    snprintf(h.host, sizeof(h.host), "badhost");
+    int rc = 1;
+    if (!strcmp(mode, "garbage")) {
+        for (int i = 0; i < 256; i++)
+            buf[i] = (uint8_t)(i * 37 + 11);
+        send(fd, buf, 256, MSG_NOSIGNAL);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "flood")) {
+        uint8_t *junk = malloc(200000);
+        unsigned x = 12345;
+        for (int i = 0; junk && i < 200000; i++)
+            junk[i] = (uint8_t)((x = x * 1103515245u + 12345u) >> 16);
+        if (junk)
+            send(fd, junk, 200000, MSG_NOSIGNAL | MSG_DONTWAIT);
+        free(junk);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "midframe")) {
+        n = nrs_enc_hello(buf, sizeof(buf), &h);
+        send(fd, buf, (size_t)n / 2, MSG_NOSIGNAL); /* and hang up */
+        printf("bad peer midframe: sent %d of %d bytes, closing\n", n / 2, n);
+        rc = 0;
+    } else if (!strcmp(mode, "slowloris")) {
+        n = nrs_enc_hello(buf, sizeof(buf), &h);
+        double t0 = fw_now();
+        for (int i = 0; i < n - 1 && fw_now() - t0 < timeout; i++) {
+            if (send(fd, buf + i, 1, MSG_NOSIGNAL) < 0)
+                break;
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, 1000) > 0)
+                break; /* the controller answered */
+        }
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "badversion") || !strcmp(mode, "hugelen")) {
+        n = nrs_enc_hello(buf, sizeof(buf), &h);
+        if (mode[0] == 'b')
+            buf[4] = 99; /* version */
+        else
+            buf[15] = 0x7f; /* length ~ 2 GiB */
+        send(fd, buf, (size_t)n, MSG_NOSIGNAL);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "nohello")) {
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "beforehello")) {
+        nrs_msg_status_req_t q = {0};
+        n = nrs_enc_status_req(buf, sizeof(buf), &q);
+        send(fd, buf, (size_t)n, MSG_NOSIGNAL);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "badhello")) {
+        n = nrs_enc_hello(buf, sizeof(buf), &h);
+        buf[NRS_PROTO_HDR] = 9; /* role */
+        send(fd, buf, (size_t)n, MSG_NOSIGNAL);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else if (!strcmp(mode, "badreport")) {
+        h.role = NRS_ROLE_CLI;
+        h.rank = h.nranks = 0;
+        n = nrs_enc_hello(buf, sizeof(buf), &h);
+        send(fd, buf, (size_t)n, MSG_NOSIGNAL);
+        nrs_msg_report_t r;
+        memset(&r, 0, sizeof(r));
+        r.epoch = 1;
+        n = nrs_enc_report(buf, sizeof(buf), &r); /* a CLI may not report */
+        send(fd, buf, (size_t)n, MSG_NOSIGNAL);
+        rc = expect_drop(fd, timeout, mode) ? 1 : 0;
+    } else {
+        fprintf(stderr, "unknown --bad mode '%s'\n", mode);
+        rc = 2;
+    }
+    close(fd);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"socket-dir", 1, NULL, 'd'}, {"tcp", 1, NULL, 't'},      {"token-file", 1, NULL, 'k'},
+        {"ranks", 1, NULL, 'n'},      {"first", 1, NULL, 'f'},    {"nranks", 1, NULL, 'N'},
+        {"gpn", 1, NULL, 'g'},        {"steps", 1, NULL, 's'},    {"interval-ms", 1, NULL, 'i'},
+        {"factor", 1, NULL, 'x'},     {"gen-factor", 1, NULL, 'X'},
+        {"response-len", 1, NULL, 'r'}, {"grow", 1, NULL, 'G'},  {"expect-epoch", 1, NULL, 'e'},
+        {"expect-retired", 1, NULL, 'R'}, {"timeout", 1, NULL, 'T'},
+        {"prepare-status", 1, NULL, 'p'}, {"no-ack", 0, NULL, 'A'}, {"bad", 1, NULL, 'b'},
+        {"verbose", 0, NULL, 'v'},    {NULL, 0, NULL, 0}};
+    const char *dir = NULL, *tcp = NULL, *token_file = NULL, *bad = NULL;
+    int n = 1, first = 0, nranks = -1, gpn = 8, steps = 0, interval = 50, expect_retired = -1;
+    double factor = 1, gen_factor = 1, resp = 0, grow = 0, timeout = 20;
+    unsigned expect_epoch = 0;
+    fw_fleet_t f;
+    char token[NRS_PROTO_TOKEN_MAX] = "";
+    int ch;
+    memset(&f, 0, sizeof(f));
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'd': dir = optarg; break;
+        case 't': tcp = optarg; break;
+        case 'k': token_file = optarg; break;
+        case 'n': n = atoi(optarg); break;
+        case 'f': first = atoi(optarg); break;
+        case 'N': nranks = atoi(optarg); break;
+        case 'g': gpn = atoi(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 'i': interval = atoi(optarg); break;
+        case 'x': factor = atof(optarg); break;
+        case 'X': gen_factor = atof(optarg); break;
+        case 'r': resp = atof(optarg); break;
+        case 'G': grow = atof(optarg); break;
+        case 'e': expect_epoch = (unsigned)atoi(optarg); break;
+        case 'R': expect_retired = atoi(optarg); break;
+        case 'T': timeout = atof(optarg); break;
+        case 'p': f.prepare_status = atoi(optarg); break;
+        case 'A': f.no_ack = true; break;
+        case 'b': bad = optarg; break;
+        case 'v': f.verbose = true; break;
+        default: fputs(usage, stderr); return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (bad)
+        return dir ? bad_peer(dir, bad, timeout) : 2;
+    if ((!dir && !tcp) || nranks < 1 || n < 1) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    if (token_file && read_token(token_file, token, sizeof(token)) != 0) {
+        fprintf(stderr, "cannot read %s\n", token_file);
+        return 2;
+    }
+    f.transition_s = 0.05;
+    double t0 = fw_now();
+    if (fw_connect(&f, dir, tcp, token, first, n, nranks, gpn) != 0)
+        return 1;
+    /* Every rank must learn the current plan. */
+    for (;;) {
+        int have = 0;
+        for (int i = 0; i < f.n; i++)
+            have += f.r[i].epoch > 0 || f.r[i].dead;
+        if (have == f.n || fw_now() - t0 > timeout)
+            break;
+        fw_pump(&f, 50);
+    }
+    for (int i = 0; i < f.n; i++)
+        if (f.r[i].dead) {
+            printf("rank %d: refused: %s\n", f.r[i].rank, f.r[i].error);
+            fw_close(&f);
+            return 1;
+        }
+    printf("%d ranks connected, epoch %u\n", f.n, f.r[0].epoch);
+    for (int s = 0; s < steps && fw_now() - t0 < timeout; s++) {
+        fw_report(&f, s, factor, gen_factor, resp > 0 ? resp + grow * s : 0);
+        double until = fw_now() + interval / 1000.0;
+        while (fw_now() < until)
+            fw_pump(&f, 10);
+    }
+    /* Then follow the controller until the expected epoch is everywhere. */
+    int rc = 0;
+    long step = steps;
+    for (;;) {
+        int live = 0, at = 0, retired = 0;
+        for (int i = 0; i < f.n; i++) {
+            live += !f.r[i].dead;
+            at += !f.r[i].dead && f.r[i].epoch >= expect_epoch && !f.r[i].pending;
+            retired += f.r[i].retired;
+        }
+        bool done = at == live && (expect_retired < 0 || retired == expect_retired);
+        if (done && expect_epoch == 0 && expect_retired < 0)
+            break;
+        if (done) {
+            printf("expected state reached: %d live ranks at epoch >= %u, %d retired\n", live,
+                   expect_epoch, retired);
+            break;
+        }
+        if (fw_now() - t0 > timeout) {
+            printf("time-out: %d of %d live ranks at epoch >= %u, %d retired\n", at, live,
+                   expect_epoch, retired);
+            rc = 1;
+            break;
+        }
+        fw_pump(&f, 20);
+        /* Keep reporting on the new epoch (once in a while) like a real job. */
+        static double last;
+        if (fw_now() - last > interval / 1000.0) {
+            fw_report(&f, step, factor, gen_factor, resp > 0 ? resp + grow * (double)step : 0);
+            step++;
+            last = fw_now();
+        }
+    }
+    for (int i = 0; i < f.n; i++)
+        printf("rank %d (%s): epoch %u, %lu plans, %lu prepares, %lu commits, %lu aborts%s%s\n",
+               f.r[i].rank, f.r[i].host, f.r[i].epoch, f.r[i].plans, f.r[i].prepares,
+               f.r[i].commits, f.r[i].aborts, f.r[i].retired ? ", retired: " : "",
+               f.r[i].retired ? f.r[i].error : "");
+    fw_close(&f);
+    return rc;
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Process-level tests of nereus-controller (DESIGN §8 control channel): fake
+# workers over the unix socket and TCP, status and delta through the CLI entry
+# points, misbehaving peers, a second uid, SIGTERM. Every step has a hard
+# time-out; prints the cmocka-style lines scripts/test counts.
+set -u
+B="${NRS_BUILDDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+CTL="$B/nereus-controller"
+CLI="$B/tests/ctl/ctl_cli"
+FW="$B/tests/ctl/fake_workers"
+SPEC="$S/examples/ppo-llama3-8b.yaml"
+pass=0 fail=0 skip=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-ctl.XXXXXX")
+chmod 0711 "$tmp" # the socket dir inside stays 0700; lets the second-uid test reach it when opened
+D="$tmp/sock"
+LOG="$tmp/controller.log"
+cpid=""
+cleanup() {
+    [ -n "$cpid" ] && kill -KILL "$cpid" 2>/dev/null
+    for p in $(jobs -p); do kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+ok() { echo "[       OK ] $1"; pass=$((pass + 1)); }
+ko() { echo "[  FAILED  ] $1: $2"; fail=$((fail + 1)); sed 's/^/    | /' "${CURLOG:-$LOG}" 2>/dev/null | tail -n 25; }
+sk() { echo "[ SKIPPED  ] $1: $2"; skip=$((skip + 1)); }
+check() { # name command...: passes when the command exits 0 within 30 s
+    local name="$1"; shift
+    echo "[ RUN      ] $name"
+    if timeout -k 2 60 "$@" >"$tmp/out" 2>&1; then ok "$name"; else
+        sed 's/^/    | /' "$tmp/out" | tail -n 20; ko "$name" "exit $?"; fi
+}
+alive() { kill -0 "$cpid" 2>/dev/null; }
+status_json() { timeout 10 "$CLI" status --json --socket-dir "$D"; }
+wait_for() { # seconds command...
+    local n=$(( $1 * 10 )); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"; chmod 600 "$tmp/secret"
+echo "[==========] nereus-controller process tests"
+
+# --- start-up refusals ---------------------------------------------------------
+mkdir -m 0755 "$tmp/open"
+check "refuses a socket dir of mode 0755" bash -c "timeout 10 '$CTL' --socket-dir '$tmp/open' '$SPEC' 2>/dev/null; [ \$? -eq 1 ]"
+check "says why it refuses the socket dir" bash -c "timeout 10 '$CTL' --socket-dir '$tmp/open' '$SPEC' 2>&1 | grep -q 'must be 0700'"
+check "--tcp without a secret is refused" bash -c "timeout 10 '$CTL' --socket-dir '$tmp/x' --tcp 127.0.0.1:0 '$SPEC'; [ \$? -eq 2 ]"
+
+# --- the controller on the 8B PPO example, 16 GPUs (2 nodes of 8) -------------
+"$CTL" --socket-dir "$D" --gpus 16 --secret-file "$tmp/secret" --tcp 127.0.0.1:0 \
+    --hello-timeout 2 --frame-timeout 2 --transition-timeout 10 --log "$LOG" "$SPEC" 2>/dev/null &
+cpid=$!
+if wait_for 10 status_json; then ok "controller answers status"; else ko "controller answers status" "no answer"; fi
+check "socket dir is 0700 and the socket 0600" bash -c "[ \"\$(stat -c %a '$D')\" = 700 ] && [ \"\$(stat -c %a '$D/ctl.sock')\" = 600 ]"
+check "a second controller on the same dir is refused" bash -c "timeout 10 '$CTL' --socket-dir '$D' '$SPEC' 2>&1 | grep -q 'another controller'"
+port=$(sed -n 's/.*listening on tcp 127.0.0.1:\([0-9]*\).*/\1/p' "$LOG" | head -1)
+
+# 16 fake workers: they report 6 steps (actor.generate 1.4x slower than the
+# model), then follow the controller until the delta below moves them to epoch 2.
+timeout -k 2 40 "$FW" --socket-dir "$D" --ranks 16 --nranks 16 --gpn 8 --steps 6 --interval-ms 100 \
+    --gen-factor 1.4 --response-len 1024 --expect-epoch 2 --expect-retired 8 --timeout 30 \
+    >"$tmp/fw.out" 2>&1 &
+fwpid=$!
+wait_for 10 bash -c "$CLI status --json --socket-dir $D | jq -e '.nworkers == 16 and .step >= 3' >/dev/null"
+status_json >"$tmp/st.json" 2>&1
+check "status --json lists the 16 workers, healthy" jq -e '(.workers | length) == 16 and all(.workers[]; .health == "ok") and .epoch == 1' "$tmp/st.json"
+check "status --json has plan, calibration, decisions, transitions" \
+    jq -e '.plan.total_gpus == 16 and (.plan.stages | length) == 7 and .calibration["actor.generate"].factor > 1.2 and (.decisions | length) >= 1 and .transitions.started == 0' "$tmp/st.json"
+check "status (text) prints the plan table and the ranks" bash -c "timeout 10 '$CLI' status --socket-dir '$D' | grep -q 'actor.generate' && timeout 10 '$CLI' status --socket-dir '$D' | grep -q 'node1'"
+
+# --- a lost node forces epoch 2; the survivors receive PLAN epoch 2 and commit --
+echo "[ RUN      ] delta --lost node1 forces epoch 2"
+if timeout 10 "$CLI" delta --lost node1 --socket-dir "$D" >"$tmp/delta.out" 2>&1 && grep -q 'epoch 1 -> 2' "$tmp/delta.out" && grep -q forced "$tmp/delta.out"; then
+    ok "delta --lost node1 forces epoch 2"; else sed 's/^/    | /' "$tmp/delta.out"; ko "delta --lost node1 forces epoch 2" "reply"; fi
+if wait "$fwpid"; then ok "8 surviving workers committed epoch 2, 8 retired"; else
+    sed 's/^/    | /' "$tmp/fw.out" | tail -20; ko "8 surviving workers committed epoch 2, 8 retired" "fake workers"; fi
+check "survivors saw PLAN, PREPARE and COMMIT" bash -c "[ \$(grep -c 'epoch 2, 2 plans, 1 prepares, 1 commits' '$tmp/fw.out') -eq 8 ]"
+status_json >"$tmp/st2.json" 2>&1
+check "status: epoch 2 on 8 GPUs, one forced admitted decision, one commit" \
+    jq -e '.epoch == 2 and .gpus == 8 and .plan.total_gpus == 8 and .transitions.committed == 1 and any(.decisions[]; .forced and .admitted and .trigger == "resources")' "$tmp/st2.json"
+check "the decision was logged with its numbers" grep -q 'ADMITTED (forced) saving .* horizon .* cost ' "$LOG"
+check "delta of an unknown host is rejected" bash -c "timeout 10 '$CLI' delta --lost nosuchhost --socket-dir '$D' | grep -q 'rejected.*unknown host'; [ \${PIPESTATUS[0]} -eq 1 ]"
+check "delta --add 1 is answered" bash -c "timeout 10 '$CLI' delta --add 1 --socket-dir '$D' | grep -q '^accepted.*16 GPUs'"
+
+# --- a worker whose prepare fails makes the controller abort (own controller) --
+D2="$tmp/sock2"
+CURLOG="$tmp/c2.log"
+"$CTL" --socket-dir "$D2" --gpus 16 --transition-timeout 10 --log "$tmp/c2.log" "$SPEC" 2>/dev/null &
+c2=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D2"
+timeout -k 2 30 "$FW" --verbose --socket-dir "$D2" --ranks 16 --nranks 16 --gpn 8 --prepare-status 1 \
+    --expect-epoch 99 --timeout 8 >"$tmp/fw2.out" 2>&1 &
+fw2=$!
+wait_for 10 bash -c "$CLI status --json --socket-dir $D2 | jq -e '.nworkers == 16' >/dev/null"
+timeout 10 "$CLI" delta --lost node1 --socket-dir "$D2" >"$tmp/d2.out" 2>&1
+wait_for 10 bash -c "$CLI status --json --socket-dir $D2 | jq -e '.transitions.aborted >= 1' >/dev/null"
+check "a rank that cannot prepare makes the transition abort" bash -c "timeout 10 '$CLI' status --json --socket-dir '$D2' | jq -e '.transitions.aborted >= 1 and .transitions.committed == 0 and .epoch == 1'"
+check "ABORT was logged and reached the ranks" bash -c "grep -q 'ABORT before the point of no return' '$tmp/c2.log' && grep -q 'ABORT epoch 2' '$tmp/fw2.out'"
+check "the retry backs off (at most 3 aborts in 3 s)" bash -c "sleep 2; [ \$(grep -c 'ABORT before' '$tmp/c2.log') -le 3 ]"
+kill "$fw2" 2>/dev/null; wait "$fw2" 2>/dev/null
+kill -TERM "$c2"; wait "$c2"; c2rc=$?
+[ "$c2rc" -eq 0 ] && ok "second controller stopped" || ko "second controller stopped" "exit $c2rc"
+CURLOG=""
+
+# --- misbehaving peers: the controller drops them and stays up -----------------
+for mode in garbage badversion hugelen beforehello badhello badreport; do
+    check "bad peer '$mode' gets an ERROR" "$FW" --socket-dir "$D" --bad "$mode" --timeout 30
+done
+check "bad peer 'nohello' is dropped after the HELLO time-out" "$FW" --socket-dir "$D" --bad nohello --timeout 6
+check "bad peer 'slowloris' is dropped after the frame time-out" "$FW" --socket-dir "$D" --bad slowloris --timeout 8
+for i in $(seq 20); do "$FW" --socket-dir "$D" --bad midframe >/dev/null 2>&1; done
+ok "20 peers disconnecting mid-frame"
+check "bad peer 'flood' (200 KB of random bytes) gets an ERROR" "$FW" --socket-dir "$D" --bad flood --timeout 30
+check "controller still answers after the bad peers" bash -c "alive() { kill -0 $cpid; }; alive && timeout 10 '$CLI' status --json --socket-dir '$D' | jq -e '.counters.dropped >= 8' >/dev/null"
+
+# --- TCP: the job's secret is required ------------------------------------------
+if [ -n "$port" ]; then
+    check "TCP worker with the secret gets the plan" "$FW" --tcp "127.0.0.1:$port" --token-file "$tmp/secret" --ranks 1 --nranks 16 --timeout 5
+    echo wrong-secret-wrong-secret >"$tmp/bad"
+    check "TCP worker with a wrong secret is refused" bash -c "'$FW' --tcp '127.0.0.1:$port' --token-file '$tmp/bad' --ranks 1 --nranks 16 --timeout 5 | grep -q 'refused: TCP peer without the job'"
+else
+    ko "TCP listener" "no port in the log"
+fi
+
+# --- another uid is refused ------------------------------------------------------
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v setpriv >/dev/null; then
+    AS_NOBODY="setpriv --reuid=nobody --regid=nogroup --clear-groups"
+    check "nobody cannot reach the 0700 socket dir" bash -c "$AS_NOBODY '$CLI' status --socket-dir '$D' 2>&1 | grep -q 'Permission denied'"
+    # Open the directory up by hand: SO_PEERCRED must still refuse the peer.
+    chmod 0711 "$D"; chmod 0666 "$D/ctl.sock"
+    echo "[ RUN      ] nobody is refused by SO_PEERCRED"
+    $AS_NOBODY "$CLI" status --socket-dir "$D" >"$tmp/nobody.out" 2>&1; rc=$?
+    chmod 0700 "$D"; chmod 0600 "$D/ctl.sock"
+    if [ "$rc" -eq 1 ] && grep -q 'not authorized' "$tmp/nobody.out"; then ok "nobody is refused by SO_PEERCRED"; else
+        sed 's/^/    | /' "$tmp/nobody.out"; ko "nobody is refused by SO_PEERCRED" "exit $rc"; fi
+    check "the refusal was logged" grep -q 'refused a local peer of uid 65534' "$LOG"
+else
+    sk "second uid refused" "needs root, user nobody and setpriv"
+fi
+
+# --- SIGTERM: exit 0, socket removed ---------------------------------------------
+echo "[ RUN      ] SIGTERM exits 0 and removes the socket"
+timeout -k 2 20 "$FW" --socket-dir "$D" --ranks 4 --nranks 16 --expect-epoch 99 --timeout 15 >/dev/null 2>&1 &
+wait_for 10 bash -c "$CLI status --json --socket-dir $D | jq -e '.nworkers == 4' >/dev/null"
+kill -TERM "$cpid"
+rc=124
+for _ in $(seq 100); do if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1; done
+cpid=""
+if [ "$rc" -eq 0 ] && [ ! -e "$D/ctl.sock" ]; then ok "SIGTERM exits 0 and removes the socket"; else
+    ko "SIGTERM exits 0 and removes the socket" "exit $rc, socket $( [ -e "$D/ctl.sock" ] && echo left || echo gone)"; fi
+check "controller log says it stopped" grep -q 'stopped' "$LOG"
+
+[ "$pass" -gt 0 ] && echo "[  PASSED  ] $pass test(s)."
+[ "$fail" -gt 0 ] && echo "[  FAILED  ] $fail test(s), listed above"
+[ "$skip" -gt 0 ] && echo "[  SKIPPED ] $skip test(s)"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,442 @@
+/* The controller's state machine without sockets: HELLO and the first plan,
+ * per-step reports into the calibration, a lost node forcing epoch 2 through
+ * PLAN -> PREPARE -> ACK -> COMMIT -> ACK, aborts (a rank gone, a rank that
+ * cannot prepare), bad peers dropped with an ERROR, time-outs, status. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ctl/ctl.h"
+#include "fixtures.h"
+
+enum { N = 16 };
+static nrs_spec_t spec;
+static nrs_ctl_t *ctl;
+static nrs_conn_t *w[N], *cli;
+static double now;
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static nrs_conn_t *peer(bool tcp)
+{
+    nrs_conn_t *k = nrs_conn_new(-1, now);
+    k->tcp = tcp;
+    assert_int_equal(nrs_ctl_attach(ctl, k, now), 0);
+    return k;
+}
+
+static void feed(nrs_conn_t *k, const uint8_t *b, int n)
+{
+    assert_true(n > 0);
+    size_t off = 0;
+    while (off < (size_t)n && k->state < NRS_CONN_CLOSING) {
+        off += nrs_conn_feed(k, b + off, (size_t)n - off, now);
+        nrs_ctl_input(ctl, k, now);
+    }
+}
+
+/* Pop the next frame the controller queued for k: its type, payload in *p. */
+static int next(nrs_conn_t *k, const uint8_t **p, nrs_hdr_t *h)
+{
+    if (k->out_len - k->out_off < NRS_PROTO_HDR)
+        return 0;
+    assert_int_equal(nrs_proto_hdr_decode(k->out + k->out_off, h), 0);
+    *p = k->out + k->out_off + NRS_PROTO_HDR;
+    k->out_off += NRS_PROTO_HDR + h->length;
+    return h->type;
+}
+
+static int expect(nrs_conn_t *k, int type, const uint8_t **p, nrs_hdr_t *h)
+{
+    int t = next(k, p, h);
+    if (t != type)
+        fail_msg("expected %s, got %s", nrs_msg_name(type), t ? nrs_msg_name(t) : "nothing");
+    return t;
+}
+
+static void hello(nrs_conn_t *k, int role, int rank, int nranks, const char *host, const char *tok)
+{
+    nrs_msg_hello_t m;
+    uint8_t b[512];
+    memset(&m, 0, sizeof(m));
+    m.role = (uint32_t)role;
+    m.rank = rank;
+    m.nranks = nranks;
+    snprintf(m.host, sizeof(m.host), "%s", host);
+    snprintf(m.token, sizeof(m.token), "%s", tok ? tok : "");
+    feed(k, b, nrs_enc_hello(b, sizeof(b), &m));
+}
+
+static void report(nrs_conn_t *k, unsigned epoch, unsigned step, double gen_s)
+{
+    nrs_msg_report_t m;
+    uint8_t b[256];
+    memset(&m, 0, sizeof(m));
+    m.epoch = epoch;
+    m.step = step;
+    m.nstages = 2;
+    m.ms[0] = NRS_MS_ACTOR_GENERATE;
+    m.seconds[0] = gen_s;
+    m.ms[1] = NRS_MS_ACTOR_TRAIN;
+    m.seconds[1] = 4;
+    feed(k, b, nrs_enc_report(b, sizeof(b), &m));
+}
+
+static void ack(nrs_conn_t *k, unsigned epoch, unsigned phase, int status)
+{
+    nrs_msg_ack_t a = {epoch, phase, status, 0.5};
+    uint8_t b[64];
+    feed(k, b, nrs_enc_ack(b, sizeof(b), &a));
+}
+
+static void delta_lost_host(nrs_conn_t *k, const char *host, nrs_msg_delta_reply_t *r)
+{
+    static nrs_msg_delta_t m;
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    const uint8_t *p;
+    nrs_hdr_t h;
+    memset(&m, 0, sizeof(m));
+    m.kind = NRS_DELTA_LOST;
+    m.nhosts = 1;
+    snprintf(m.hosts[0], NRS_PROTO_STR_MAX, "%s", host);
+    feed(k, b, nrs_enc_delta(b, sizeof(b), &m));
+    expect(k, NRS_MSG_DELTA_REPLY, &p, &h);
+    assert_int_equal(nrs_dec_delta_reply(p, h.length, r, NULL, 0), 0);
+}
+
+static void drain_all(void)
+{
+    for (int i = 0; i < nrs_ctl_nconns(ctl); i++)
+        nrs_conn_clear_out(nrs_ctl_conn(ctl, i));
+}
+
+/* A controller on 16 GPUs (2 nodes) with 16 workers and one CLI, all HELLO'd. */
+static int setup(void **st)
+{
+    (void)st;
+    nrs_ctl_opts_t o;
+    char err[NRS_ERR_MAX];
+    spec_8b(&spec, 2);
+    nrs_ctl_opts_init(&o, &spec);
+    o.secret = "0123456789abcdef-secret";
+    o.job = "77";
+    now = 100;
+    assert_int_equal(nrs_ctl_new(&ctl, &o, now, err, sizeof(err)), 0);
+    for (int i = 0; i < N; i++) {
+        char host[16];
+        snprintf(host, sizeof(host), "node%d", i / 8);
+        w[i] = peer(false);
+        hello(w[i], NRS_ROLE_WORKER, i, N, host, NULL);
+    }
+    cli = peer(false);
+    hello(cli, NRS_ROLE_CLI, 0, 0, "login", NULL);
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    while (nrs_ctl_nconns(ctl) > 0) {
+        nrs_conn_t *k = nrs_ctl_conn(ctl, nrs_ctl_nconns(ctl) - 1);
+        nrs_ctl_detach(ctl, k, now);
+        nrs_conn_free(k);
+    }
+    nrs_ctl_free(ctl);
+    return 0;
+}
+
+/* Free a peer the way the loop does. */
+static void gone(nrs_conn_t *k)
+{
+    nrs_ctl_detach(ctl, k, now);
+    nrs_conn_free(k);
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static void test_hello_gets_plan(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    static nrs_msg_plan_t m;
+    assert_int_equal(nrs_ctl_nworkers(ctl), N);
+    expect(w[3], NRS_MSG_PLAN, &p, &h);
+    assert_int_equal(nrs_dec_plan(p, h.length, &m, NULL, 0), 0);
+    assert_int_equal(m.plan.epoch, 1);
+    assert_int_equal(m.plan.total_gpus, N);
+    assert_int_equal(m.flags, 0);
+    assert_int_equal(next(cli, &p, &h), 0); /* a CLI gets nothing for its HELLO */
+
+    /* duplicate rank, wrong nranks, wrong job, TCP without / with the token */
+    nrs_conn_t *d = peer(false);
+    hello(d, NRS_ROLE_WORKER, 3, N, "node0", NULL);
+    assert_int_equal(d->state, NRS_CONN_CLOSING);
+    expect(d, NRS_MSG_ERROR, &p, &h);
+    gone(d);
+    d = peer(false);
+    hello(d, NRS_ROLE_WORKER, 3, N + 1, "node0", NULL);
+    assert_int_equal(d->state, NRS_CONN_CLOSING);
+    gone(d);
+    d = peer(false);
+    {
+        nrs_msg_hello_t hm;
+        uint8_t b[512];
+        memset(&hm, 0, sizeof(hm));
+        hm.role = NRS_ROLE_CLI;
+        snprintf(hm.job, sizeof(hm.job), "78");
+        feed(d, b, nrs_enc_hello(b, sizeof(b), &hm));
+    }
+    assert_int_equal(d->state, NRS_CONN_CLOSING);
+    gone(d);
+    d = peer(true);
+    hello(d, NRS_ROLE_CLI, 0, 0, "remote", "wrong-token-wrong-token");
+    expect(d, NRS_MSG_ERROR, &p, &h);
+    nrs_msg_error_t e;
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_AUTH);
+    gone(d);
+    d = peer(true);
+    hello(d, NRS_ROLE_CLI, 0, 0, "remote", "0123456789abcdef-secret");
+    assert_int_equal(d->state, NRS_CONN_READY);
+    gone(d);
+    assert_int_equal(nrs_ctl_nworkers(ctl), N);
+}
+
+static void test_reports_calibrate(void **st)
+{
+    (void)st;
+    const nrs_adapt_t *a = nrs_ctl_adapt(ctl);
+    for (unsigned s = 0; s < 3; s++)
+        for (int i = 0; i < N; i++)
+            report(w[i], 1, s, 1.5 * a->plan.ms_time[NRS_MS_ACTOR_GENERATE]);
+    assert_int_equal(nrs_ctl_reports(ctl), 3 * N);
+    /* one measurement per model-stage per step (the slowest rank's), not per report */
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 3);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_TRAIN], 3);
+    assert_int_equal(a->cal.n[NRS_MS_REF_INFER], 0);
+    /* a step out of order from one rank, an epoch from the future: dropped */
+    report(w[0], 1, 1, 1.0);
+    assert_int_equal(w[0]->state, NRS_CONN_CLOSING);
+    report(w[1], 9, 5, 1.0);
+    assert_int_equal(w[1]->state, NRS_CONN_CLOSING);
+    assert_int_equal(nrs_ctl_nworkers(ctl), N - 2);
+}
+
+static void test_lost_node_commit(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_delta_reply_t r;
+    static nrs_msg_plan_t m;
+    nrs_msg_epoch_t em;
+    drain_all();
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.epoch, 1);
+    assert_int_equal(r.new_epoch, 2);
+    assert_non_null(strstr(r.text, "forced"));
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    for (int i = 8; i < N; i++) /* ranks on the lost node are retired */
+        assert_int_equal(w[i]->state, NRS_CONN_CLOSING);
+    for (int i = 0; i < 8; i++) {
+        expect(w[i], NRS_MSG_PLAN, &p, &h);
+        assert_int_equal(nrs_dec_plan(p, h.length, &m, NULL, 0), 0);
+        assert_int_equal(m.plan.epoch, 2);
+        assert_int_equal(m.prev_epoch, 1);
+        assert_int_equal(m.flags, NRS_PLAN_TRANSITION | NRS_PLAN_FORCED);
+        assert_int_equal(m.plan.total_gpus, 8);
+        assert_int_equal(m.nlost, 8);
+        assert_int_equal(m.lost[0], 8);
+        expect(w[i], NRS_MSG_PREPARE, &p, &h);
+    }
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(next(w[i], &p, &h), 0);
+        ack(w[i], 2, NRS_MSG_PREPARE, 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        expect(w[i], NRS_MSG_COMMIT, &p, &h);
+        assert_int_equal(nrs_dec_epoch(NRS_MSG_COMMIT, p, h.length, &em, NULL, 0), 0);
+        assert_int_equal(em.epoch, 2);
+    }
+    assert_int_equal(nrs_ctl_epoch(ctl), 1); /* committed only once every rank confirms */
+    for (int i = 0; i < 8; i++)
+        ack(w[i], 2, NRS_MSG_COMMIT, 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 2);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    assert_int_equal(nrs_ctl_nworkers(ctl), 8);
+    assert_int_equal(nrs_ctl_adapt(ctl)->cal.sync_n, 1); /* the transition was measured */
+    /* a delta for a host nobody runs on is rejected, the allocation unchanged */
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(r.accepted, 0);
+    assert_non_null(strstr(r.text, "unknown host"));
+
+    char *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    nrs_ctl_status(ctl, true, now + 5, f);
+    fclose(f);
+    assert_non_null(strstr(txt, "\"epoch\":2,"));
+    assert_non_null(strstr(txt, "\"committed\":1"));
+    assert_non_null(strstr(txt, "\"forced\":true"));
+    assert_non_null(strstr(txt, "\"actor.generate\":{\"error\":"));
+    free(txt);
+    f = open_memstream(&txt, &len);
+    nrs_ctl_status(ctl, false, now + 5, f);
+    fclose(f);
+    assert_non_null(strstr(txt, "epoch 2"));
+    assert_non_null(strstr(txt, "model-stage"));
+    assert_non_null(strstr(txt, "admitted (forced)"));
+    free(txt);
+}
+
+static void test_abort_on_gone_rank(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_delta_reply_t r;
+    nrs_msg_epoch_t em;
+    drain_all();
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(r.new_epoch, 2);
+    for (int i = 0; i < 7; i++)
+        ack(w[i], 2, NRS_MSG_PREPARE, 0);
+    gone(w[7]); /* before the point of no return */
+    w[7] = NULL;
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 1);
+    for (int i = 0; i < 7; i++) {
+        expect(w[i], NRS_MSG_PLAN, &p, &h);
+        expect(w[i], NRS_MSG_PREPARE, &p, &h);
+        expect(w[i], NRS_MSG_ABORT, &p, &h);
+        assert_int_equal(nrs_dec_epoch(NRS_MSG_ABORT, p, h.length, &em, NULL, 0), 0);
+        assert_int_equal(em.epoch, 2);
+        assert_non_null(strstr(em.text, "gone"));
+    }
+    /* the old plan is intact; the retry (after its back-off) proposes again */
+    assert_int_equal(nrs_ctl_adapt(ctl)->plan.epoch, 1);
+    assert_int_equal(nrs_ctl_adapt(ctl)->plan.total_gpus, N);
+    nrs_ctl_tick(ctl, now + 0.5);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    now += 1.5;
+    nrs_ctl_tick(ctl, now);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    /* a rank that cannot prepare aborts it too */
+    ack(w[0], 2, NRS_MSG_PREPARE, 5);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 1);
+}
+
+static void test_prepare_timeout(void **st)
+{
+    (void)st;
+    nrs_msg_delta_reply_t r;
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    nrs_ctl_tick(ctl, now + 61); /* transition_timeout_s 60 */
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 1);
+}
+
+static void test_bad_peers(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_error_t e;
+    uint8_t junk[100];
+    memset(junk, 0xa5, sizeof(junk));
+    nrs_conn_t *k = peer(false);
+    feed(k, junk, sizeof(junk));
+    assert_int_equal(k->state, NRS_CONN_CLOSING);
+    expect(k, NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_MAGIC);
+    gone(k);
+    /* REPORT before HELLO */
+    k = peer(false);
+    report(k, 1, 0, 1);
+    expect(k, NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_UNEXPECTED);
+    gone(k);
+    /* a controller-to-peer message from a peer */
+    k = peer(false);
+    hello(k, NRS_ROLE_CLI, 0, 0, "x", NULL);
+    nrs_msg_epoch_t em = {2, ""};
+    uint8_t b[64];
+    feed(k, b, nrs_enc_epoch(b, sizeof(b), NRS_MSG_COMMIT, &em));
+    assert_int_equal(k->state, NRS_CONN_CLOSING);
+    gone(k);
+    /* a malformed HELLO */
+    k = peer(false);
+    nrs_msg_hello_t hm;
+    memset(&hm, 0, sizeof(hm));
+    hm.role = NRS_ROLE_WORKER;
+    hm.rank = 20;
+    hm.nranks = 4;
+    uint8_t hb[512];
+    int n = nrs_enc_hello(hb, sizeof(hb), &hm);
+    feed(k, hb, n);
+    expect(k, NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_MALFORMED);
+    gone(k);
+    /* half a frame, then silence: dropped by the frame time-out; no HELLO at all:
+     * dropped by the HELLO time-out */
+    nrs_conn_t *slow = peer(false), *mute = peer(false);
+    nrs_msg_hello_t sm;
+    memset(&sm, 0, sizeof(sm));
+    sm.role = NRS_ROLE_CLI;
+    n = nrs_enc_hello(hb, sizeof(hb), &sm);
+    nrs_conn_feed(slow, hb, (size_t)n - 3, now);
+    nrs_ctl_input(ctl, slow, now);
+    assert_int_equal(slow->state, NRS_CONN_NEW);
+    nrs_ctl_tick(ctl, now + 4);
+    assert_int_equal(slow->state, NRS_CONN_NEW);
+    assert_int_equal(mute->state, NRS_CONN_NEW);
+    nrs_ctl_tick(ctl, now + 6);
+    assert_int_equal(mute->state, NRS_CONN_CLOSING);
+    assert_int_equal(slow->state, NRS_CONN_CLOSING); /* no HELLO within 5 s either */
+    nrs_ctl_tick(ctl, now + 9);
+    assert_int_equal(mute->state, NRS_CONN_DEAD); /* flush of its ERROR took too long */
+    gone(slow);
+    gone(mute);
+    assert_int_equal(nrs_ctl_nworkers(ctl), N);
+}
+
+static void test_status_chunks(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_status_req_t q = {NRS_STATUS_JSON};
+    uint8_t b[64];
+    drain_all();
+    feed(cli, b, nrs_enc_status_req(b, sizeof(b), &q));
+    expect(cli, NRS_MSG_STATUS, &p, &h);
+    assert_int_equal(h.flags, 0);
+    assert_true(h.length > 100);
+    assert_memory_equal(p, "{\"job\":\"77\"", 11);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_hello_gets_plan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reports_calibrate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_node_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_on_gone_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prepare_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_peers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_status_chunks, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
