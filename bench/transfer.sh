@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Our UCX path (bench/bench_transfer) against ucx_perftest -t tag_bw, same
 # transport, same sizes, same run, one direction between two processes on
-# this machine; prints MB/s of both and the ratio.
+# this machine; prints MB/s of both and the ratio. Then the in-process path
+# (runtime/emu's local transport) against memcpy of the same bytes, same run
+# (bench_transfer --local; target >= 0.8x).
 #   bench/transfer.sh [BUILD_DIR] [SIZES_MIB...]     (default 1 4 16 64 256)
 #   NRS_BENCH_TLS="sm tcp"   NRS_BENCH_MIN_BYTES=1073741824 (per size)
 set -u
@@ -38,3 +40,6 @@ for tls in $tls_list; do
         printf '%-4s %10s %6s %12s %12s %7s\n' "$tls" "$s" "${iters:-?}" "${o:-fail}" "${p:-fail}" "$r"
     done
 done
+echo
+sizes_b=""; for m in $sizes_mib; do sizes_b="$sizes_b $((m * 1048576))"; done
+"$BT" --local $sizes_b

@@ -694,13 +694,9 @@ static void release_slots(nrs_ucx_op_t *op)
     }
 }
 
-void nrs_ucx_op_free(nrs_ucx_op_t *op)
+static void free_released(nrs_ucx_op_t *op)
 {
-    if (!op)
-        return;
     nrs_ucx_t *u = op->u;
-    unlink_op(op);
-    release_slots(op);
     if (op_busy(op)) { /* UCX may still write to it: keep it until fini */
         if (u->norphans == u->orphcap) {
             size_t nc = u->orphcap ? 2 * u->orphcap : 8;
@@ -714,6 +710,54 @@ void nrs_ucx_op_free(nrs_ucx_op_t *op)
         return;
     }
     free(op);
+}
+
+void nrs_ucx_op_free(nrs_ucx_op_t *op)
+{
+    if (!op)
+        return;
+    unlink_op(op);
+    release_slots(op);
+    free_released(op);
+}
+
+/* Cancel every slot of every op first, then wait once (bounded): sends to a
+ * dead peer over shared memory never complete, and waiting for each op in
+ * turn would take n times the bound. */
+void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n)
+{
+    nrs_ucx_t *u = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!ops[i])
+            continue;
+        u = ops[i]->u;
+        unlink_op(ops[i]);
+        for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++)
+            if (ops[i]->slots[k].busy && ops[i]->slots[k].req)
+                ucp_request_cancel(u->worker, ops[i]->slots[k].req);
+    }
+    if (!u)
+        return;
+    double end = now_s() + 0.5;
+    for (bool busy = true; busy && now_s() < end;) {
+        ucp_worker_progress(u->worker);
+        busy = false;
+        for (size_t i = 0; i < n && !busy; i++)
+            busy = ops[i] && op_busy(ops[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!ops[i])
+            continue;
+        for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
+            slot_t *s = &ops[i]->slots[k];
+            if (!s->busy && s->req) {
+                ucp_request_free(s->req);
+                s->req = NULL;
+            }
+        }
+        free_released(ops[i]);
+        ops[i] = NULL;
+    }
 }
 
 int nrs_ucx_progress(void *arg)

@@ -77,6 +77,8 @@ int nrs_ucx_test(const nrs_ucx_op_t *op);
 const char *nrs_ucx_op_error(const nrs_ucx_op_t *op);
 /* Cancel if still pending, release. */
 void nrs_ucx_op_free(nrs_ucx_op_t *op);
+/* The same for n ops at once, waiting at most 0.5 s in all (ops[i] set NULL). */
+void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n);
 
 /* Progress until every op is done or one failed; frees them all.
  * 0, or -1 with the first failure in err. */

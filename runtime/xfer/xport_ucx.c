@@ -12,7 +12,7 @@ typedef struct post {
     nrs_xreq_t *req;
     nrs_xregion_t region; /* recv into a strided region: unpack on completion */
     unsigned char *bounce;
-    int is_send, ended, status;
+    int is_send, ended, status, reported;
 } post_t;
 
 typedef struct xu {
@@ -154,8 +154,12 @@ static int u_progress(void *ctx)
             continue;
         }
         if (p->status) {
-            if (!X->failed++)
+            /* kept until cancel/destroy frees every failed op in one bounded
+             * wait: freeing them one by one waits for each (0.5 s apiece) */
+            if (!p->reported++ && !X->failed++)
                 snprintf(X->err, sizeof X->err, "%s", nrs_ucx_op_error(p->op));
+            pp = &p->next;
+            continue;
         } else {
             if (!p->is_send && p->bounce)
                 unpack(&p->region, p->bounce);
@@ -168,14 +172,31 @@ static int u_progress(void *ctx)
     return X->failed ? -1 : done;
 }
 
-static void u_destroy(void *ctx)
+static void release_all(xu_t *X)
 {
-    xu_t *X = ctx;
+    size_t n = 0;
+    for (post_t *p = X->posts; p; p = p->next)
+        n++;
+    nrs_ucx_op_t **ops = calloc(n + 1, sizeof(*ops));
+    n = 0;
+    for (post_t *p = X->posts; ops && p; p = p->next)
+        ops[n++] = p->op;
+    if (ops)
+        nrs_ucx_op_free_many(ops, n); /* one bounded wait for all of them */
     while (X->posts) {
         post_t *p = X->posts;
         X->posts = p->next;
+        if (ops)
+            p->op = NULL;
         release(p);
     }
+    free(ops);
+}
+
+static void u_destroy(void *ctx)
+{
+    xu_t *X = ctx;
+    release_all(X);
     free(X);
 }
 
@@ -198,4 +219,12 @@ int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_ran
 const char *nrs_xport_ucx_error(const nrs_xport_t *x)
 {
     return ((const xu_t *)x->ctx)->err;
+}
+
+void nrs_xport_ucx_cancel(nrs_xport_t *x)
+{
+    xu_t *X = x->ctx;
+    release_all(X);
+    X->failed = 0;
+    X->err[0] = '\0';
 }

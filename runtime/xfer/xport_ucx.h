@@ -19,4 +19,8 @@ int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_ran
 /* The first transport error since open ("" if none). */
 const char *nrs_xport_ucx_error(const nrs_xport_t *x);
 
+/* Drop every posted send and receive (cancelled in UCX) and clear the error:
+ * what an aborted transition calls before the next one. */
+void nrs_xport_ucx_cancel(nrs_xport_t *x);
+
 #endif

@@ -11,11 +11,9 @@
  * they were staged from. Afterwards each rank verifies the checksum of every
  * shard it holds against the pattern (and, for weight syncs, the old state).
  *
- * The op loop follows the global schedule, each transfer completed before the
- * next: the earliest unfinished transfer always has both ranks at it, so the
- * loop is deadlock-free. (runtime/emu's in-process executor is the model;
- * this is its rank-filtered twin and belongs there once the worker API
- * drives transitions.)
+ * The ops run through the library's distributed executor (runtime/worker/
+ * dtrans: several transfers in flight, a vote at the point of no return and
+ * at the end); the worker API (tests/mp/mp_worker.c) drives the same code.
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -29,20 +27,13 @@
 #include "emu/testutil.h"
 #include "emu/xport.h"
 #include "rdv/rdv.h"
+#include "worker/dtrans.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
 
 typedef struct {
-    const nrs_emu_graph_t *g;
-    nrs_xport_t *x;
-    nrs_ucx_t *u;
-    int me, size, corrupt;
-    double timeout;
-    nrs_xmem_t *mem;
-    unsigned char *live;
-    unsigned char *scratch;
-    int64_t xfers, bytes, verified, errors;
-    char first[256];
+    int64_t xfers, bytes, verified, errors, max_inflight;
+    char first[512];
 } rx_t;
 
 static void note(rx_t *E, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -62,203 +53,97 @@ static bool probe(void *arg, int rank)
     return nrs_rdv_peer_failed(arg, rank);
 }
 
+static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank); }
+static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
+static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
+
 static int identity(void *arg, int owner)
 {
     (void)arg;
     return owner;
 }
 
-/* The rank holding buffer id: its GPU's, or for host staging the GPU it came from. */
-static int rank_of(const rx_t *E, int32_t id)
-{
-    const nrs_emu_gbuf_t *b = &E->g->buf[id];
-    int gpu = b->b.gpu >= 0 ? b->b.gpu : b->via;
-    return gpu >= 0 && gpu < E->size ? gpu : -1;
-}
-
-static void rx_alloc(rx_t *E, int32_t id, int fill)
-{
-    const nrs_emu_buf_t *b = &E->g->buf[id].b;
-    if (E->live[id]) {
-        note(E, "buffer %d allocated twice", id);
-        return;
-    }
-    if (E->x->ops->mem_alloc(E->x->ctx, b->gpu, (size_t)b->bytes, &E->mem[id])) {
-        note(E, "alloc of %lld bytes failed", (long long)b->bytes);
-        return;
-    }
-    E->live[id] = 1;
-    if (fill)
-        nrs_emu_pattern_fill(b, E->mem[id].ptr);
-    else
-        memset(E->mem[id].ptr, b->kind == NRS_EMU_GRAD ? 0 : 0xa5, (size_t)b->bytes);
-}
-
-static void rx_free(rx_t *E, int32_t id)
-{
-    if (!E->live[id]) {
-        note(E, "buffer %d freed while not allocated", id);
-        return;
-    }
-    E->x->ops->mem_free(E->x->ctx, &E->mem[id]);
-    E->live[id] = 0;
-}
-
-static void regions(rx_t *E, const nrs_emu_op_t *op, nrs_xregion_t *src, nrs_xregion_t *dst)
-{
-    *src = (nrs_xregion_t){&E->mem[op->src_buf], (size_t)op->src_off, (size_t)op->src_pitch,
-                           (size_t)op->rows, (size_t)op->row_bytes};
-    *dst = (nrs_xregion_t){&E->mem[op->dst_buf], (size_t)op->dst_off, (size_t)op->dst_pitch,
-                           (size_t)op->rows, (size_t)op->row_bytes};
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void rx_xfer(rx_t *E, const nrs_emu_op_t *op, size_t i)
-{
-    const nrs_xport_ops_t *X = E->x->ops;
-    int s = rank_of(E, op->src_buf), d = rank_of(E, op->dst_buf);
-    nrs_xregion_t src, dst;
-    nrs_xreq_t rs = {1, 0}, rr = {1, 0};
-
-    if (s != E->me && d != E->me)
-        return;
-    if ((s == E->me && !E->live[op->src_buf]) || (d == E->me && !E->live[op->dst_buf])) {
-        note(E, "op %zu: buffer not allocated", i);
-        return;
-    }
-    regions(E, op, &src, &dst);
-    if ((d == E->me && X->recv(E->x->ctx, s, &dst, (uint64_t)i, &rr)) ||
-        (s == E->me && X->send(E->x->ctx, d, &src, (uint64_t)i, &rs))) {
-        note(E, "op %zu: post failed: %s", i, nrs_xport_ucx_error(E->x));
-        return;
-    }
-    double end = now_s() + E->timeout;
-    while (!(rs.done && rr.done) && now_s() < end)
-        if (X->progress(E->x->ctx) < 0) {
-            note(E, "op %zu: %s", i, nrs_xport_ucx_error(E->x));
-            return;
-        }
-    if (!(rs.done && rr.done))
-        note(E, "op %zu (rank %d -> %d): not done after %.0f s", i, s, d, E->timeout);
-    E->xfers++;
-    if (d == E->me && E->corrupt && op->rows > 0 && op->row_bytes > 0) { /* negative test */
-        ((unsigned char *)dst.mem->ptr)[dst.off] ^= 0x5a;
-        E->corrupt = 0;
-    }
-    if (s == E->me)
-        E->bytes += (int64_t)op->rows * op->row_bytes;
-}
-
-static void rx_op(rx_t *E, const nrs_emu_op_t *op, size_t i)
-{
-    nrs_xregion_t src, dst;
-    switch (op->type) {
-    case NRS_EMU_OP_ALLOC:
-        if (rank_of(E, op->dst_buf) == E->me)
-            rx_alloc(E, op->dst_buf, 0);
-        break;
-    case NRS_EMU_OP_FREE:
-        if (rank_of(E, op->src_buf) == E->me)
-            rx_free(E, op->src_buf);
-        break;
-    case NRS_EMU_OP_STAGE:
-    case NRS_EMU_OP_COPY:
-        if (rank_of(E, op->src_buf) != E->me)
-            break;
-        if (rank_of(E, op->dst_buf) != E->me) {
-            note(E, "op %zu: local copy across ranks", i);
-            break;
-        }
-        if (op->type == NRS_EMU_OP_STAGE)
-            rx_alloc(E, op->dst_buf, 0);
-        if (!E->live[op->src_buf] || !E->live[op->dst_buf]) {
-            note(E, "op %zu: buffer not allocated", i);
-            break;
-        }
-        regions(E, op, &src, &dst);
-        if (E->x->ops->copy(E->x->ctx, &dst, &src))
-            note(E, "op %zu: copy out of bounds", i);
-        break;
-    case NRS_EMU_OP_XFER: rx_xfer(E, op, i); break;
-    default: break; /* communicators: UCX needs none */
-    }
-}
-
-static void check(rx_t *E, int32_t id, const nrs_emu_buf_t *want)
+static void check(rx_t *E, const nrs_xmem_t *m, const nrs_emu_buf_t *want, unsigned char *scratch)
 {
     E->verified++;
-    if (!E->live[id]) {
-        note(E, "shard %d missing", id);
-        return;
-    }
-    if (nrs_emu_checksum(E->mem[id].ptr, (size_t)want->bytes) !=
-        nrs_emu_pattern_checksum(want, E->scratch))
-        note(E, "GPU %d shard %d: checksum mismatch", want->gpu, id);
+    if (!m->ptr)
+        note(E, "GPU %d: a shard is missing", want->gpu);
+    else if (nrs_emu_checksum(m->ptr, (size_t)want->bytes) !=
+             nrs_emu_pattern_checksum(want, scratch))
+        note(E, "GPU %d: checksum mismatch", want->gpu);
 }
 
-static void verify(rx_t *E)
-{
-    const nrs_emu_graph_t *g = E->g;
-    unsigned char *expect = calloc(g->nbuf + 1, 1);
-    if (!expect) {
-        note(E, "out of memory");
-        return;
-    }
-    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
-        int32_t c = nrs_emu_canon(g, j);
-        expect[c] = 1;
-        if (rank_of(E, c) == E->me)
-            check(E, c, &g->buf[j].b);
-    }
-    for (int32_t i = 0; g->keep_old && i < g->nold; i++)
-        if (!g->buf[i].lost && !expect[i]) {
-            expect[i] = 1;
-            if (rank_of(E, i) == E->me)
-                check(E, i, &g->buf[i].b);
-        }
-    for (size_t i = 0; i < g->nbuf; i++)
-        if (E->live[i] && !expect[i])
-            note(E, "buffer %zu still allocated after the transition", i);
-    free(expect);
-}
-
-static int execute(const nrs_emu_graph_t *g, nrs_xport_t *x, nrs_ucx_t *u, int me, int size,
-                   double timeout, rx_t *E)
+/* This rank's part of g through the library's executor (runtime/worker/
+ * dtrans), then every shard it holds against the pattern. */
+static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs_ucx_t *u,
+                   nrs_rdv_t *r, int me, int size, double timeout, unsigned attempt, rx_t *E)
 {
     int64_t maxb = 1;
+    nrs_dtrans_opts_t o;
+    nrs_dtrans_result_t res;
     memset(E, 0, sizeof(*E));
-    *E = (rx_t){.g = g, .x = x, .u = u, .me = me, .size = size, .timeout = timeout,
-                .corrupt = getenv("NRS_MP_CORRUPT") && atoi(getenv("NRS_MP_CORRUPT")) == me};
+    nrs_dtrans_opts_init(&o, me, size);
+    o.owner_rank = identity;
+    o.timeout_s = timeout;
+    o.cancel = ucx_cancel;
+    o.cancel_arg = x;
+    o.peer_failed = ucx_dead;
+    o.peer_arg = u;
+    o.xport_error = ucx_error;
+    o.attempt = attempt;
     for (size_t i = 0; i < g->nbuf; i++)
         if (g->buf[i].b.bytes > maxb)
             maxb = g->buf[i].b.bytes;
-    E->mem = calloc(g->nbuf + 1, sizeof(*E->mem));
-    E->live = calloc(g->nbuf + 1, 1);
-    E->scratch = malloc((size_t)maxb);
-    if (!E->mem || !E->live || !E->scratch) {
+    nrs_xmem_t *old = calloc((size_t)g->nold + 1, sizeof(*old));
+    nrs_xmem_t *nw = calloc((size_t)g->nnew + 1, sizeof(*nw));
+    unsigned char *scratch = malloc((size_t)maxb);
+    if (!old || !nw || !scratch) {
         note(E, "out of memory");
         goto out;
     }
     for (int32_t i = 0; i < g->nold; i++)
-        if (!g->buf[i].lost && rank_of(E, i) == me)
-            rx_alloc(E, i, 1);
-    for (size_t i = 0; i < g->nops && !E->errors; i++)
-        rx_op(E, &g->ops[i], i);
-    if (!E->errors)
-        verify(E);
+        if (!g->buf[i].lost && nrs_dtrans_buf_rank(g, &o, i) == me) {
+            if (x->ops->mem_alloc(x->ctx, g->buf[i].b.gpu, (size_t)g->buf[i].b.bytes, &old[i])) {
+                note(E, "out of memory");
+                goto out;
+            }
+            nrs_emu_pattern_fill(&g->buf[i].b, old[i].ptr);
+        }
+    int out = nrs_dtrans_run(g, epoch, x, r, old, nw, &o, &res);
+    E->xfers = res.xfers;
+    E->bytes = res.bytes_sent;
+    E->max_inflight = res.max_inflight;
+    if (out != NRS_DT_COMMITTED) {
+        note(E, "%s", res.msg);
+        goto out;
+    }
+    const char *c = getenv("NRS_MP_CORRUPT"); /* negative test: one byte flipped */
+    for (int32_t j = 0; c && atoi(c) == me && j < g->nnew; j++)
+        if (nw[j].ptr && nw[j].bytes > 0 && g->buf[g->nold + j].alias < 0) {
+            ((unsigned char *)nw[j].ptr)[0] ^= 0x5a;
+            break;
+        }
+    for (int32_t j = 0; j < g->nnew; j++)
+        if (nrs_dtrans_buf_rank(g, &o, g->nold + j) == me)
+            check(E, &nw[j], &g->buf[g->nold + j].b, scratch);
+    for (int32_t i = 0; i < g->nold; i++) { /* left: only a weight sync keeps old state */
+        if (!old[i].ptr)
+            continue;
+        if (g->keep_old)
+            check(E, &old[i], &g->buf[i].b, scratch);
+        else
+            note(E, "buffer %d still allocated after the transition", i);
+    }
 out:
-    for (size_t i = 0; E->live && i < g->nbuf; i++)
-        if (E->live[i])
-            rx_free(E, (int32_t)i);
-    free(E->mem);
-    free(E->live);
-    free(E->scratch);
+    for (int32_t i = 0; old && i < g->nold; i++)
+        if (old[i].ptr)
+            x->ops->mem_free(x->ctx, &old[i]);
+    for (int32_t j = 0; nw && j < g->nnew; j++)
+        if (nw[j].ptr)
+            x->ops->mem_free(x->ctx, &nw[j]);
+    free(old);
+    free(nw);
+    free(scratch);
     return E->errors ? -1 : 0;
 }
 
@@ -354,7 +239,7 @@ int main(int argc, char **argv)
             }
         nrs_rdv_free_blobs(r, hs, hl);
         rx_t E;
-        if (!rc && execute(g, &x, u, me, n, timeout, &E)) {
+        if (!rc && execute(g, (uint64_t)t, &x, u, r, me, n, timeout, (unsigned)t, &E)) {
             fprintf(stderr, "mp_transition[%d]: transition %d (%d -> %d GPUs, %lld ops): %lld "
                     "error(s), first: %s\n", me, t, a.total_gpus, b.total_gpus,
                     (long long)g->nops, (long long)E.errors, E.first);
@@ -362,9 +247,9 @@ int main(int argc, char **argv)
         }
         if (!rc && me == 0)
             printf("mp_transition: transition %d: %d -> %d GPUs, %lld ops, graph %016llx: rank 0 "
-                   "ran %lld transfer(s), verified %lld shard(s)\n", t, a.total_gpus, b.total_gpus,
-                   (long long)g->nops, (unsigned long long)st.hash, (long long)E.xfers,
-                   (long long)E.verified);
+                   "ran %lld transfer(s) (up to %lld in flight), verified %lld shard(s)\n", t,
+                   a.total_gpus, b.total_gpus, (long long)g->nops, (unsigned long long)st.hash,
+                   (long long)E.xfers, (long long)E.max_inflight, (long long)E.verified);
         tot_x += rc ? 0 : E.xfers;
         tot_b += rc ? 0 : E.bytes;
         tot_v += rc ? 0 : E.verified;

@@ -1,0 +1,166 @@
+/* libnereus worker API: what a training process (rank) of a Nereus job calls
+ * (DESIGN §2, docs/worker-api.md).
+ *
+ * One opaque handle per process. Every function returns NRS_OK (0) or a
+ * negative NRS_ERR_* code; nrs_worker_strerror names the code and
+ * nrs_worker_last_error says what happened (ranks, ops, bytes). Arguments
+ * are plain ints, long longs, doubles, char* and pointers to them, so the
+ * API is usable through ctypes/cffi; the two calls that take Nereus structs
+ * (nrs_worker_init_spec, nrs_worker_set_plan, nrs_worker_transition) take
+ * them by pointer. Not thread-safe: one thread drives a handle.
+ *
+ * Life of a rank:
+ *   nrs_worker_init            PMIx (or singleton), rendezvous, transports
+ *   nrs_worker_set_plan        the current plan (epoch N), from the controller
+ *   nrs_worker_alloc_state     the EMU state this rank holds under it
+ *   nrs_worker_role / _group   what this rank is in the plan
+ *   loop: train; nrs_worker_report_* ; on a new plan nrs_worker_transition
+ *   nrs_worker_finalize
+ *
+ * Stability: functions are only added; NRS_WORKER_API_VERSION grows when
+ * they are. Codes keep their values.
+ */
+#ifndef NEREUS_NEREUS_H
+#define NEREUS_NEREUS_H
+
+#include "nereus/plan.h"
+#include "nereus/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NRS_WORKER_API_VERSION 1
+
+typedef struct nrs_worker nrs_worker_t;
+
+enum {
+    NRS_OK = 0,
+    NRS_ERR_INVAL = -1,       /* bad argument, or call out of order */
+    NRS_ERR_NOMEM = -2,
+    NRS_ERR_SPEC = -3,        /* the job spec could not be loaded */
+    NRS_ERR_RDV = -4,         /* rendezvous (PMIx) failed or timed out */
+    NRS_ERR_XPORT = -5,       /* transport set-up failed */
+    NRS_ERR_PLAN = -6,        /* no plan, or a plan this job cannot take */
+    NRS_ERR_ABORTED = -7,     /* transition aborted before its point of no return:
+                               * the old epoch is intact and current */
+    NRS_ERR_PARTIAL = -8,     /* transition failed past its point of no return:
+                               * nrs_worker_last_error says what is present,
+                               * rebuildable or lost; only finalize is allowed */
+    NRS_ERR_VERIFY = -9,      /* a checksum did not match */
+    NRS_ERR_UNSUPPORTED = -10 /* not built in (e.g. CUDA memory without CUDA) */
+};
+
+/* Memory the state lives in. AUTO: CUDA when built with CUDA and a GPU is
+ * visible, else host (nrs_worker_last_error then says why). */
+enum { NRS_MEM_AUTO = 0, NRS_MEM_HOST = 1, NRS_MEM_CUDA = 2 };
+
+/* Communicator groups of a model-stage. */
+enum { NRS_GROUP_TP = 0, NRS_GROUP_PP = 1, NRS_GROUP_DP = 2 };
+
+/* Fields of nrs_worker_transition_stats, by index. */
+enum {
+    NRS_TS_SECONDS = 0,     /* wall time of the last transition on this rank */
+    NRS_TS_PREPARE_S = 1,
+    NRS_TS_EXECUTE_S = 2,   /* ops before the point of no return */
+    NRS_TS_VOTE_S = 3,
+    NRS_TS_COMMIT_S = 4,
+    NRS_TS_BYTES_SENT = 5,
+    NRS_TS_BYTES_RECV = 6,
+    NRS_TS_TRANSFERS = 7,
+    NRS_TS_MAX_INFLIGHT = 8,
+    NRS_TS_FAILED_RANK = 9, /* -1 if none */
+    NRS_TS_PRESENT = 10,    /* after NRS_ERR_PARTIAL: new-state buffers present, */
+    NRS_TS_REBUILDABLE = 11,/*   rebuildable from survivors, */
+    NRS_TS_LOST = 12,       /*   lost (a checkpoint is needed) */
+    NRS_TS_COUNT = 13
+};
+
+int nrs_worker_api_version(void);
+const char *nrs_worker_strerror(int rc);
+
+/* spec_path: the job's YAML (NULL: $NEREUS_SPEC; still NULL: no spec, then
+ * nrs_worker_init_spec must not have been skipped). Joins the job: PMIx_Init
+ * (no server = singleton, rank 0 of 1), UCX worker addresses exchanged under
+ * epoch-tagged keys when there are several ranks (UCX_TLS, UCX_NET_DEVICES
+ * are UCX's own variables). On failure *out may still be set: read
+ * nrs_worker_last_error(*out), then finalize it. */
+int nrs_worker_init(nrs_worker_t **out, const char *spec_path);
+/* The same with a spec already in memory (copied). */
+int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec);
+/* Leaves the job (survivors' fence, bounded), frees everything. NULL is fine. */
+int nrs_worker_finalize(nrs_worker_t *w);
+
+const char *nrs_worker_last_error(const nrs_worker_t *w);
+int nrs_worker_rank(const nrs_worker_t *w);
+int nrs_worker_size(const nrs_worker_t *w);
+int nrs_worker_is_singleton(const nrs_worker_t *w);
+const char *nrs_worker_transport(const nrs_worker_t *w); /* "ucx" or "local" */
+/* Control channel: "connected", "none" (no $NEREUS_SOCKET_DIR / $NEREUS_JOB_DIR),
+ * or why it failed. */
+const char *nrs_worker_control(const nrs_worker_t *w);
+
+/* ---- the plan and this rank's place in it -------------------------------- */
+
+/* The current plan (the first one, or one the controller sends for an epoch
+ * this rank missed). Rank r is GPU r of the plan. Frees any state held. */
+int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan);
+/* Epoch of the current plan; -1 before any. */
+int nrs_worker_epoch(const nrs_worker_t *w);
+/* Model-stages this rank runs in the current plan, and for the i-th: the
+ * model-stage (nrs_ms_t), the layout, and this rank's coordinates. */
+int nrs_worker_nroles(const nrs_worker_t *w);
+int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int *dp, int *t,
+                    int *p, int *d);
+/* Ranks of this rank's tp, pp or dp group of model-stage ms, in group order:
+ * the count (at most max written), or a negative code. */
+int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int max);
+const char *nrs_worker_ms_name(int ms);
+
+/* ---- state ------------------------------------------------------------- */
+
+/* Allocate the EMU state this rank holds under the current plan (weights;
+ * for trained models also grads, fp32 master weights and Adam moments).
+ * fill != 0 writes runtime/emu's deterministic pattern (tests, demos). */
+int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill);
+int nrs_worker_mem_kind(const nrs_worker_t *w); /* NRS_MEM_HOST or NRS_MEM_CUDA */
+int nrs_worker_nbuffers(const nrs_worker_t *w);
+int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes);
+/* What buffer i holds: role (nrs_role_t), tensor id, kind (nrs_emu_kind_t)
+ * and its box [r0,r1) x [c0,c1) in global coordinates, element size. */
+int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor, int *kind,
+                           int *r0, int *r1, int *c0, int *c1, int *esize);
+/* Checksum every buffer against the pattern (state filled with fill = 1). */
+int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long long *mismatches);
+
+/* ---- reports (carried to the controller) -------------------------------- */
+
+/* A sink receives each report as one JSON line (docs/worker-api.md §3).
+ * Default: $NEREUS_REPORT_FILE (appended), else dropped. Independently, when
+ * the control channel is connected, every report goes to the controller as
+ * a REPORT frame (runtime/ctl/proto.h). */
+typedef void (*nrs_report_fn)(void *arg, const char *json);
+int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg);
+int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds);
+int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long cap_bytes,
+                             int alloc_failed);
+/* Close step `step` (response_len: mean tokens, 0 unknown): sends one report
+ * with what was recorded since the last one. */
+int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len);
+
+/* ---- transitions ---------------------------------------------------------- */
+
+/* Move this rank's state to plan next (next->epoch > the current epoch),
+ * together with every other rank (a collective: all ranks call it with the
+ * same plan). NRS_OK: committed, next is current. NRS_ERR_ABORTED: a rank
+ * failed or died before the point of no return; every rank keeps the old
+ * epoch intact. NRS_ERR_PARTIAL: failure past it (see nrs_worker_last_error).
+ * Bounded: no wait longer than $NRS_WORKER_TIMEOUT seconds (default 30). */
+int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next);
+/* Figures of the last transition (NRS_TS_*): the value, 0 when unknown. */
+double nrs_worker_transition_stat(const nrs_worker_t *w, int which);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

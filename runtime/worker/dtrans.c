@@ -1,0 +1,617 @@
+/* Distributed transitions: prepare, execute, vote at the point of no return,
+ * commit or abort (dtrans.h, docs/worker-api.md §4). */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker/dtrans.h"
+
+#define DT_TAG_OP_BITS 28 /* ucx carries 32 bits of tag: 4 of attempt, 28 of op */
+
+typedef struct {
+    int used;
+    int64_t op;
+    int32_t src, dst; /* buffer ids on this rank, -1 for the other side */
+    nrs_xreq_t rs, rr;
+} flight_t;
+
+typedef struct {
+    const nrs_emu_graph_t *g;
+    const nrs_xport_t *x;
+    nrs_rdv_t *r;
+    const nrs_dtrans_opts_t *o;
+    nrs_dtrans_result_t *res;
+    nrs_xmem_t *mem;
+    unsigned char *live;
+    int32_t *reads, *writes; /* transfers in flight reading / writing a buffer */
+    int32_t *need, *got;     /* writes into a buffer: in the graph / completed here */
+    flight_t *fl;
+    int window, nfl;
+    double stall_end;
+    int failed;
+} dt_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(dt_t *D, const char *fmt, ...)
+{
+    va_list ap;
+    if (D->failed++)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(D->res->msg, sizeof D->res->msg, fmt, ap);
+    va_end(ap);
+}
+
+void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks)
+{
+    memset(o, 0, sizeof(*o));
+    o->me = me;
+    o->nranks = nranks;
+    o->window = 32;
+    o->timeout_s = 30;
+    o->kill_after = -1;
+}
+
+int nrs_dtrans_buf_rank(const nrs_emu_graph_t *g, const nrs_dtrans_opts_t *o, int32_t id)
+{
+    const nrs_emu_gbuf_t *b = &g->buf[id];
+    int gpu = b->b.gpu >= 0 ? b->b.gpu : b->via;
+    if (gpu < 0)
+        return -1;
+    int rank = o->owner_rank ? o->owner_rank(o->owner_arg, gpu) : gpu;
+    return rank >= 0 && rank < o->nranks ? rank : -1;
+}
+
+static int rank_of(const dt_t *D, int32_t id)
+{
+    return nrs_dtrans_buf_rank(D->g, D->o, id);
+}
+
+static int first_dead(const dt_t *D)
+{
+    for (int i = 0; i < D->o->nranks; i++)
+        if (i != D->o->me && (nrs_rdv_peer_failed(D->r, i) ||
+                              (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i))))
+            return i;
+    return -1;
+}
+
+/* ---- the test hook: die here ------------------------------------------------------- */
+
+static void die_now(const dt_t *D)
+{
+    const char *f = getenv("NRS_MP_KILL_STAMP"); /* when, for the survivors' latency */
+    if (f) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        FILE *fp = fopen(f, "w");
+        if (fp) {
+            fprintf(fp, "%.6f\n", (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+            fclose(fp);
+        }
+    }
+    fprintf(stderr, "nereus: dtrans[%d]: test hook: SIGKILL myself at op %lld of %lld\n",
+            D->o->me, (long long)D->res->ops_done, (long long)D->res->my_ops);
+    raise(SIGKILL);
+}
+
+/* ---- progress ------------------------------------------------------------------------ */
+
+static void harvest(dt_t *D)
+{
+    for (int k = 0; k < D->window; k++) {
+        flight_t *f = &D->fl[k];
+        if (!f->used || !f->rs.done || !f->rr.done)
+            continue;
+        if (f->src >= 0)
+            D->reads[f->src]--;
+        if (f->dst >= 0) {
+            D->writes[f->dst]--;
+            D->got[f->dst]++;
+        }
+        f->used = 0;
+        D->nfl--;
+        D->stall_end = now_s() + D->o->timeout_s;
+    }
+}
+
+/* One round of progress and failure checks: 0, or -1 once failed. */
+static int step(dt_t *D)
+{
+    if (D->failed)
+        return -1;
+    int n = D->x->ops->progress(D->x->ctx);
+    if (n < 0) {
+        int dead = first_dead(D);
+        D->res->failed_rank = dead;
+        const char *why = D->o->xport_error ? D->o->xport_error(D->x) : D->x->ops->name;
+        if (dead >= 0)
+            fail(D, "rank %d died (op %lld of this rank's %lld): %s", dead,
+                 (long long)D->res->ops_done, (long long)D->res->my_ops, why);
+        else
+            fail(D, "transport error at op %lld: %s", (long long)D->res->ops_done, why);
+        return -1;
+    }
+    harvest(D);
+    int dead = first_dead(D);
+    if (dead >= 0) {
+        D->res->failed_rank = dead;
+        fail(D, "rank %d died (op %lld of this rank's %lld)", dead, (long long)D->res->ops_done,
+             (long long)D->res->my_ops);
+        return -1;
+    }
+    if (D->nfl && now_s() > D->stall_end) {
+        fail(D, "no transfer completed for %.1f s (%d in flight, op %lld)", D->o->timeout_s,
+             D->nfl, (long long)D->res->ops_done);
+        return -1;
+    }
+    if (!n)
+        nap();
+    return 0;
+}
+
+static int wait_reads(dt_t *D, int32_t id) /* no transfer in flight touches id */
+{
+    while (D->reads[id] || D->writes[id])
+        if (step(D))
+            return -1;
+    return 0;
+}
+
+static int wait_writes(dt_t *D, int32_t id) /* id's contents are final */
+{
+    while (D->writes[id])
+        if (step(D))
+            return -1;
+    return 0;
+}
+
+static int wait_slot(dt_t *D)
+{
+    while (D->nfl >= D->window)
+        if (step(D))
+            return -1;
+    return 0;
+}
+
+static int drain(dt_t *D)
+{
+    while (D->nfl)
+        if (step(D))
+            return -1;
+    return 0;
+}
+
+/* ---- ops ----------------------------------------------------------------------------- */
+
+static int alloc_buf(dt_t *D, int32_t id)
+{
+    const nrs_emu_buf_t *b = &D->g->buf[id].b;
+    if (D->live[id]) {
+        fail(D, "buffer %d allocated twice", id);
+        return -1;
+    }
+    if (D->x->ops->mem_alloc(D->x->ctx, b->gpu, (size_t)b->bytes, &D->mem[id])) {
+        fail(D, "allocation of %lld bytes for buffer %d failed", (long long)b->bytes, id);
+        return -1;
+    }
+    D->live[id] = 1;
+    if (b->kind == NRS_EMU_GRAD) /* grads start at zero: transitions are at step boundaries */
+        memset(D->mem[id].ptr, 0, (size_t)b->bytes);
+    return 0;
+}
+
+static void region(dt_t *D, int32_t id, int64_t off, int64_t pitch, const nrs_emu_op_t *op,
+                   nrs_xregion_t *out)
+{
+    *out = (nrs_xregion_t){&D->mem[id], (size_t)off, (size_t)pitch, (size_t)op->rows,
+                           (size_t)op->row_bytes};
+}
+
+static int do_copy(dt_t *D, const nrs_emu_op_t *op, int64_t i)
+{
+    nrs_xregion_t s, d;
+    if (rank_of(D, op->dst_buf) != D->o->me) {
+        fail(D, "op %lld: local copy to another rank", (long long)i);
+        return -1;
+    }
+    if (op->type == NRS_EMU_OP_STAGE && alloc_buf(D, op->dst_buf))
+        return -1;
+    if (!D->live[op->src_buf] || !D->live[op->dst_buf]) {
+        fail(D, "op %lld: copy between buffers not allocated", (long long)i);
+        return -1;
+    }
+    if (wait_writes(D, op->src_buf))
+        return -1;
+    region(D, op->src_buf, op->src_off, op->src_pitch, op, &s);
+    region(D, op->dst_buf, op->dst_off, op->dst_pitch, op, &d);
+    if (D->x->ops->copy(D->x->ctx, &d, &s)) {
+        fail(D, "op %lld: copy out of bounds", (long long)i);
+        return -1;
+    }
+    D->got[op->dst_buf]++;
+    return 0;
+}
+
+static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
+{
+    int me = D->o->me, s = rank_of(D, op->src_buf), d = rank_of(D, op->dst_buf);
+    uint64_t tag = ((uint64_t)(D->o->attempt & 0xf) << DT_TAG_OP_BITS) | (uint64_t)i;
+    if ((s == me && !D->live[op->src_buf]) || (d == me && !D->live[op->dst_buf])) {
+        fail(D, "op %lld: transfer of a buffer not allocated", (long long)i);
+        return -1;
+    }
+    if (wait_slot(D) || (s == me && wait_writes(D, op->src_buf)))
+        return -1;
+    int k = 0;
+    while (D->fl[k].used)
+        k++;
+    flight_t *f = &D->fl[k];
+    *f = (flight_t){.used = 1, .op = i, .src = -1, .dst = -1, .rs = {1, 0}, .rr = {1, 0}};
+    nrs_xregion_t sr, dr;
+    if (d == me) {
+        region(D, op->dst_buf, op->dst_off, op->dst_pitch, op, &dr);
+        f->dst = op->dst_buf;
+        D->writes[op->dst_buf]++;
+        if (D->x->ops->recv(D->x->ctx, op->src_gpu, &dr, tag, &f->rr))
+            goto post_failed;
+    }
+    if (s == me) {
+        region(D, op->src_buf, op->src_off, op->src_pitch, op, &sr);
+        f->src = op->src_buf;
+        D->reads[op->src_buf]++;
+        if (D->x->ops->send(D->x->ctx, op->dst_gpu, &sr, tag, &f->rs))
+            goto post_failed;
+        D->res->bytes_sent += (int64_t)op->rows * op->row_bytes;
+    }
+    if (d == me)
+        D->res->bytes_recv += (int64_t)op->rows * op->row_bytes;
+    if (D->nfl++ == 0)
+        D->stall_end = now_s() + D->o->timeout_s;
+    if (D->nfl > D->res->max_inflight)
+        D->res->max_inflight = D->nfl;
+    D->res->xfers++;
+    return 0;
+post_failed:
+    D->nfl++; /* the slot stays: the transport may hold one side */
+    fail(D, "op %lld: posting the transfer (rank %d -> %d) failed", (long long)i, s, d);
+    return -1;
+}
+
+static int do_op(dt_t *D, int64_t i)
+{
+    const nrs_emu_op_t *op = &D->g->ops[i];
+    int me = D->o->me;
+    switch (op->type) {
+    case NRS_EMU_OP_ALLOC:
+        return rank_of(D, op->dst_buf) == me ? alloc_buf(D, op->dst_buf) : 0;
+    case NRS_EMU_OP_FREE:
+        if (rank_of(D, op->src_buf) != me)
+            return 0;
+        if (!D->live[op->src_buf]) {
+            fail(D, "op %lld: free of buffer %d not allocated", (long long)i, op->src_buf);
+            return -1;
+        }
+        if (wait_reads(D, op->src_buf))
+            return -1;
+        D->x->ops->mem_free(D->x->ctx, &D->mem[op->src_buf]);
+        D->live[op->src_buf] = 0;
+        return 0;
+    case NRS_EMU_OP_COPY:
+    case NRS_EMU_OP_STAGE:
+        return rank_of(D, op->src_buf) == me ? do_copy(D, op, i) : 0;
+    case NRS_EMU_OP_XFER:
+        return do_xfer(D, op, i);
+    default:
+        return 0; /* communicator set-up: host transports need none */
+    }
+}
+
+static int mine(const dt_t *D, const nrs_emu_op_t *op)
+{
+    int me = D->o->me;
+    switch (op->type) {
+    case NRS_EMU_OP_ALLOC: return rank_of(D, op->dst_buf) == me;
+    case NRS_EMU_OP_FREE:
+    case NRS_EMU_OP_COPY:
+    case NRS_EMU_OP_STAGE: return rank_of(D, op->src_buf) == me;
+    case NRS_EMU_OP_XFER: return rank_of(D, op->src_buf) == me || rank_of(D, op->dst_buf) == me;
+    default: return 0;
+    }
+}
+
+/* Run my ops of [from, to): 0, or -1 (D->failed). */
+static int run_range(dt_t *D, int64_t from, int64_t to)
+{
+    for (int64_t i = from; i < to; i++) {
+        if (!mine(D, &D->g->ops[i]))
+            continue;
+        if (D->o->kill_after >= 0 && D->res->ops_done == D->o->kill_after)
+            die_now(D);
+        if (do_op(D, i))
+            return -1;
+        D->res->ops_done++;
+        if (D->nfl && step(D)) /* keep transfers moving while posting */
+            return -1;
+    }
+    return drain(D);
+}
+
+/* ---- votes --------------------------------------------------------------------------- */
+
+/* Publish val under (epoch, name), fence with the survivors, read every
+ * rank's. 0 when every rank's value came and equals want (want NULL: any
+ * value != 0 is a no); -1 with res->msg naming the first rank missing or
+ * saying no. */
+static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const int64_t *want)
+{
+    char name[48], err[384];
+    nrs_rdv_t *r = D->r;
+    snprintf(name, sizeof name, "dt%u.%s", D->o->attempt, what);
+    if (nrs_rdv_put(r, epoch, name, &val, sizeof val, err, sizeof err) ||
+        nrs_rdv_commit(r, err, sizeof err) ||
+        nrs_rdv_fence_survivors(r, NULL, 0, D->o->timeout_s, err, sizeof err)) {
+        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
+        return -1;
+    }
+    for (int i = 0; i < D->o->nranks; i++) {
+        void *b = NULL;
+        size_t len = 0;
+        int64_t v;
+        if (i == D->o->me)
+            continue;
+        if (nrs_rdv_peer_failed(r, i) || (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) ||
+            nrs_rdv_get(r, i, epoch, name, &b, &len, 1.0, err, sizeof err) || len != sizeof v) {
+            free(b);
+            if (D->res->failed_rank < 0)
+                D->res->failed_rank = i;
+            snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d did not vote (dead)",
+                     what, i);
+            return -1;
+        }
+        memcpy(&v, b, sizeof v);
+        free(b);
+        if (want ? v != *want : v != 0) {
+            snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d says no (%lld)", what, i,
+                     (long long)v);
+            return -1;
+        }
+    }
+    return want && val != *want ? -1 : 0;
+}
+
+/* ---- past the point of no return: who holds what ---------------------------------- */
+
+static int same_box(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
+{
+    return a->role == b->role && a->tensor == b->tensor && a->kind == b->kind &&
+           !memcmp(&a->box, &b->box, sizeof a->box);
+}
+
+/* Every survivor publishes a byte per buffer (1 = held here, complete), they
+ * fence, and each computes the same census of the new state. */
+static void census(dt_t *D, uint64_t epoch)
+{
+    const nrs_emu_graph_t *g = D->g;
+    nrs_dtrans_result_t *res = D->res;
+    unsigned char *have = calloc(g->nbuf + 1, 1), *all = calloc(g->nbuf + 1, 1);
+    char name[48], err[384], lostmsg[256] = "";
+    if (!have || !all) {
+        free(have);
+        free(all);
+        return;
+    }
+    for (size_t i = 0; i < g->nbuf; i++)
+        have[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i];
+    snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
+    int ok = !nrs_rdv_put(D->r, epoch, name, have, g->nbuf, err, sizeof err) &&
+             !nrs_rdv_commit(D->r, err, sizeof err) &&
+             !nrs_rdv_fence_survivors(D->r, NULL, 0, D->o->timeout_s, err, sizeof err);
+    for (int i = 0; i < D->o->nranks; i++) {
+        void *b = NULL;
+        size_t len = 0;
+        const unsigned char *h = i == D->o->me ? have : NULL;
+        if (!h && ok && !nrs_rdv_peer_failed(D->r, i) &&
+            !(D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) &&
+            !nrs_rdv_get(D->r, i, epoch, name, &b, &len, 1.0, err, sizeof err) && len == g->nbuf)
+            h = b;
+        for (size_t k = 0; h && k < g->nbuf; k++)
+            if (h[k] && rank_of(D, (int32_t)k) == i)
+                all[k] = 1;
+        free(b);
+    }
+    res->present = res->rebuildable = res->lost = 0;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        int32_t c = nrs_emu_canon(g, j);
+        const nrs_emu_buf_t *b = &g->buf[j].b;
+        if (all[c]) {
+            res->present++;
+            continue;
+        }
+        int rebuild = b->kind == NRS_EMU_GRAD; /* zeros */
+        for (int32_t k = g->nold; !rebuild && k < g->nold + g->nnew; k++)
+            rebuild = k != j && all[nrs_emu_canon(g, k)] && same_box(&g->buf[k].b, b);
+        if (!rebuild && g->buf[j].alias < 0) { /* every region's source survives */
+            int any = 0, srcs = 1;
+            for (size_t m = 0; m < g->nmoves; m++)
+                if (g->moves[m].dst == j) {
+                    any = 1;
+                    srcs &= all[g->moves[m].src];
+                }
+            rebuild = any && srcs;
+        }
+        if (rebuild) {
+            res->rebuildable++;
+        } else if (res->lost++ < 3) {
+            size_t l = strlen(lostmsg);
+            snprintf(lostmsg + l, sizeof lostmsg - l, "%s%s t%d %s [%d,%d)x[%d,%d) on GPU %d",
+                     l ? "; " : "", nrs_role_name((nrs_role_t)b->role), b->tensor,
+                     nrs_emu_kind_name(b->kind), b->box.r0, b->box.r1, b->box.c0, b->box.c1,
+                     b->gpu);
+        }
+    }
+    size_t l = strlen(res->msg);
+    snprintf(res->msg + l, sizeof res->msg - l,
+             "; past the point of no return: new state %lld buffer(s) present, %lld "
+             "rebuildable from survivors, %lld lost%s%s%s", (long long)res->present,
+             (long long)res->rebuildable, (long long)res->lost, res->lost ? " (" : "", lostmsg,
+             res->lost ? (res->lost > 3 ? ", ...): checkpoint needed" : "): checkpoint needed")
+                       : ": a recover transition from the surviving state can rebuild it");
+    free(have);
+    free(all);
+}
+
+/* ---- the run -------------------------------------------------------------------------- */
+
+static void abort_run(dt_t *D, nrs_xmem_t *new_mem)
+{
+    const nrs_emu_graph_t *g = D->g;
+    if (D->o->cancel)
+        D->o->cancel(D->o->cancel_arg);
+    for (size_t i = (size_t)g->nold; i < g->nbuf; i++) /* new and host buffers only */
+        if (D->live[i]) {
+            D->x->ops->mem_free(D->x->ctx, &D->mem[i]);
+            D->live[i] = 0;
+        }
+    memset(new_mem, 0, sizeof(*new_mem) * (size_t)g->nnew);
+}
+
+static void hand_over(dt_t *D, nrs_xmem_t *old_mem, nrs_xmem_t *new_mem)
+{
+    const nrs_emu_graph_t *g = D->g;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        int32_t c = nrs_emu_canon(g, j);
+        new_mem[j - g->nold] = D->live[c] ? D->mem[c] : (nrs_xmem_t){0};
+        if (D->live[c])
+            D->live[c] = 0; /* moved */
+    }
+    for (int32_t i = 0; i < g->nold; i++)
+        old_mem[i] = D->live[i] ? D->mem[i] : (nrs_xmem_t){0};
+    for (size_t i = (size_t)g->nold; i < g->nbuf; i++) /* stray host buffers */
+        if (D->live[i])
+            D->x->ops->mem_free(D->x->ctx, &D->mem[i]);
+}
+
+int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *x, nrs_rdv_t *r,
+                   nrs_xmem_t *old_mem, nrs_xmem_t *new_mem, const nrs_dtrans_opts_t *o,
+                   nrs_dtrans_result_t *res)
+{
+    dt_t D = {.g = g, .x = x, .r = r, .o = o, .res = res};
+    double t0 = now_s(), t1;
+    memset(res, 0, sizeof(*res));
+    res->failed_rank = -1;
+    res->ponr = g->ponr;
+    D.window = o->window > 0 ? o->window : 32;
+    D.mem = calloc(g->nbuf + 1, sizeof(*D.mem));
+    D.live = calloc(g->nbuf + 1, 1);
+    D.reads = calloc(g->nbuf + 1, sizeof(int32_t));
+    D.writes = calloc(g->nbuf + 1, sizeof(int32_t));
+    D.need = calloc(g->nbuf + 1, sizeof(int32_t));
+    D.got = calloc(g->nbuf + 1, sizeof(int32_t));
+    D.fl = calloc((size_t)D.window, sizeof(*D.fl));
+    if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
+        g->nops >> DT_TAG_OP_BITS) {
+        snprintf(res->msg, sizeof res->msg, g->nops >> DT_TAG_OP_BITS ? "graph too large"
+                                                                      : "out of memory");
+        res->outcome = NRS_DT_ERROR;
+        goto out;
+    }
+    for (int32_t i = 0; i < g->nold; i++)
+        if (old_mem[i].ptr) {
+            D.mem[i] = old_mem[i];
+            D.live[i] = 1;
+        }
+    for (size_t i = 0; i < g->nops; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        if (op->type == NRS_EMU_OP_XFER || op->type == NRS_EMU_OP_COPY ||
+            op->type == NRS_EMU_OP_STAGE)
+            D.need[op->dst_buf]++;
+        if (mine(&D, op))
+            res->my_ops++;
+    }
+
+    /* prepare: the same graph everywhere */
+    int64_t h = (int64_t)nrs_emu_graph_hash(g);
+    if (vote(&D, epoch, "hash", h, &h)) {
+        res->outcome = NRS_DT_ABORTED;
+        goto aborted;
+    }
+    t1 = now_s();
+    res->prepare_s = t1 - t0;
+
+    /* execute up to the point of no return, then vote */
+    int rc = run_range(&D, 0, g->ponr);
+    res->execute_s = now_s() - t1;
+    t1 = now_s();
+    char local[512];
+    snprintf(local, sizeof local, "%s", res->msg);
+    if (vote(&D, epoch, "ponr", rc ? 1 : 0, NULL) || rc) {
+        if (rc) /* our own failure says more than the vote */
+            snprintf(res->msg, sizeof res->msg, "%s", local);
+        res->outcome = NRS_DT_ABORTED;
+        goto aborted;
+    }
+    res->vote_s = now_s() - t1;
+    if (o->kill_after == -2)
+        die_now(&D);
+
+    /* commit: the rest, and everyone says it is done */
+    t1 = now_s();
+    rc = run_range(&D, g->ponr, (int64_t)g->nops);
+    snprintf(local, sizeof local, "%s", res->msg);
+    if (vote(&D, epoch, "done", rc ? 1 : 0, NULL) || rc) {
+        if (rc)
+            snprintf(res->msg, sizeof res->msg, "%s", local);
+        if (o->cancel)
+            o->cancel(o->cancel_arg);
+        D.nfl = 0;
+        census(&D, epoch);
+        res->outcome = NRS_DT_PARTIAL;
+        hand_over(&D, old_mem, new_mem);
+        goto out;
+    }
+    res->commit_s = now_s() - t1;
+    hand_over(&D, old_mem, new_mem);
+    res->outcome = NRS_DT_COMMITTED;
+    snprintf(res->msg, sizeof res->msg, "committed epoch %llu: %lld op(s), %lld transfer(s), "
+             "up to %lld in flight", (unsigned long long)epoch, (long long)res->ops_done,
+             (long long)res->xfers, (long long)res->max_inflight);
+    goto out;
+aborted:
+    abort_run(&D, new_mem);
+    {
+        size_t l = strlen(res->msg);
+        snprintf(res->msg + l, sizeof res->msg - l, "; aborted before the point of no return "
+                 "(op %lld of %lld done here): old state intact", (long long)res->ops_done,
+                 (long long)res->my_ops);
+    }
+out:
+    res->total_s = now_s() - t0;
+    free(D.mem);
+    free(D.live);
+    free(D.reads);
+    free(D.writes);
+    free(D.need);
+    free(D.got);
+    free(D.fl);
+    return res->outcome;
+}

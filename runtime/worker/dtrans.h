@@ -1,0 +1,88 @@
+/* runtime/worker/dtrans: a distributed transition that commits or aborts
+ * (DESIGN §7, docs/worker-api.md §4).
+ *
+ * Every rank builds the same graph (runtime/emu) and calls nrs_dtrans_run
+ * with its own memory. The rank executes only its ops, in the global order,
+ * with up to `window` transfers in flight (a buffer's free or read waits only
+ * for the transfers that touch that buffer). Three phases:
+ *
+ *   prepare  the ranks compare graph hashes (rendezvous, epoch-tagged key);
+ *   execute  ops before the point of no return (g->ponr), then a vote: every
+ *            rank publishes its status and the survivors fence; any failure
+ *            or missing vote aborts everywhere, the old state intact;
+ *   commit   ops from the PONR on, then a second vote. A rank lost here
+ *            leaves a partial state; the survivors exchange what they hold
+ *            and report exactly which new-state boxes are present, which can
+ *            be rebuilt (from a replica or from surviving sources) and which
+ *            are lost (checkpoint needed).
+ *
+ * A dead peer is noticed by the transport (UCX error callback / pid watch)
+ * or by the resource manager (PMIx event, nrs_rdv_peer_failed); every wait is
+ * bounded by timeout_s.
+ */
+#ifndef NRS_WORKER_DTRANS_H
+#define NRS_WORKER_DTRANS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "emu/graph.h"
+#include "emu/xport.h"
+#include "rdv/rdv.h"
+
+typedef enum {
+    NRS_DT_COMMITTED = 0,
+    NRS_DT_ABORTED = 1,     /* before the PONR: the old state is intact */
+    NRS_DT_PARTIAL = 2,     /* past the PONR, a rank lost: see lost / rebuildable */
+    NRS_DT_ERROR = -1       /* could not even start (bad arguments, out of memory) */
+} nrs_dt_outcome_t;
+
+typedef struct {
+    int me, nranks;
+    int (*owner_rank)(void *arg, int gpu); /* physical GPU -> rank; NULL: identity */
+    void *owner_arg;
+    int window;            /* transfers in flight; 0 = 32 */
+    double timeout_s;      /* any wait: op stall, vote; 0 = 30 */
+    int64_t kill_after;    /* test hook: SIGKILL self after this many own ops; -1 none;
+                            * -2: right after the PONR vote passed */
+    void (*cancel)(void *arg); /* drop the transport's posted ops (abort); may be NULL */
+    void *cancel_arg;
+    /* the transport's own view of a peer (e.g. nrs_ucx_peer_failed); may be NULL */
+    bool (*peer_failed)(void *arg, int rank);
+    void *peer_arg;
+    const char *(*xport_error)(const nrs_xport_t *x); /* its last error; may be NULL */
+    unsigned attempt;      /* the caller's count of runs, the same on every rank: keys
+                            * and tags of one run never match another's */
+} nrs_dtrans_opts_t;
+
+typedef struct {
+    int outcome;           /* nrs_dt_outcome_t */
+    int failed_rank;       /* first peer seen dead, -1 */
+    int64_t my_ops, ops_done, ponr;
+    int64_t xfers, bytes_sent, bytes_recv, max_inflight;
+    /* NRS_DT_PARTIAL: new-state buffers over all survivors */
+    int64_t present, rebuildable, lost;
+    double prepare_s, execute_s, vote_s, commit_s, total_s;
+    char msg[512];
+} nrs_dtrans_result_t;
+
+void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks);
+
+/* Run this rank's part of transition g to epoch `epoch`.
+ * old_mem[g->nold]: this rank's old buffers (ptr NULL where not held here),
+ * allocated with x's mem_alloc. new_mem[g->nnew]: zeroed by the caller.
+ *   COMMITTED: new_mem holds this rank's new buffers (kept-in-place ones are
+ *              moved from old_mem), old_mem is emptied (freed or moved).
+ *   ABORTED:   new_mem is empty again, old_mem untouched.
+ *   PARTIAL:   new_mem holds what this rank has of the new state (complete or
+ *              not), old_mem what was not freed; res->present/rebuildable/lost.
+ * Returns res->outcome. res->msg says what happened, naming ranks and ops. */
+int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *x, nrs_rdv_t *r,
+                   nrs_xmem_t *old_mem, nrs_xmem_t *new_mem, const nrs_dtrans_opts_t *o,
+                   nrs_dtrans_result_t *res);
+
+/* The rank executing buffer id of g (its GPU's, or for host memory the GPU it
+ * was staged from), -1 if none. */
+int nrs_dtrans_buf_rank(const nrs_emu_graph_t *g, const nrs_dtrans_opts_t *o, int32_t id);
+
+#endif

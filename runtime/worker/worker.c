@@ -1,0 +1,770 @@
+/* The worker API (include/nereus/nereus.h, docs/worker-api.md). */
+#define _GNU_SOURCE
+#include <config.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl/client.h"
+#include "ctl/proto.h"
+#include "emu/geometry.h"
+#include "emu/graph.h"
+#include "emu/pattern.h"
+#include "emu/xport.h"
+#include "rdv/rdv.h"
+#include "worker/dtrans.h"
+#include "worker/worker.h"
+#include "xfer/ucx.h"
+#include "xfer/xport_ucx.h"
+#ifdef HAVE_CUDA
+#include "xfer/nccl.h"
+#endif
+
+struct nrs_worker {
+    nrs_spec_t spec;
+    nrs_rdv_t *r;
+    nrs_ucx_t *u;
+    nrs_xport_t x;
+    int xport_ucx;
+    int me, n;
+    double timeout_s;
+    nrs_plan_t plan;
+    int have_plan, broken;
+    nrs_emu_state_t st; /* the current plan's state, every rank's buffers */
+    nrs_xmem_t *mem;    /* [st.nbuf]: this rank's (host) memory, ptr NULL elsewhere */
+    void **dev;         /* [st.nbuf]: CUDA copies when mem_kind == NRS_MEM_CUDA */
+    int *mine;          /* indices into st.buf of this rank's buffers */
+    int nmine;
+    int mem_kind, allocated;
+    unsigned attempt;
+    nrs_dtrans_result_t last;
+    int have_last;
+    /* reports */
+    nrs_worker_report_t rep;
+    nrs_report_fn sink;
+    void *sink_arg;
+    nrs_worker_report_hook_fn hook;
+    void *hook_arg;
+    int ctl_fd; /* control channel to nereus-controller, -1 if none */
+    char ctl_err[384];
+    char err[640];
+};
+
+static int seterr(nrs_worker_t *w, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int seterr(nrs_worker_t *w, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->err, sizeof w->err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int nrs_worker_api_version(void) { return NRS_WORKER_API_VERSION; }
+
+const char *nrs_worker_strerror(int rc)
+{
+    switch (rc) {
+    case NRS_OK: return "success";
+    case NRS_ERR_INVAL: return "invalid argument or call out of order";
+    case NRS_ERR_NOMEM: return "out of memory";
+    case NRS_ERR_SPEC: return "job spec could not be loaded";
+    case NRS_ERR_RDV: return "rendezvous failed";
+    case NRS_ERR_XPORT: return "transport set-up failed";
+    case NRS_ERR_PLAN: return "plan not usable";
+    case NRS_ERR_ABORTED: return "transition aborted before its point of no return (old epoch intact)";
+    case NRS_ERR_PARTIAL: return "transition failed past its point of no return";
+    case NRS_ERR_VERIFY: return "checksum mismatch";
+    case NRS_ERR_UNSUPPORTED: return "not supported by this build";
+    default: return "unknown error";
+    }
+}
+
+/* ---- init ----------------------------------------------------------------------------- */
+
+static bool probe(void *arg, int rank) { return nrs_rdv_peer_failed(arg, rank); }
+static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank); }
+static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
+static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
+
+static int owner_rank(void *arg, int owner)
+{
+    const nrs_worker_t *w = arg;
+    if (w->n == 1)
+        return 0; /* singleton: every GPU's memory is here (local transport) */
+    return owner >= 0 && owner < w->n ? owner : -1;
+}
+
+static double env_double(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atof(v) : dflt;
+}
+
+static int join(nrs_worker_t *w)
+{
+    char err[512];
+    if (nrs_rdv_init(&w->r, err, sizeof err))
+        return seterr(w, NRS_ERR_RDV, "%s", err);
+    w->me = nrs_rdv_rank(w->r);
+    w->n = nrs_rdv_size(w->r);
+    const char *xp = getenv("NRS_WORKER_XPORT"); /* local | ucx; default by size */
+    w->xport_ucx = xp ? !strcmp(xp, "ucx") : w->n > 1;
+    if (!w->xport_ucx) {
+        if (w->n > 1)
+            return seterr(w, NRS_ERR_XPORT, "the local transport needs a job of one rank, "
+                          "this one has %d", w->n);
+        return nrs_xport_local_open(&w->x) ? seterr(w, NRS_ERR_NOMEM, "out of memory") : 0;
+    }
+    nrs_ucx_opts_t uo;
+    nrs_ucx_opts_init(&uo);
+    uo.op_timeout_s = w->timeout_s;
+    const void *addr;
+    size_t alen;
+    void **addrs = NULL;
+    size_t *lens = NULL;
+    if (nrs_ucx_init(&w->u, w->me, w->n, &uo, err, sizeof err))
+        return seterr(w, NRS_ERR_XPORT, "%s", err);
+    nrs_rdv_set_progress(w->r, nrs_ucx_progress, w->u);
+    nrs_ucx_set_probe(w->u, probe, w->r);
+    nrs_ucx_address(w->u, &addr, &alen);
+    if (nrs_rdv_allgather(w->r, 0, "ucx", addr, alen, &addrs, &lens, w->timeout_s, err,
+                          sizeof err))
+        return seterr(w, NRS_ERR_RDV, "%s", err);
+    int rc = nrs_ucx_connect(w->u, addrs, lens, err, sizeof err);
+    nrs_rdv_free_blobs(w->r, addrs, lens);
+    if (rc)
+        return seterr(w, NRS_ERR_XPORT, "%s", err);
+    if (nrs_xport_ucx_open(&w->x, w->u, owner_rank, w))
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    return 0;
+}
+
+/* The control channel (runtime/ctl): a unix socket in $NEREUS_SOCKET_DIR
+ * (else $NEREUS_JOB_DIR), HELLO as a worker. Without one, reports go to the
+ * sink only; a failure to connect is not fatal (the job runs on its plan). */
+static void ctl_connect(nrs_worker_t *w)
+{
+    const char *dir = nrs_client_socket_dir(NULL);
+    char err[256];
+    if (!dir)
+        dir = getenv("NEREUS_JOB_DIR");
+    if (!dir || !*dir)
+        return;
+    int fd = nrs_client_connect_unix(dir, err, sizeof err);
+    if (fd < 0) {
+        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %s", err);
+        return;
+    }
+    nrs_msg_hello_t m;
+    uint8_t buf[512];
+    const char *job = getenv("NEREUS_JOB_ID"), *tok = getenv("NEREUS_TOKEN");
+    memset(&m, 0, sizeof m);
+    m.role = NRS_ROLE_WORKER;
+    m.rank = w->me;
+    m.nranks = w->n;
+    snprintf(m.job, sizeof m.job, "%s", job ? job : (getenv("SLURM_JOB_ID") ? getenv("SLURM_JOB_ID") : ""));
+    snprintf(m.token, sizeof m.token, "%s", tok ? tok : "");
+    if (gethostname(m.host, sizeof m.host))
+        m.host[0] = '\0';
+    m.host[sizeof m.host - 1] = '\0';
+    if (nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof buf, &m), err, sizeof err)) {
+        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: HELLO: %s", err);
+        close(fd);
+        return;
+    }
+    w->ctl_fd = fd;
+}
+
+/* Frames the controller sent (PLAN, PREPARE, ...) are read and dropped here
+ * for now: the worker side of the transition protocol is the next step
+ * (docs/worker-api.md §3); reading keeps the socket from filling up. */
+static void ctl_drain(nrs_worker_t *w)
+{
+    uint8_t buf[4096];
+    while (w->ctl_fd >= 0) {
+        ssize_t n = recv(w->ctl_fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            snprintf(w->ctl_err, sizeof w->ctl_err, "control channel closed by the controller");
+            close(w->ctl_fd);
+            w->ctl_fd = -1;
+        }
+        break;
+    }
+}
+
+static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
+{
+    nrs_msg_report_t m;
+    uint8_t buf[1024];
+    char err[256];
+    if (w->ctl_fd < 0)
+        return;
+    memset(&m, 0, sizeof m);
+    m.epoch = r->epoch;
+    m.step = r->step;
+    m.flags = r->flags & (NRS_REPORT_MEM_HIGH | NRS_REPORT_MEM_FAILED);
+    m.response_len = r->response_len;
+    m.nstages = r->nstages;
+    memcpy(m.ms, r->ms, sizeof m.ms);
+    memcpy(m.seconds, r->seconds, sizeof m.seconds);
+    int len = nrs_enc_report(buf, sizeof buf, &m);
+    if (len < 0 || nrs_client_send(w->ctl_fd, buf, len, err, sizeof err)) {
+        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: REPORT: %s",
+                 len < 0 ? "does not encode" : err);
+        close(w->ctl_fd);
+        w->ctl_fd = -1;
+    }
+    ctl_drain(w);
+}
+
+int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
+{
+    nrs_worker_t *w = calloc(1, sizeof(*w));
+    *out = w;
+    if (!w)
+        return NRS_ERR_NOMEM;
+    if (spec)
+        w->spec = *spec;
+    w->timeout_s = env_double("NRS_WORKER_TIMEOUT", 30);
+    w->ctl_fd = -1;
+    int rc = join(w);
+    if (!rc)
+        ctl_connect(w);
+    return rc;
+}
+
+int nrs_worker_init(nrs_worker_t **out, const char *spec_path)
+{
+    nrs_spec_t s;
+    char err[512];
+    if (!spec_path)
+        spec_path = getenv("NEREUS_SPEC");
+    if (!spec_path) {
+        *out = calloc(1, sizeof(**out));
+        return *out ? seterr(*out, NRS_ERR_SPEC, "no job spec: pass a path or set NEREUS_SPEC")
+                    : NRS_ERR_NOMEM;
+    }
+    if (nrs_spec_load(spec_path, &s, err, sizeof err)) {
+        *out = calloc(1, sizeof(**out));
+        return *out ? seterr(*out, NRS_ERR_SPEC, "%s", err) : NRS_ERR_NOMEM;
+    }
+    return nrs_worker_init_spec(out, &s);
+}
+
+const char *nrs_worker_last_error(const nrs_worker_t *w) { return w ? w->err : "no handle"; }
+int nrs_worker_rank(const nrs_worker_t *w) { return w->me; }
+int nrs_worker_size(const nrs_worker_t *w) { return w->n; }
+int nrs_worker_is_singleton(const nrs_worker_t *w) { return w->r && nrs_rdv_is_singleton(w->r); }
+const char *nrs_worker_transport(const nrs_worker_t *w) { return w->xport_ucx ? "ucx" : "local"; }
+const char *nrs_worker_control(const nrs_worker_t *w)
+{
+    return w->ctl_fd >= 0 ? "connected" : w->ctl_err[0] ? w->ctl_err : "none";
+}
+const char *nrs_worker_ms_name(int ms)
+{
+    return ms >= 0 && ms < NRS_MS_COUNT ? nrs_ms_name((nrs_ms_t)ms) : "?";
+}
+
+/* ---- state ---------------------------------------------------------------------------- */
+
+static void free_state(nrs_worker_t *w)
+{
+    for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
+        if (w->mem[i].ptr && w->x.ops)
+            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+#ifdef HAVE_CUDA
+        if (w->dev && w->dev[i])
+            nrs_cuda_free(w->dev[i]);
+#endif
+    }
+    free(w->mem);
+    free(w->dev);
+    free(w->mine);
+    w->mem = NULL;
+    w->dev = NULL;
+    w->mine = NULL;
+    w->nmine = 0;
+    w->allocated = 0;
+    nrs_emu_state_free(&w->st);
+    memset(&w->st, 0, sizeof w->st);
+}
+
+static int buf_rank(const nrs_worker_t *w, const nrs_emu_buf_t *b)
+{
+    return owner_rank((void *)w, b->gpu);
+}
+
+/* The state of the current plan and which buffers are ours. */
+static int index_state(nrs_worker_t *w)
+{
+    char err[512];
+    w->st.max_gpu = -1;
+    if (nrs_emu_state_build(&w->spec, &w->plan, NRS_EMU_SEL_PERSISTENT, NULL, 0, &w->st, err,
+                            sizeof err))
+        return seterr(w, NRS_ERR_PLAN, "%s", err);
+    w->mem = calloc(w->st.nbuf + 1, sizeof(*w->mem));
+    w->dev = calloc(w->st.nbuf + 1, sizeof(*w->dev));
+    w->mine = calloc(w->st.nbuf + 1, sizeof(*w->mine));
+    if (!w->mem || !w->dev || !w->mine)
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < w->st.nbuf; i++)
+        if (buf_rank(w, &w->st.buf[i]) == w->me)
+            w->mine[w->nmine++] = (int)i;
+    return 0;
+}
+
+static int plan_ok(nrs_worker_t *w, const nrs_plan_t *p)
+{
+    if (!p)
+        return seterr(w, NRS_ERR_INVAL, "no plan");
+    if (w->n > 1 && p->total_gpus > w->n)
+        return seterr(w, NRS_ERR_PLAN, "plan of epoch %u spans %d GPUs, the job has %d ranks",
+                      p->epoch, p->total_gpus, w->n);
+    return 0;
+}
+
+int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
+{
+    int rc;
+    if (!w || (rc = plan_ok(w, plan)))
+        return w ? rc : NRS_ERR_INVAL;
+    free_state(w);
+    w->plan = *plan;
+    w->have_plan = 1;
+    w->broken = 0;
+    w->rep.epoch = plan->epoch;
+    return index_state(w);
+}
+
+int nrs_worker_epoch(const nrs_worker_t *w) { return w->have_plan ? (int)w->plan.epoch : -1; }
+
+/* Model-stage ms: 0 and this rank's coordinates, -1 if it does not run it. */
+static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
+{
+    if (!w->have_plan || ms < 0 || ms >= NRS_MS_COUNT || !w->plan.has[ms])
+        return -1;
+    const nrs_layout_t *l = &w->plan.layout[ms];
+    int first = w->plan.pools[w->plan.pool_of[ms]].first_gpu;
+    int idx = (w->n == 1 ? 0 : w->me) - first;
+    if (idx < 0 || idx >= l->tp * l->pp * l->dp)
+        return -1;
+    *d = idx / (l->tp * l->pp);
+    *p = idx % (l->tp * l->pp) / l->tp;
+    *t = idx % l->tp;
+    return 0;
+}
+
+int nrs_worker_nroles(const nrs_worker_t *w)
+{
+    int n = 0, t, p, d;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        n += !coords(w, ms, &t, &p, &d);
+    return n;
+}
+
+int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int *dp, int *t,
+                    int *p, int *d)
+{
+    for (int k = 0; k < NRS_MS_COUNT; k++) {
+        if (coords(w, k, t, p, d) || i--)
+            continue;
+        const nrs_layout_t *l = &w->plan.layout[k];
+        *ms = k;
+        *tp = l->tp;
+        *pp = l->pp;
+        *dp = l->dp;
+        return NRS_OK;
+    }
+    return NRS_ERR_INVAL;
+}
+
+int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int max)
+{
+    int t, p, d, n = 0;
+    if (coords(w, ms, &t, &p, &d) || group < NRS_GROUP_TP || group > NRS_GROUP_DP)
+        return NRS_ERR_INVAL;
+    const nrs_layout_t *l = &w->plan.layout[ms];
+    int first = w->plan.pools[w->plan.pool_of[ms]].first_gpu;
+    int len = group == NRS_GROUP_TP ? l->tp : group == NRS_GROUP_PP ? l->pp : l->dp;
+    for (int k = 0; k < len; k++) {
+        int tt = group == NRS_GROUP_TP ? k : t, pp = group == NRS_GROUP_PP ? k : p,
+            dd = group == NRS_GROUP_DP ? k : d;
+        if (n < max)
+            ranks[n] = first + dd * l->tp * l->pp + pp * l->tp + tt;
+        n++;
+    }
+    return n;
+}
+
+#ifdef HAVE_CUDA
+static int cuda_ok(nrs_worker_t *w, char *why, size_t len)
+{
+    int n = 0;
+    return !nrs_cuda_device_count(&n, why, len) && n > 0 ? (void)w, 1 : 0;
+}
+#endif
+
+int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
+{
+    if (!w || !w->have_plan || w->allocated || w->broken)
+        return w ? seterr(w, NRS_ERR_INVAL, w->allocated ? "state already allocated"
+                                                          : "no usable plan") : NRS_ERR_INVAL;
+    w->mem_kind = NRS_MEM_HOST;
+    w->err[0] = '\0';
+    if (mem == NRS_MEM_CUDA || mem == NRS_MEM_AUTO) {
+#ifdef HAVE_CUDA
+        char why[256];
+        if (cuda_ok(w, why, sizeof why))
+            w->mem_kind = NRS_MEM_CUDA;
+        else if (mem == NRS_MEM_CUDA)
+            return seterr(w, NRS_ERR_UNSUPPORTED, "CUDA memory requested: %s", why);
+        else
+            seterr(w, NRS_OK, "state in host memory: %s", why);
+#else
+        if (mem == NRS_MEM_CUDA)
+            return seterr(w, NRS_ERR_UNSUPPORTED, "CUDA memory requested: built without CUDA");
+        seterr(w, NRS_OK, "state in host memory: built without CUDA");
+#endif
+    }
+    for (int k = 0; k < w->nmine; k++) {
+        int i = w->mine[k];
+        const nrs_emu_buf_t *b = &w->st.buf[i];
+        if (w->x.ops->mem_alloc(w->x.ctx, b->gpu, (size_t)b->bytes, &w->mem[i]))
+            return seterr(w, NRS_ERR_NOMEM, "%lld bytes for buffer %d", (long long)b->bytes, i);
+        if (fill)
+            nrs_emu_pattern_fill(b, w->mem[i].ptr);
+        else
+            memset(w->mem[i].ptr, 0, (size_t)b->bytes);
+#ifdef HAVE_CUDA
+        char e[256];
+        if (w->mem_kind == NRS_MEM_CUDA &&
+            (nrs_cuda_alloc(0, (size_t)b->bytes, &w->dev[i], e, sizeof e) ||
+             nrs_cuda_copy(w->dev[i], w->mem[i].ptr, (size_t)b->bytes, 'h', e, sizeof e)))
+            return seterr(w, NRS_ERR_NOMEM, "%s", e);
+#endif
+    }
+    w->allocated = 1;
+    return NRS_OK;
+}
+
+int nrs_worker_mem_kind(const nrs_worker_t *w) { return w->mem_kind ? w->mem_kind : NRS_MEM_HOST; }
+int nrs_worker_nbuffers(const nrs_worker_t *w) { return w->allocated ? w->nmine : 0; }
+
+int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes)
+{
+    if (!w->allocated || i < 0 || i >= w->nmine)
+        return NRS_ERR_INVAL;
+    int k = w->mine[i];
+    *ptr = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+    *bytes = w->st.buf[k].bytes;
+    return NRS_OK;
+}
+
+int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor, int *kind,
+                           int *r0, int *r1, int *c0, int *c1, int *esize)
+{
+    if (!w->allocated || i < 0 || i >= w->nmine)
+        return NRS_ERR_INVAL;
+    const nrs_emu_buf_t *b = &w->st.buf[w->mine[i]];
+    *role = b->role;
+    *tensor = b->tensor;
+    *kind = b->kind;
+    *r0 = b->box.r0;
+    *r1 = b->box.r1;
+    *c0 = b->box.c0;
+    *c1 = b->box.c1;
+    *esize = b->esize;
+    return NRS_OK;
+}
+
+/* CUDA state: the host copies are what the transports move. */
+static int sync_host(nrs_worker_t *w, char dir)
+{
+#ifdef HAVE_CUDA
+    char e[256];
+    for (int k = 0; w->mem_kind == NRS_MEM_CUDA && k < w->nmine; k++) {
+        int i = w->mine[k];
+        size_t n = (size_t)w->st.buf[i].bytes;
+        if (!w->dev[i] && dir == 'h' && nrs_cuda_alloc(0, n, &w->dev[i], e, sizeof e))
+            return seterr(w, NRS_ERR_NOMEM, "%s", e);
+        if (dir == 'd' ? nrs_cuda_copy(w->mem[i].ptr, w->dev[i], n, 'd', e, sizeof e)
+                       : nrs_cuda_copy(w->dev[i], w->mem[i].ptr, n, 'h', e, sizeof e))
+            return seterr(w, NRS_ERR_XPORT, "%s", e);
+    }
+#else
+    (void)w, (void)dir;
+#endif
+    return 0;
+}
+
+int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long long *mismatches)
+{
+    int64_t maxb = 1;
+    *verified = *mismatches = 0;
+    if (!w->allocated)
+        return NRS_ERR_INVAL;
+    for (int k = 0; k < w->nmine; k++)
+        if (w->st.buf[w->mine[k]].bytes > maxb)
+            maxb = w->st.buf[w->mine[k]].bytes;
+    unsigned char *scratch = malloc((size_t)maxb);
+    if (!scratch)
+        return NRS_ERR_NOMEM;
+    if (sync_host((nrs_worker_t *)w, 'd')) {
+        free(scratch);
+        return NRS_ERR_XPORT;
+    }
+    for (int k = 0; k < w->nmine; k++) {
+        const nrs_emu_buf_t *b = &w->st.buf[w->mine[k]];
+        const void *p = w->mem[w->mine[k]].ptr;
+        (*verified)++;
+        if (!p || nrs_emu_checksum(p, (size_t)b->bytes) != nrs_emu_pattern_checksum(b, scratch))
+            (*mismatches)++;
+    }
+    free(scratch);
+    return *mismatches ? NRS_ERR_VERIFY : NRS_OK;
+}
+
+/* ---- reports ------------------------------------------------------------------------ */
+
+void nrs_worker_set_report_hook(nrs_worker_t *w, nrs_worker_report_hook_fn fn, void *arg)
+{
+    w->hook = fn;
+    w->hook_arg = arg;
+}
+
+int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
+{
+    if (!w)
+        return NRS_ERR_INVAL;
+    w->sink = fn;
+    w->sink_arg = arg;
+    return NRS_OK;
+}
+
+int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
+{
+    if (!w || ms < 0 || ms >= NRS_MS_COUNT || !(seconds >= 0))
+        return NRS_ERR_INVAL;
+    for (int i = 0; i < w->rep.nstages; i++)
+        if (w->rep.ms[i] == ms) {
+            w->rep.seconds[i] += seconds; /* the stage ran again this step */
+            return NRS_OK;
+        }
+    w->rep.ms[w->rep.nstages] = (uint8_t)ms;
+    w->rep.seconds[w->rep.nstages++] = seconds;
+    return NRS_OK;
+}
+
+int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long cap_bytes,
+                             int alloc_failed)
+{
+    if (!w || used_bytes < 0 || cap_bytes < 0)
+        return NRS_ERR_INVAL;
+    w->rep.mem_used = used_bytes > w->rep.mem_used ? used_bytes : w->rep.mem_used;
+    w->rep.mem_cap = cap_bytes;
+    if (cap_bytes && used_bytes * 100 >= cap_bytes * 95)
+        w->rep.flags |= 1u;
+    if (alloc_failed)
+        w->rep.flags |= 2u;
+    return NRS_OK;
+}
+
+static void file_sink(const char *json)
+{
+    const char *f = getenv("NEREUS_REPORT_FILE");
+    FILE *fp = f ? fopen(f, "a") : NULL;
+    if (fp) {
+        fprintf(fp, "%s\n", json);
+        fclose(fp);
+    }
+}
+
+int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
+{
+    if (!w || step < 0 || !(response_len >= 0))
+        return NRS_ERR_INVAL;
+    nrs_worker_report_t *r = &w->rep;
+    char json[2048];
+    r->rank = w->me;
+    r->epoch = w->have_plan ? w->plan.epoch : 0;
+    r->step = (uint32_t)step;
+    r->response_len = response_len;
+    int l = snprintf(json, sizeof json, "{\"type\":\"report\",\"rank\":%d,\"epoch\":%u,\"step\":%u,"
+                     "\"flags\":%u,\"response_len\":%.6g,\"mem_used\":%lld,\"mem_cap\":%lld,"
+                     "\"stages\":{", r->rank, r->epoch, r->step, r->flags, r->response_len,
+                     r->mem_used, r->mem_cap);
+    for (int i = 0; i < r->nstages && l < (int)sizeof json; i++)
+        l += snprintf(json + l, sizeof json - (size_t)l, "%s\"%s\":%.9g", i ? "," : "",
+                      nrs_ms_name((nrs_ms_t)r->ms[i]), r->seconds[i]);
+    if (l < (int)sizeof json)
+        snprintf(json + l, sizeof json - (size_t)l, "}}");
+    if (w->hook)
+        w->hook(w->hook_arg, r);
+    ctl_report(w, r);
+    if (w->sink)
+        w->sink(w->sink_arg, json);
+    else
+        file_sink(json);
+    memset(r, 0, sizeof(*r));
+    return NRS_OK;
+}
+
+/* ---- transitions ------------------------------------------------------------------- */
+
+/* NRS_WORKER_KILL=RANK:OPS (SIGKILL after OPS of its ops) or RANK:ponr (right
+ * after the point-of-no-return vote): the tests' failure injection. */
+static int64_t kill_hook(const nrs_worker_t *w)
+{
+    const char *k = getenv("NRS_WORKER_KILL");
+    char *end;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':')
+        return -1;
+    return !strcmp(end + 1, "ponr") ? -2 : strtoll(end + 1, NULL, 10);
+}
+
+int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
+{
+    char err[512];
+    int rc;
+    if (!w || !w->have_plan || !w->allocated || w->broken)
+        return w ? seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past its "
+                          "point of no return" : "no plan or no state") : NRS_ERR_INVAL;
+    if ((rc = plan_ok(w, next)))
+        return rc;
+    if (next->epoch <= w->plan.epoch)
+        return seterr(w, NRS_ERR_PLAN, "epoch %u is not after the current %u", next->epoch,
+                      w->plan.epoch);
+    nrs_emu_opts_t eo;
+    nrs_emu_opts_init(&eo);
+    eo.chunk_bytes = (int64_t)env_double("NRS_WORKER_CHUNK", 0);
+    nrs_emu_graph_t *g = NULL;
+    int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
+    if (grc) {
+        nrs_emu_graph_free(g);
+        return seterr(w, NRS_ERR_PLAN, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
+                      grc == NRS_EMU_ELOST ? "state lost on every replica" : err);
+    }
+    if ((size_t)g->nold != w->st.nbuf) {
+        nrs_emu_graph_free(g);
+        return seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)", g->nold,
+                      w->st.nbuf);
+    }
+    if ((rc = sync_host(w, 'd'))) {
+        nrs_emu_graph_free(g);
+        return rc;
+    }
+    nrs_dtrans_opts_t o;
+    nrs_dtrans_opts_init(&o, w->me, w->n);
+    o.owner_rank = owner_rank;
+    o.owner_arg = w;
+    o.timeout_s = w->timeout_s;
+    o.window = (int)env_double("NRS_WORKER_WINDOW", 32);
+    o.kill_after = kill_hook(w);
+    o.attempt = w->attempt++;
+    if (w->xport_ucx) {
+        o.cancel = ucx_cancel;
+        o.cancel_arg = &w->x;
+        o.peer_failed = ucx_dead;
+        o.peer_arg = w->u;
+        o.xport_error = ucx_error;
+    }
+    nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
+    if (!nm) {
+        nrs_emu_graph_free(g);
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    int out = nrs_dtrans_run(g, next->epoch, &w->x, w->r, w->mem, nm, &o, &w->last);
+    size_t nnew = (size_t)g->nnew;
+    w->have_last = 1;
+    snprintf(w->err, sizeof w->err, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
+             w->last.msg);
+    nrs_emu_graph_free(g);
+    if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) {
+        free(nm);
+        return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
+    }
+    /* committed or partial: the new state is what we hold now */
+    for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
+        if (w->mem[i].ptr)
+            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+    int mk = w->mem_kind;
+    free_state(w);
+    w->plan = *next;
+    w->rep.epoch = next->epoch;
+    if ((rc = index_state(w))) {
+        free(nm);
+        return rc;
+    }
+    if (w->st.nbuf != nnew) { /* runtime/emu builds both the same way */
+        free(nm);
+        return seterr(w, NRS_ERR_PLAN, "new state has %zu buffers, the graph %zu", w->st.nbuf,
+                      nnew);
+    }
+    memcpy(w->mem, nm, sizeof(*nm) * w->st.nbuf);
+    free(nm);
+    w->allocated = 1;
+    w->mem_kind = mk;
+    if (out == NRS_DT_PARTIAL) {
+        w->broken = 1;
+        return NRS_ERR_PARTIAL;
+    }
+    return sync_host(w, 'h');
+}
+
+double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
+{
+    const nrs_dtrans_result_t *r = &w->last;
+    if (!w->have_last)
+        return 0;
+    switch (which) {
+    case NRS_TS_SECONDS: return r->total_s;
+    case NRS_TS_PREPARE_S: return r->prepare_s;
+    case NRS_TS_EXECUTE_S: return r->execute_s;
+    case NRS_TS_VOTE_S: return r->vote_s;
+    case NRS_TS_COMMIT_S: return r->commit_s;
+    case NRS_TS_BYTES_SENT: return (double)r->bytes_sent;
+    case NRS_TS_BYTES_RECV: return (double)r->bytes_recv;
+    case NRS_TS_TRANSFERS: return (double)r->xfers;
+    case NRS_TS_MAX_INFLIGHT: return (double)r->max_inflight;
+    case NRS_TS_FAILED_RANK: return r->failed_rank;
+    case NRS_TS_PRESENT: return (double)r->present;
+    case NRS_TS_REBUILDABLE: return (double)r->rebuildable;
+    case NRS_TS_LOST: return (double)r->lost;
+    default: return 0;
+    }
+}
+
+/* ---- finalize ----------------------------------------------------------------------- */
+
+int nrs_worker_finalize(nrs_worker_t *w)
+{
+    char err[512];
+    int rc = NRS_OK;
+    if (!w)
+        return NRS_OK;
+    free_state(w);
+    if (w->x.ops)
+        nrs_xport_close(&w->x);
+    if (w->u) {
+        nrs_ucx_disconnect(w->u, 2.0);
+        /* nobody tears down an endpoint another still reads from */
+        if (w->r && nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, sizeof err))
+            rc = seterr(w, NRS_ERR_RDV, "%s", err);
+        nrs_ucx_fini(w->u);
+    }
+    nrs_rdv_fini(w->r);
+    if (w->ctl_fd >= 0)
+        close(w->ctl_fd);
+    free(w);
+    return rc;
+}

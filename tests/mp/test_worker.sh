@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The worker API (include/nereus/nereus.h) across 4 and 8 processes: chains of
+# random plans committed with every shard verified; a rank SIGKILLed before
+# the point of no return makes every survivor abort within 10 s with its old
+# state intact; one killed right after it makes every survivor report the
+# census of the new state (present / rebuildable / lost). No hang: hard
+# time-outs on everything.
+. "$(dirname "$0")/lib.sh"
+W="$B/tests/mp/mp_worker"
+export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
+for tls in sm tcp; do
+    for n in 4 8; do
+        mp_case "worker $tls $n ranks: 4 random plans, every checksum" 0 60 env UCX_TLS=$tls \
+            "$SRV" -q -n "$n" -t 50 -- "$W" --seed $((n * 3 + ${#tls})) --count 4
+        got=$(grep -c "transition(s) committed, every shard verified" "$mp_out")
+        [ "$got" -eq "$n" ] && { echo "[       OK ] worker $tls $n ranks: $got rank(s) verified"; mp_pass=$((mp_pass + 1)); } \
+            || { echo "[  FAILED  ] worker $tls $n ranks: $got of $n rank(s) verified"; mp_fail=$((mp_fail + 1)); }
+    done
+done
+stamp=$(mktemp "${TMPDIR:-/tmp}/nrs-wkill.XXXXXX")
+for tls in sm tcp; do
+    for n in 4 8; do
+        rm -f "$stamp"
+        mp_case "worker $tls $n ranks: rank 1 SIGKILLed before the PONR" 137 60 env UCX_TLS=$tls \
+            NRS_MP_KILL_STAMP="$stamp" "$SRV" -n "$n" -t 50 -- "$W" --seed $((n + 11)) \
+            --count 3 --kill 1
+        got=$(grep -c "aborted after .* old state intact" "$mp_out")
+        if [ "$got" -eq $((n - 1)) ] && ! grep -q "exited with status 5" "$mp_out"; then
+            echo "[       OK ] worker $tls $n ranks: $got survivor(s) aborted within 10 s, old state intact"
+            mp_pass=$((mp_pass + 1))
+        else
+            echo "[  FAILED  ] worker $tls $n ranks: $got of $((n - 1)) survivor(s) aborted in time"
+            mp_fail=$((mp_fail + 1))
+        fi
+    done
+done
+rm -f "$stamp"
+mp_case "worker sm 4 ranks: rank 2 SIGKILLed past the PONR" 137 60 env UCX_TLS=sm \
+    "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2
+got=$(grep -c "census: .* present, .* rebuildable, .* lost" "$mp_out")
+if [ "$got" -eq 3 ]; then
+    echo "[       OK ] worker past the PONR: 3 survivor(s) reported the census"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] worker past the PONR: $got of 3 survivor(s) reported"; mp_fail=$((mp_fail + 1))
+fi
+mp_done
