@@ -5,14 +5,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "util/util.h"
 #include "nereus/plan.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -43,12 +37,12 @@ int main(int argc, char **argv)
         nrs_plan_req_init(&req, &s);
         req.gpus = sizes[i];
         for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
+            double t0 = nrs_now_s();
             if (nrs_plan_best(&s, &req, &p, err, sizeof(err)) != 0) {
                 fprintf(stderr, "bench_plan: %d GPUs: %s\n", sizes[i], err);
                 return 1;
             }
-            t[r] = (now_s() - t0) * 1e3;
+            t[r] = (nrs_now_s() - t0) * 1e3;
         }
         qsort(t, (size_t)reps, sizeof(double), cmp_d);
         printf("%-8d %12.2f %12.2f %12.2f %10.3f %8d\n", sizes[i], t[reps / 2], t[0], t[reps - 1],

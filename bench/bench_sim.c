@@ -4,14 +4,8 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "util/util.h"
 #include "sim/sim.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -31,13 +25,13 @@ int main(int argc, char **argv)
            "overhead share");
     for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
         nrs_sim_summary_t m;
-        double t0 = now_s();
+        double t0 = nrs_now_s();
         if (nrs_sim_run(&s, &t, (nrs_sim_policy_t)p, NULL, NULL, &m, err, sizeof(err)) != 0) {
             fprintf(stderr, "bench_sim: %s\n", err);
             nrs_trace_free(&t);
             return 1;
         }
-        double wall = now_s() - t0, per = m.steps ? wall / m.steps : 0;
+        double wall = nrs_now_s() - t0, per = m.steps ? wall / m.steps : 0;
         printf("%-12s %10.2f %14.3f %16.3f %17.4f%%\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
                wall, per * 1e3, m.mean_step_s, m.mean_step_s > 0 ? 100 * per / m.mean_step_s : 0);
     }

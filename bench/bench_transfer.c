@@ -24,16 +24,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/util.h"
 #include "emu/xport.h"
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int one(nrs_ucx_t *u, int me, char *buf, size_t size, int iters, uint64_t tag,
                char *err, size_t errlen)
@@ -55,23 +49,23 @@ static int one(nrs_ucx_t *u, int me, char *buf, size_t size, int iters, uint64_t
 static double xport_once(nrs_xport_t *x, nrs_xregion_t *dst, nrs_xregion_t *src)
 {
     nrs_xreq_t rs, rr;
-    double t0 = now_s();
+    double t0 = nrs_now_s();
     if (x->ops->send(x->ctx, 1, src, 7, &rs) || x->ops->recv(x->ctx, 0, dst, 7, &rr))
         return -1;
     while (!(rs.done && rr.done))
         if (x->ops->progress(x->ctx) < 0)
             return -1;
-    return now_s() - t0;
+    return nrs_now_s() - t0;
 }
 
 static double memcpy_once(nrs_xregion_t *dst, nrs_xregion_t *src)
 {
-    double t0 = now_s();
+    double t0 = nrs_now_s();
     char *d = (char *)dst->mem->ptr + dst->off;
     const char *s = (const char *)src->mem->ptr + src->off;
     for (size_t i = 0; i < src->rows; i++)
         memcpy(d + i * dst->pitch, s + i * src->pitch, src->row_bytes);
-    return now_s() - t0;
+    return nrs_now_s() - t0;
 }
 
 static int bench_local(int argc, char **argv)
@@ -172,9 +166,9 @@ int main(int argc, char **argv)
             free(buf);
             goto fail;
         }
-        double t0 = now_s();
+        double t0 = nrs_now_s();
         int bad = one(u, me, buf, size, iters, tag + 4, err, sizeof err);
-        double dt = now_s() - t0;
+        double dt = nrs_now_s() - t0;
         free(buf);
         if (bad)
             goto fail;

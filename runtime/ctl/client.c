@@ -11,15 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/util.h"
 #include "ctl/auth.h"
 #include "ctl/client.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int nrs_client_connect_unix(const char *dir, char *err, size_t errlen)
 {
@@ -97,7 +91,7 @@ static int read_full(int fd, uint8_t *b, size_t n, double deadline, char *err, s
 {
     size_t got = 0;
     while (got < n) {
-        double left = deadline - now_s();
+        double left = deadline - nrs_now_s();
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int pr = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
         if (pr < 0 && errno == EINTR)
@@ -122,7 +116,7 @@ static int read_full(int fd, uint8_t *b, size_t n, double deadline, char *err, s
 int nrs_client_recv(int fd, uint8_t *buf, size_t cap, nrs_hdr_t *h, double timeout_s, char *err,
                     size_t errlen)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = nrs_now_s() + timeout_s;
     if (cap < NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD) {
         snprintf(err, errlen, "receive buffer too small");
         return -1;

@@ -9,6 +9,7 @@
 
 #include <pmix.h>
 
+#include "util/util.h"
 #include "rdv/rdv.h"
 
 /* A PMIx callback lands in PMIx's progress thread; we poll its flag. The
@@ -43,35 +44,11 @@ struct nrs_rdv {
     size_t nlocal;
 };
 
-static void seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void nap(void)
-{
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-}
-
 static void poll_once(nrs_rdv_t *r)
 {
     int did = r->progress ? r->progress(r->progress_arg) : 0;
     if (did <= 0)
-        nap();
+        nrs_nap_us(50);
 }
 
 static rdv_trk_t *trk_new(nrs_rdv_t *r)
@@ -166,10 +143,10 @@ static void register_failures(nrs_rdv_t *r)
     ev_ctx = r;
     pmix_status_t st = PMIx_Register_event_handler(codes, sizeof codes / sizeof codes[0], NULL, 0,
                                                    ev_handler, reg_cb, t);
-    double end = now_s() + 5.0;
+    double end = nrs_now_s() + 5.0;
     if (st == PMIX_SUCCESS)
-        while (!atomic_load(&t->done) && now_s() < end)
-            nap();
+        while (!atomic_load(&t->done) && nrs_now_s() < end)
+            nrs_nap_us(50);
     r->evhdlr_ok = st == PMIX_SUCCESS && atomic_load(&t->done) && t->status == PMIX_SUCCESS;
     trk_drop(r, t);
 }
@@ -194,14 +171,14 @@ int nrs_rdv_init(nrs_rdv_t **out, char *err, size_t errlen)
 {
     nrs_rdv_t *r = calloc(1, sizeof(*r));
     if (!r) {
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
     pmix_status_t st = PMIx_Init(&r->me, NULL, 0);
     if (st == PMIX_ERR_UNREACH) {
         r->singleton = true;
     } else if (st != PMIX_SUCCESS) {
-        seterr(err, errlen, "rdv: PMIx_Init: %s", PMIx_Error_string(st));
+        nrs_seterr(err, errlen, "rdv: PMIx_Init: %s", PMIx_Error_string(st));
         free(r);
         return -1;
     }
@@ -214,7 +191,7 @@ int nrs_rdv_init(nrs_rdv_t **out, char *err, size_t errlen)
         r->me.rank = 0;
     r->failed = calloc((size_t)r->size, sizeof(*r->failed));
     if (!r->failed) {
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
         PMIx_Finalize(NULL, 0);
         free(r);
         return -1;
@@ -306,12 +283,12 @@ int nrs_rdv_put(nrs_rdv_t *r, uint64_t epoch, const char *name, const void *blob
 {
     char key[NRS_RDV_KEY_MAX];
     if (nrs_rdv_key(key, sizeof key, epoch, name)) {
-        seterr(err, errlen, "rdv: key for '%s' too long", name);
+        nrs_seterr(err, errlen, "rdv: key for '%s' too long", name);
         return -1;
     }
     if (r->singleton) {
         if (local_put(r, key, blob, len)) {
-            seterr(err, errlen, "rdv: out of memory");
+            nrs_seterr(err, errlen, "rdv: out of memory");
             return -1;
         }
         return 0;
@@ -322,7 +299,7 @@ int nrs_rdv_put(nrs_rdv_t *r, uint64_t epoch, const char *name, const void *blob
     pmix_status_t st = PMIx_Put(PMIX_GLOBAL, key, &v);
     PMIX_VALUE_DESTRUCT(&v);
     if (st != PMIX_SUCCESS) {
-        seterr(err, errlen, "rdv: PMIx_Put(%s): %s", key, PMIx_Error_string(st));
+        nrs_seterr(err, errlen, "rdv: PMIx_Put(%s): %s", key, PMIx_Error_string(st));
         return -1;
     }
     return 0;
@@ -334,7 +311,7 @@ int nrs_rdv_commit(nrs_rdv_t *r, char *err, size_t errlen)
         return 0;
     pmix_status_t st = PMIx_Commit();
     if (st != PMIX_SUCCESS) {
-        seterr(err, errlen, "rdv: PMIx_Commit: %s", PMIx_Error_string(st));
+        nrs_seterr(err, errlen, "rdv: PMIx_Commit: %s", PMIx_Error_string(st));
         return -1;
     }
     return 0;
@@ -394,11 +371,11 @@ static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsign
             atomic_store(&t[i]->done, 1);
         }
     }
-    double end = now_s() + timeout_s + 0.5;
+    double end = nrs_now_s() + timeout_s + 0.5;
     for (int i = 0; i < r->size; i++) {
         if (!t[i])
             continue;
-        while (!atomic_load(&t[i]->done) && now_s() < end)
+        while (!atomic_load(&t[i]->done) && nrs_now_s() < end)
             poll_once(r);
         missing[i] = !atomic_load(&t[i]->done) || t[i]->status != PMIX_SUCCESS;
         trk_drop(r, t[i]);
@@ -415,7 +392,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     if (r->singleton)
         return 0;
     if (r->broken) {
-        seterr(err, errlen, "rdv: an earlier fence failed; rendezvous is unusable");
+        nrs_seterr(err, errlen, "rdv: an earlier fence failed; rendezvous is unusable");
         return -1;
     }
     pmix_proc_t *procs = calloc(ranks ? (size_t)nranks : 1, sizeof(*procs));
@@ -424,7 +401,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     rdv_trk_t *t = procs ? trk_new(r) : NULL;
     if (!t) {
         free(procs);
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
     if (ranks)
@@ -442,12 +419,12 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     } else if (st != PMIX_SUCCESS) {
         atomic_store(&t->done, 1);
         trk_drop(r, t);
-        seterr(err, errlen, "rdv: PMIx_Fence_nb: %s", PMIx_Error_string(st));
+        nrs_seterr(err, errlen, "rdv: PMIx_Fence_nb: %s", PMIx_Error_string(st));
         return -1;
     }
-    double start = now_s(), end = start + timeout_s;
+    double start = nrs_now_s(), end = start + timeout_s;
     int dead = -1;
-    while (!atomic_load(&t->done) && now_s() < end &&
+    while (!atomic_load(&t->done) && nrs_now_s() < end &&
            (survivors || (dead = first_failed_in(r, ranks, nranks)) < 0))
         poll_once(r);
     if (atomic_load(&t->done)) {
@@ -456,7 +433,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         if (survivors && st == PMIX_ERR_PARTIAL_SUCCESS)
             return 0;
         if (st != PMIX_SUCCESS) {
-            seterr(err, errlen, "rdv: fence of epoch %llu: %s", (unsigned long long)epoch,
+            nrs_seterr(err, errlen, "rdv: fence of epoch %llu: %s", (unsigned long long)epoch,
                    PMIx_Error_string(st));
             return -1;
         }
@@ -464,7 +441,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     }
     r->broken = true;
     if (dead >= 0) {
-        seterr(err, errlen, "rdv: fence of epoch %llu abandoned: rank %d died (reported by the "
+        nrs_seterr(err, errlen, "rdv: fence of epoch %llu abandoned: rank %d died (reported by the "
                "resource manager)", (unsigned long long)epoch, dead);
         return -1;
     }
@@ -476,7 +453,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         char list[256] = "";
         list_ranks(list, sizeof list, missing, r->size, &count);
         if (count) {
-            seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s: rank%s %s "
+            nrs_seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s: rank%s %s "
                    "never arrived (no '%s')", (unsigned long long)epoch, timeout_s,
                    count > 1 ? "s" : "", list, key);
             free(missing);
@@ -484,7 +461,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         }
     }
     free(missing);
-    seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s (every rank published "
+    nrs_seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s (every rank published "
            "its key: the resource manager's collective is stuck)", (unsigned long long)epoch,
            timeout_s);
     return -1;
@@ -523,12 +500,12 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
 {
     char key[NRS_RDV_KEY_MAX];
     if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
-        seterr(err, errlen, "rdv: bad get (rank %d of %d, '%s')", rank, r->size, name);
+        nrs_seterr(err, errlen, "rdv: bad get (rank %d of %d, '%s')", rank, r->size, name);
         return -1;
     }
     if (r->singleton) {
         if (local_get(r, key, blob, len)) {
-            seterr(err, errlen, "rdv: '%s' was never put", key);
+            nrs_seterr(err, errlen, "rdv: '%s' was never put", key);
             return -1;
         }
         return 0;
@@ -538,7 +515,7 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     int tmo = timeout_s < 1 ? 1 : (int)(timeout_s + 0.999);
     rdv_trk_t *t = trk_new(r);
     if (!t) {
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
     PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)rank);
@@ -548,26 +525,26 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     if (st != PMIX_SUCCESS) {
         atomic_store(&t->done, 1);
         trk_drop(r, t);
-        seterr(err, errlen, "rdv: PMIx_Get_nb(rank %d, %s): %s", rank, key, PMIx_Error_string(st));
+        nrs_seterr(err, errlen, "rdv: PMIx_Get_nb(rank %d, %s): %s", rank, key, PMIx_Error_string(st));
         return -1;
     }
-    double end = now_s() + timeout_s + 0.5;
-    while (!atomic_load(&t->done) && now_s() < end && !nrs_rdv_peer_failed(r, rank))
+    double end = nrs_now_s() + timeout_s + 0.5;
+    while (!atomic_load(&t->done) && nrs_now_s() < end && !nrs_rdv_peer_failed(r, rank))
         poll_once(r);
     if (!atomic_load(&t->done)) {
         trk_drop(r, t); /* stays until fini: PMIx still holds it */
-        seterr(err, errlen, "rdv: rank %d's '%s' %s", rank, key,
+        nrs_seterr(err, errlen, "rdv: rank %d's '%s' %s", rank, key,
                nrs_rdv_peer_failed(r, rank) ? "unavailable: the rank died" : "timed out");
         return -1;
     }
     int rc = -1;
     if (t->status != PMIX_SUCCESS)
-        seterr(err, errlen, "rdv: rank %d never published '%s': %s", rank, key,
+        nrs_seterr(err, errlen, "rdv: rank %d never published '%s': %s", rank, key,
                PMIx_Error_string(t->status));
     else if (!t->val || t->val->type != PMIX_BYTE_OBJECT)
-        seterr(err, errlen, "rdv: rank %d's '%s' is not a byte object", rank, key);
+        nrs_seterr(err, errlen, "rdv: rank %d's '%s' is not a byte object", rank, key);
     else if (!(*blob = malloc(t->val->data.bo.size ? t->val->data.bo.size : 1)))
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
     else {
         memcpy(*blob, t->val->data.bo.bytes, t->val->data.bo.size);
         *len = t->val->data.bo.size;
@@ -591,11 +568,11 @@ int nrs_rdv_allgather(nrs_rdv_t *r, uint64_t epoch, const char *name, const void
 {
     void **b = calloc((size_t)r->size, sizeof(*b));
     size_t *l = calloc((size_t)r->size, sizeof(*l));
-    double end = now_s() + timeout_s;
+    double end = nrs_now_s() + timeout_s;
     if (!b || !l) {
         free(b);
         free(l);
-        seterr(err, errlen, "rdv: out of memory");
+        nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
     if (nrs_rdv_put(r, epoch, name, blob, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
@@ -604,14 +581,14 @@ int nrs_rdv_allgather(nrs_rdv_t *r, uint64_t epoch, const char *name, const void
     for (int i = 0; i < r->size; i++) {
         if (i == (int)r->me.rank) {
             if (!(b[i] = malloc(len ? len : 1))) {
-                seterr(err, errlen, "rdv: out of memory");
+                nrs_seterr(err, errlen, "rdv: out of memory");
                 goto fail;
             }
             memcpy(b[i], blob, len);
             l[i] = len;
             continue;
         }
-        double left = end - now_s();
+        double left = end - nrs_now_s();
         if (nrs_rdv_get(r, i, epoch, name, &b[i], &l[i], left > 1 ? left : 1, err, errlen))
             goto fail;
     }

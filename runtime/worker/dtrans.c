@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/util.h"
 #include "worker/dtrans.h"
 
 #define DT_TAG_OP_BITS 28 /* ucx carries 32 bits of tag: 4 of attempt, 28 of op */
@@ -36,19 +37,6 @@ typedef struct {
     double stall_end;
     int failed;
 } dt_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void nap(void)
-{
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
-}
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(dt_t *D, const char *fmt, ...)
@@ -130,7 +118,7 @@ static void harvest(dt_t *D)
         }
         f->used = 0;
         D->nfl--;
-        D->stall_end = now_s() + D->o->timeout_s;
+        D->stall_end = nrs_now_s() + D->o->timeout_s;
     }
 }
 
@@ -159,13 +147,13 @@ static int step(dt_t *D)
              (long long)D->res->my_ops);
         return -1;
     }
-    if (D->nfl && now_s() > D->stall_end) {
+    if (D->nfl && nrs_now_s() > D->stall_end) {
         fail(D, "no transfer completed for %.1f s (%d in flight, op %lld)", D->o->timeout_s,
              D->nfl, (long long)D->res->ops_done);
         return -1;
     }
     if (!n)
-        nap();
+        nrs_nap_us(20);
     return 0;
 }
 
@@ -286,7 +274,7 @@ static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
     if (d == me)
         D->res->bytes_recv += (int64_t)op->rows * op->row_bytes;
     if (D->nfl++ == 0)
-        D->stall_end = now_s() + D->o->timeout_s;
+        D->stall_end = nrs_now_s() + D->o->timeout_s;
     if (D->nfl > D->res->max_inflight)
         D->res->max_inflight = D->nfl;
     D->res->xfers++;
@@ -516,7 +504,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
                    nrs_dtrans_result_t *res)
 {
     dt_t D = {.g = g, .x = x, .r = r, .o = o, .res = res};
-    double t0 = now_s(), t1;
+    double t0 = nrs_now_s(), t1;
     memset(res, 0, sizeof(*res));
     res->failed_rank = -1;
     res->ponr = g->ponr;
@@ -555,13 +543,13 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         res->outcome = NRS_DT_ABORTED;
         goto aborted;
     }
-    t1 = now_s();
+    t1 = nrs_now_s();
     res->prepare_s = t1 - t0;
 
     /* execute up to the point of no return, then vote */
     int rc = run_range(&D, 0, g->ponr);
-    res->execute_s = now_s() - t1;
-    t1 = now_s();
+    res->execute_s = nrs_now_s() - t1;
+    t1 = nrs_now_s();
     char local[512];
     snprintf(local, sizeof local, "%s", res->msg);
     if (vote(&D, epoch, "ponr", rc ? 1 : 0, NULL) || rc) {
@@ -570,12 +558,12 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         res->outcome = NRS_DT_ABORTED;
         goto aborted;
     }
-    res->vote_s = now_s() - t1;
+    res->vote_s = nrs_now_s() - t1;
     if (o->kill_after == -2)
         die_now(&D);
 
     /* commit: the rest, and everyone says it is done */
-    t1 = now_s();
+    t1 = nrs_now_s();
     rc = run_range(&D, g->ponr, (int64_t)g->nops);
     snprintf(local, sizeof local, "%s", res->msg);
     if (vote(&D, epoch, "done", rc ? 1 : 0, NULL) || rc) {
@@ -589,7 +577,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         hand_over(&D, old_mem, new_mem);
         goto out;
     }
-    res->commit_s = now_s() - t1;
+    res->commit_s = nrs_now_s() - t1;
     hand_over(&D, old_mem, new_mem);
     res->outcome = NRS_DT_COMMITTED;
     snprintf(res->msg, sizeof res->msg, "committed epoch %llu: %lld op(s), %lld transfer(s), "
@@ -605,7 +593,7 @@ aborted:
                  (long long)res->my_ops);
     }
 out:
-    res->total_s = now_s() - t0;
+    res->total_s = nrs_now_s() - t0;
     free(D.mem);
     free(D.live);
     free(D.reads);

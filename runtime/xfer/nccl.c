@@ -13,6 +13,7 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
+#include "util/util.h"
 #include "xfer/nccl.h"
 
 struct nrs_nccl {
@@ -22,35 +23,11 @@ struct nrs_nccl {
     bool aborted;
 };
 
-static void seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void nap(void)
-{
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
-}
-
 int nrs_cuda_device_count(int *n, char *err, size_t errlen)
 {
     cudaError_t e = cudaGetDeviceCount(n);
     if (e != cudaSuccess || *n < 1) {
-        seterr(err, errlen, "no GPU: %s", e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
+        nrs_seterr(err, errlen, "no GPU: %s", e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
         *n = 0;
         return -1;
     }
@@ -63,7 +40,7 @@ int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errle
     if (e == cudaSuccess)
         e = cudaMalloc(ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) {
-        seterr(err, errlen, "cuda: %zu bytes on GPU %d: %s", bytes, device, cudaGetErrorString(e));
+        nrs_seterr(err, errlen, "cuda: %zu bytes on GPU %d: %s", bytes, device, cudaGetErrorString(e));
         return -1;
     }
     return 0;
@@ -81,7 +58,7 @@ int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err
                           : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
     cudaError_t e = cudaMemcpy(dst, src, bytes, k);
     if (e != cudaSuccess) {
-        seterr(err, errlen, "cuda: copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        nrs_seterr(err, errlen, "cuda: copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
         return -1;
     }
     return 0;
@@ -92,7 +69,7 @@ int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t er
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess) {
-        seterr(err, errlen, "nccl: ncclGetUniqueId: %s", ncclGetErrorString(r));
+        nrs_seterr(err, errlen, "nccl: ncclGetUniqueId: %s", ncclGetErrorString(r));
         return -1;
     }
     memcpy(id, u.internal, NRS_NCCL_ID_BYTES);
@@ -102,14 +79,14 @@ int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t er
 /* Until the communicator leaves ncclInProgress; abort on error or time-out. */
 static int wait_comm(nrs_nccl_t *c, double timeout_s, const char *what, char *err, size_t errlen)
 {
-    double end = now_s() + timeout_s;
+    double end = nrs_now_s() + timeout_s;
     ncclResult_t st = ncclInProgress;
     while (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st == ncclInProgress &&
-           now_s() < end)
-        nap();
+           nrs_now_s() < end)
+        nrs_nap_us(20);
     if (st == ncclSuccess)
         return 0;
-    seterr(err, errlen, "nccl: %s: %s", what,
+    nrs_seterr(err, errlen, "nccl: %s: %s", what,
            st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
     nrs_nccl_abort(c);
     return -1;
@@ -144,7 +121,7 @@ int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclUniqueId u;
     if (!c) {
-        seterr(err, errlen, "nccl: cannot set up GPU %d", device);
+        nrs_seterr(err, errlen, "nccl: cannot set up GPU %d", device);
         return -1;
     }
     cfg.blocking = 0;
@@ -153,7 +130,7 @@ int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
     c->size = size;
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, u, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        seterr(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+        nrs_seterr(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
         if (c->comm)
             ncclCommAbort(c->comm);
         comm_free(c);
@@ -173,7 +150,7 @@ static int derive(nrs_nccl_t *c, nrs_nccl_t **out, int split, int color, int key
     nrs_nccl_t *d = comm_new(c->device);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     if (!d) {
-        seterr(err, errlen, "nccl: out of memory");
+        nrs_seterr(err, errlen, "nccl: out of memory");
         return -1;
     }
     cfg.blocking = 0;
@@ -181,7 +158,7 @@ static int derive(nrs_nccl_t *c, nrs_nccl_t **out, int split, int color, int key
                            : ncclCommShrink(c->comm, (int *)exclude, nexclude, &d->comm, &cfg,
                                             NCCL_SHRINK_ABORT);
     if (r != ncclSuccess && r != ncclInProgress) {
-        seterr(err, errlen, "nccl: %s: %s", split ? "ncclCommSplit" : "ncclCommShrink",
+        nrs_seterr(err, errlen, "nccl: %s: %s", split ? "ncclCommSplit" : "ncclCommShrink",
                ncclGetErrorString(r));
         comm_free(d);
         return -1;
@@ -252,20 +229,20 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady) {
-            seterr(err, errlen, "nccl: stream: %s", cudaGetErrorString(e));
+            nrs_seterr(err, errlen, "nccl: stream: %s", cudaGetErrorString(e));
             break;
         }
         ncclResult_t st;
         if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress) {
-            seterr(err, errlen, "nccl: %s", ncclGetErrorString(st));
+            nrs_seterr(err, errlen, "nccl: %s", ncclGetErrorString(st));
             break;
         }
-        if (now_s() > end) {
-            seterr(err, errlen, "nccl: transfers not done in time: aborting the communicator");
+        if (nrs_now_s() > end) {
+            nrs_seterr(err, errlen, "nccl: transfers not done in time: aborting the communicator");
             break;
         }
-        nap();
+        nrs_nap_us(20);
     }
     nrs_nccl_abort(c);
     return -1;
@@ -274,10 +251,10 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
 int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
                       double timeout_s, char *err, size_t errlen)
 {
-    double end = now_s() + timeout_s;
+    double end = nrs_now_s() + timeout_s;
     size_t maxb = 0;
     if (c->aborted) {
-        seterr(err, errlen, "nccl: communicator was aborted");
+        nrs_seterr(err, errlen, "nccl: communicator was aborted");
         return -1;
     }
     if (!chunk_bytes)
@@ -302,12 +279,12 @@ int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chu
         if (r == ncclSuccess)
             r = g;
         if (r != ncclSuccess && r != ncclInProgress) {
-            seterr(err, errlen, "nccl: group %zu: %s", ch, ncclGetErrorString(r));
+            nrs_seterr(err, errlen, "nccl: group %zu: %s", ch, ncclGetErrorString(r));
             nrs_nccl_abort(c);
             return -1;
         }
         /* Non-blocking communicator: wait for the enqueue itself, then go on. */
-        if (r == ncclInProgress && wait_comm(c, end - now_s(), "enqueue", err, errlen))
+        if (r == ncclInProgress && wait_comm(c, end - nrs_now_s(), "enqueue", err, errlen))
             return -1;
     }
     return wait_stream(c, end, err, errlen);

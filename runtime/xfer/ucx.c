@@ -11,6 +11,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "util/util.h"
 #include "xfer/ucx.h"
 
 #define TAG_CHUNK_BITS 16
@@ -79,30 +80,6 @@ struct nrs_ucx {
     size_t norphans, orphcap;
 };
 
-static void seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void nap(void)
-{
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
-}
-
 void nrs_ucx_opts_init(nrs_ucx_opts_t *o)
 {
     o->chunk_bytes = 8u << 20;
@@ -130,7 +107,7 @@ static int config_set(ucp_config_t *cfg, const char *name, const char *val, char
         return 0;
     ucs_status_t st = ucp_config_modify(cfg, name, val);
     if (st != UCS_OK) {
-        seterr(err, errlen, "ucx: config %s=%s: %s", name, val, ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: config %s=%s: %s", name, val, ucs_status_string(st));
         return -1;
     }
     return 0;
@@ -185,7 +162,7 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
     char ka[32];
 
     if (!u || size < 1 || size > NRS_UCX_MAX_RANKS || rank < 0 || rank >= size) {
-        seterr(err, errlen, u ? "ucx: bad rank %d of %d" : "ucx: out of memory", rank, size);
+        nrs_seterr(err, errlen, u ? "ucx: bad rank %d of %d" : "ucx: out of memory", rank, size);
         free(u);
         return -1;
     }
@@ -203,11 +180,11 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
             u->o.keepalive_s = o->keepalive_s;
     }
     if (!(u->peers = calloc((size_t)size, sizeof(*u->peers)))) {
-        seterr(err, errlen, "ucx: out of memory");
+        nrs_seterr(err, errlen, "ucx: out of memory");
         goto fail;
     }
     if ((st = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK) {
-        seterr(err, errlen, "ucx: ucp_config_read: %s", ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: ucp_config_read: %s", ucs_status_string(st));
         goto fail;
     }
     /* Dead peers must be seen in seconds: keep-alive on every endpoint. */
@@ -226,21 +203,21 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
     ucp_config_release(cfg);
     cfg = NULL;
     if (st != UCS_OK) {
-        seterr(err, errlen, "ucx: ucp_init: %s", ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: ucp_init: %s", ucs_status_string(st));
         goto fail;
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     if ((st = ucp_worker_create(u->ctx, &wp, &u->worker)) != UCS_OK) {
-        seterr(err, errlen, "ucx: ucp_worker_create: %s", ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: ucp_worker_create: %s", ucs_status_string(st));
         goto fail;
     }
     if ((st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len)) != UCS_OK) {
-        seterr(err, errlen, "ucx: ucp_worker_get_address: %s", ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: ucp_worker_get_address: %s", ucs_status_string(st));
         goto fail;
     }
     if (make_blob(u)) {
-        seterr(err, errlen, "ucx: out of memory");
+        nrs_seterr(err, errlen, "ucx: out of memory");
         goto fail;
     }
     *out = u;
@@ -294,12 +271,12 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
     blob_hdr_t h;
     char me[64];
     if (!blob || len < sizeof h) {
-        seterr(err, errlen, "ucx: no worker address for rank %d", i);
+        nrs_seterr(err, errlen, "ucx: no worker address for rank %d", i);
         return -1;
     }
     memcpy(&h, blob, sizeof h);
     if (h.magic != BLOB_MAGIC || sizeof h + h.addr_len != len) {
-        seterr(err, errlen, "ucx: rank %d's address blob is malformed (%zu bytes)", i, len);
+        nrs_seterr(err, errlen, "ucx: rank %d's address blob is malformed (%zu bytes)", i, len);
         return -1;
     }
     h.host[sizeof h.host - 1] = '\0';
@@ -320,7 +297,7 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
     }
     if (st != UCS_OK) {
         p->ep = NULL;
-        seterr(err, errlen, "ucx: endpoint to rank %d: %s", i, ucs_status_string(st));
+        nrs_seterr(err, errlen, "ucx: endpoint to rank %d: %s", i, ucs_status_string(st));
         return -1;
     }
     p->watch = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE && i != u->rank;
@@ -391,12 +368,12 @@ static bool closes_pending(const nrs_ucx_t *u)
 
 void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s)
 {
-    double end = now_s() + timeout_s;
+    double end = nrs_now_s() + timeout_s;
     for (int i = 0; i < u->size; i++)
         close_ep(u, &u->peers[i], u->peers[i].failed != UCS_OK);
-    while (closes_pending(u) && now_s() < end) {
+    while (closes_pending(u) && nrs_now_s() < end) {
         if (!ucp_worker_progress(u->worker))
-            nap();
+            nrs_nap_us(20);
         reap_closes(u);
     }
     /* Stragglers (a peer gone mid-flush): cancel and force. */
@@ -405,8 +382,8 @@ void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s)
         if (!p->close_req)
             continue;
         ucp_request_cancel(u->worker, p->close_req);
-        double e2 = now_s() + 1.0;
-        while (ucp_request_check_status(p->close_req) == UCS_INPROGRESS && now_s() < e2)
+        double e2 = nrs_now_s() + 1.0;
+        while (ucp_request_check_status(p->close_req) == UCS_INPROGRESS && nrs_now_s() < e2)
             ucp_worker_progress(u->worker);
         if (ucp_request_check_status(p->close_req) != UCS_INPROGRESS)
             ucp_request_free(p->close_req);
@@ -431,9 +408,9 @@ void nrs_ucx_fini(nrs_ucx_t *u)
         if (open)
             nrs_ucx_disconnect(u, 2.0);
         /* Orphaned ops may still complete while the worker winds down. */
-        double end = now_s() + 1.0;
+        double end = nrs_now_s() + 1.0;
         bool busy = true;
-        while (busy && now_s() < end) {
+        while (busy && nrs_now_s() < end) {
             busy = false;
             ucp_worker_progress(u->worker);
             for (size_t i = 0; i < u->norphans; i++)
@@ -600,33 +577,33 @@ static int post_op(nrs_ucx_t *u, int is_send, int peer, void *buf, size_t len, u
                    nrs_ucx_op_t **out, char *err, size_t errlen)
 {
     if (peer < 0 || peer >= u->size || !u->peers[peer].ep) {
-        seterr(err, errlen, "ucx: no endpoint to rank %d", peer);
+        nrs_seterr(err, errlen, "ucx: no endpoint to rank %d", peer);
         return -1;
     }
     if (tag >> TAG_USER_BITS) {
-        seterr(err, errlen, "ucx: tag %llu does not fit in %d bits", (unsigned long long)tag,
+        nrs_seterr(err, errlen, "ucx: tag %llu does not fit in %d bits", (unsigned long long)tag,
                TAG_USER_BITS);
         return -1;
     }
     size_t nchunks = len ? (len + u->o.chunk_bytes - 1) / u->o.chunk_bytes : 1;
     if (nchunks > NRS_UCX_MAX_CHUNKS) {
-        seterr(err, errlen, "ucx: %zu bytes need %zu chunks of %zu (max %d)", len, nchunks,
+        nrs_seterr(err, errlen, "ucx: %zu bytes need %zu chunks of %zu (max %d)", len, nchunks,
                u->o.chunk_bytes, NRS_UCX_MAX_CHUNKS);
         return -1;
     }
     nrs_ucx_op_t *op = calloc(1, sizeof(*op));
     if (!op) {
-        seterr(err, errlen, "ucx: out of memory");
+        nrs_seterr(err, errlen, "ucx: out of memory");
         return -1;
     }
     *op = (nrs_ucx_op_t){.u = u, .peer = peer, .is_send = is_send, .buf = buf, .len = len,
                          .chunk = u->o.chunk_bytes, .nchunks = nchunks, .tag = tag,
-                         .deadline = now_s() + u->o.op_timeout_s};
+                         .deadline = nrs_now_s() + u->o.op_timeout_s};
     op->next = u->ops;
     if (u->ops)
         u->ops->prev = op;
     u->ops = op;
-    advance(op, now_s());
+    advance(op, nrs_now_s());
     *out = op;
     return 0;
 }
@@ -682,8 +659,8 @@ static void release_slots(nrs_ucx_op_t *op)
         if (s->busy && s->req)
             ucp_request_cancel(u->worker, s->req);
     }
-    double end = now_s() + 0.5;
-    while (op_busy(op) && now_s() < end)
+    double end = nrs_now_s() + 0.5;
+    while (op_busy(op) && nrs_now_s() < end)
         ucp_worker_progress(u->worker);
     for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
         slot_t *s = &op->slots[k];
@@ -738,8 +715,8 @@ void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n)
     }
     if (!u)
         return;
-    double end = now_s() + 0.5;
-    for (bool busy = true; busy && now_s() < end;) {
+    double end = nrs_now_s() + 0.5;
+    for (bool busy = true; busy && nrs_now_s() < end;) {
         ucp_worker_progress(u->worker);
         busy = false;
         for (size_t i = 0; i < n && !busy; i++)
@@ -770,7 +747,7 @@ int nrs_ucx_progress(void *arg)
         if (!n)
             break;
     }
-    double now = now_s();
+    double now = nrs_now_s();
     watch_peers(u, now);
     for (nrs_ucx_op_t *op = u->ops; op; op = op->next)
         events += advance(op, now);
@@ -800,14 +777,14 @@ int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_
                 bad = ops[i];
         }
         if (bad) {
-            seterr(err, errlen, "%s", bad->err);
+            nrs_seterr(err, errlen, "%s", bad->err);
             rc = -1;
             break;
         }
         if (!pending)
             break;
         if (nrs_ucx_progress(u) == 0)
-            nap();
+            nrs_nap_us(20);
     }
     for (size_t i = 0; i < n; i++) {
         nrs_ucx_op_free(ops[i]);
