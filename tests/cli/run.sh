@@ -80,5 +80,24 @@ check "simulate bad trace" 1 "bad.trace:3:6: '40' is not a number in \[0, 29\]" 
 check "simulate unknown policy" 2 "unknown policy 'best'" "$bin" simulate "$tiny" --trace "$tmp/t.trace" --policy best
 check "simulate needs a trace" 2 "expected FILE and --trace" "$bin" simulate "$tiny"
 
+# Every shipped trace (but the slow 1,024-GPU one, run by bench/sim-baselines.sh):
+# nereus no worse than fixed, within 5% of static-best, oracle below every policy.
+order_ok() { # csv: totals per policy (steps + transitions) in the required order
+    awk -F, 'NR > 1 {t[$1] += $5 + $7} END {
+        n = t["nereus"]; bad = 0
+        if (n > t["fixed"] * (1 + 1e-9)) { print "nereus above fixed"; bad = 1 }
+        if (n > t["static-best"] * 1.05) { print "nereus more than 5% above static-best"; bad = 1 }
+        for (p in t) if (t["oracle"] > t[p] * (1 + 1e-9)) { print "oracle above " p; bad = 1 }
+        printf "nereus %.0f s, fixed %.0f s, static-best %.0f s, oracle %.0f s\n", n, t["fixed"], t["static-best"], t["oracle"]
+        exit bad }' "$1"
+}
+for tr in "$top"/examples/traces/*.trace; do
+    name=$(basename "$tr" .trace)
+    [ "$name" = ppo-8b-1024 ] && continue
+    spec="$ex"; case "$name" in grpo-*) spec="$top/examples/grpo-qwen2.5-7b.yaml" ;; esac
+    "$bin" simulate "$spec" --trace "$tr" --csv "$tmp/$name.csv" --quiet >/dev/null 2>&1
+    check "trace $name: nereus <= fixed, <= 1.05 static-best, oracle lowest" 0 "nereus [0-9]+ s" order_ok "$tmp/$name.csv"
+done
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
