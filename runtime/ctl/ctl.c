@@ -601,7 +601,8 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
     }
     if (m->kind == NRS_DELTA_ADD) {
         long add = (long)m->add_nodes * c->o.spec->cluster.gpus_per_node;
-        if (c->alloc_gpus + add > NRS_PROTO_MAX_GPUS)
+        long max = c->o.max_gpus > 0 ? c->o.max_gpus : NRS_PROTO_MAX_GPUS;
+        if (c->alloc_gpus + add > max)
             return send_delta_reply(c, from, gen, false, 0, "too many GPUs");
     } else {
         for (int h = 0; h < m->nhosts; h++) {

@@ -14,6 +14,7 @@
 typedef struct {
     const nrs_spec_t *spec;
     int gpus;                    /* GPUs at start; 0: cluster.nodes * gpus_per_node */
+    int max_gpus;                /* refuse growth past this; 0: NRS_PROTO_MAX_GPUS */
     const char *job;             /* job id; "" accepts any HELLO job id */
     const char *secret;          /* per-job token for TCP peers; NULL refuses them */
     double hello_timeout_s;      /* a peer must say HELLO within this */

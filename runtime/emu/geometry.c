@@ -20,21 +20,6 @@ void nrs_emu_split(int n, int k, int i, int *start, int *len)
     *len = base + (i < rem ? 1 : 0);
 }
 
-int64_t nrs_emu_rect_area(const nrs_emu_rect_t *r)
-{
-    if (r->r1 <= r->r0 || r->c1 <= r->c0)
-        return 0;
-    return (int64_t)(r->r1 - r->r0) * (r->c1 - r->c0);
-}
-
-int nrs_emu_rect_meet(const nrs_emu_rect_t *a, const nrs_emu_rect_t *b, nrs_emu_rect_t *out)
-{
-    out->r0 = a->r0 > b->r0 ? a->r0 : b->r0;
-    out->r1 = a->r1 < b->r1 ? a->r1 : b->r1;
-    out->c0 = a->c0 > b->c0 ? a->c0 : b->c0;
-    out->c1 = a->c1 < b->c1 ? a->c1 : b->c1;
-    return out->r0 < out->r1 && out->c0 < out->c1;
-}
 
 int nrs_emu_tensor_count(const nrs_model_t *m)
 {

@@ -96,7 +96,22 @@ int nrs_emu_state_build(const nrs_spec_t *s, const nrs_plan_t *p, nrs_emu_sel_t 
                         size_t errlen);
 void nrs_emu_state_free(nrs_emu_state_t *st);
 
-int64_t nrs_emu_rect_area(const nrs_emu_rect_t *r);
-int nrs_emu_rect_meet(const nrs_emu_rect_t *a, const nrs_emu_rect_t *b, nrs_emu_rect_t *out);
+static inline int64_t nrs_emu_rect_area(const nrs_emu_rect_t *r)
+{
+    if (r->r1 <= r->r0 || r->c1 <= r->c0)
+        return 0;
+    return (int64_t)(r->r1 - r->r0) * (r->c1 - r->c0);
+}
+
+/* Intersection of a and b into out; 1 when it is not empty. */
+static inline int nrs_emu_rect_meet(const nrs_emu_rect_t *a, const nrs_emu_rect_t *b,
+                                    nrs_emu_rect_t *out)
+{
+    out->r0 = a->r0 > b->r0 ? a->r0 : b->r0;
+    out->r1 = a->r1 < b->r1 ? a->r1 : b->r1;
+    out->c0 = a->c0 > b->c0 ? a->c0 : b->c0;
+    out->c1 = a->c1 < b->c1 ? a->c1 : b->c1;
+    return out->r0 < out->r1 && out->c0 < out->c1;
+}
 
 #endif

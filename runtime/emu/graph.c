@@ -149,11 +149,6 @@ static size_t lower_bound(const skey_t *keys, size_t n, const skey_t *want, int 
     return lo;
 }
 
-static int same3(const skey_t *a, const skey_t *b)
-{
-    return a->k[0] == b->k[0] && a->k[1] == b->k[1] && a->k[2] == b->k[2];
-}
-
 /* --- uncovered regions ----------------------------------------------------- */
 
 typedef struct {
@@ -181,17 +176,54 @@ static int rects_cut(rects_t *out, const nrs_emu_rect_t *u, const nrs_emu_rect_t
 
 /* --- source selection ------------------------------------------------------ */
 
+/* Runs tried per class of identical geometry: all of a class up to TRY_ALL,
+ * else up to TRY_NODE on the destination's node and TRY_ROTATE spread ones. */
+enum { TRY_ALL = 8, TRY_NODE = 8, TRY_ROTATE = 4 };
+
+/* Candidate index. The sorted source keys fall into runs, one per replica
+ * group (role, tensor, kind, engine, set). Runs of one engine usually hold
+ * the same boxes (every dp replica of a model-stage has the same geometry),
+ * so consecutive equal runs share a leader: the boxes meeting a destination
+ * are searched once in the leader (r0 is sorted inside a run, and no box is
+ * taller than the run's maxh), and the same positions are used in the others. */
+typedef struct {
+    size_t start, len;
+    int32_t role, tensor, kind;
+    int32_t maxh;   /* tallest box */
+    size_t leader;  /* first run of its class of identical geometry */
+    size_t ncls;    /* leader: runs in its class (they are consecutive) */
+    int32_t node;   /* node of its first buffer's GPU */
+} run_t;
+
+typedef struct {
+    int64_t left; /* area it leaves uncovered */
+    int64_t cost; /* the most loaded resource it touches, after */
+    size_t a;     /* tie-break: class order, then pick order inside the class */
+    size_t run;   /* its run, and its candidates' positions in offs */
+    size_t o0, no;
+} group_t;
+
 typedef struct {
     nrs_emu_graph_t *g;
     int64_t *load;   /* picoseconds per resource so far */
     rects_t unc, tmp;
-    int32_t *cand;   /* old buffer ids intersecting the destination */
+    const skey_t *keys;
+    nrs_emu_rect_t *kbox; /* box of keys[i] */
+    run_t *runs;
+    size_t nruns;
+    size_t *offs;    /* candidate positions inside a run, per class */
+    size_t noffs, offscap;
+    group_t *grp;
+    size_t grpcap;
+    int32_t *cand;   /* old buffer ids of one group */
     size_t ncand, candcap;
     int32_t *touched; /* resources changed by a dry run */
     int64_t *undo;
     size_t ntouched, touchcap, undocap;
     int32_t *order;
     size_t ordercap;
+    size_t *bynode;  /* per class [leader, leader + ncls): its runs by (node, run) */
+    int32_t *stamp;  /* per run: last destination it was tried for, + 1 */
 } sel_t;
 
 static int touch(sel_t *S, int r, int64_t add)
@@ -218,18 +250,18 @@ static int64_t move_cost(const sel_t *S, int32_t src, int32_t dst, int64_t bytes
     return c;
 }
 
-/* Cover what is left of dst's box from candidates cand[a, b) (one replica
+/* Cover what is left of dst's box from candidates cand[0, n) (one replica
  * group), cheapest first. Dry: only loads change (and are undone by the
  * caller). Returns -1 on allocation failure. */
-static int cover_from(sel_t *S, int32_t dst, size_t a, size_t b, int dry, int64_t *cost)
+static int cover_from(sel_t *S, int32_t dst, const int32_t *cand, size_t n, int dry,
+                      int64_t *cost)
 {
     nrs_emu_graph_t *g = S->g;
     int esize = g->buf[dst].b.esize;
-    size_t n = b - a;
 
     GROW(S->order, 0, S->ordercap, n);
     for (size_t i = 0; i < n; i++)
-        S->order[i] = S->cand[a + i];
+        S->order[i] = cand[i];
     /* cheapest candidate first (insertion sort: groups are small) */
     for (size_t i = 1; i < n; i++) {
         int32_t x = S->order[i];
@@ -288,12 +320,6 @@ static int64_t unc_area(const sel_t *S)
     return a;
 }
 
-typedef struct {
-    int64_t left; /* area it leaves uncovered */
-    int64_t cost; /* the most loaded resource it touches, after */
-    size_t a, b;  /* its candidates */
-} group_t;
-
 static int group_cmp(const void *x, const void *y)
 {
     const group_t *p = x, *q = y;
@@ -304,63 +330,226 @@ static int group_cmp(const void *x, const void *y)
     return p->a < q->a ? -1 : p->a > q->a;
 }
 
-static int select_sources(sel_t *S, const skey_t *keys, size_t nkeys, int32_t dst)
+static int build_index(sel_t *S, const skey_t *keys, size_t nkeys)
+{
+    const nrs_emu_graph_t *g = S->g;
+    S->keys = keys;
+    S->kbox = malloc(sizeof(*S->kbox) * (nkeys + 1));
+    S->runs = malloc(sizeof(*S->runs) * (nkeys + 1));
+    if (!S->kbox || !S->runs)
+        return -1;
+    for (size_t i = 0; i < nkeys; i++)
+        S->kbox[i] = g->buf[keys[i].k[8]].b.box;
+    for (size_t i = 0; i < nkeys;) {
+        size_t j = i;
+        int32_t h = 0;
+        while (j < nkeys && !memcmp(keys[j].k, keys[i].k, 5 * sizeof(int32_t))) {
+            int32_t hj = S->kbox[j].r1 - S->kbox[j].r0;
+            h = hj > h ? hj : h;
+            j++;
+        }
+        run_t *R = &S->runs[S->nruns];
+        *R = (run_t){i, j - i, keys[i].k[0], keys[i].k[1], keys[i].k[2], h, S->nruns, 1,
+                     nrs_emu_node_of(g, keys[i].k[7])};
+        if (S->nruns) { /* same geometry as the previous run's leader: share it */
+            run_t *L = &S->runs[S->runs[S->nruns - 1].leader];
+            if (!memcmp(keys[L->start].k, keys[i].k, 4 * sizeof(int32_t)) && L->len == R->len &&
+                L->maxh == R->maxh &&
+                !memcmp(&S->kbox[L->start], &S->kbox[i], R->len * sizeof(*S->kbox))) {
+                R->leader = S->runs[S->nruns - 1].leader;
+                L->ncls++;
+            }
+        }
+        S->nruns++;
+        i = j;
+    }
+    S->bynode = malloc(sizeof(*S->bynode) * (S->nruns + 1));
+    S->stamp = calloc(S->nruns + 1, sizeof(*S->stamp));
+    if (!S->bynode || !S->stamp)
+        return -1;
+    for (size_t l = 0; l < S->nruns; l += S->runs[l].ncls) { /* counting sort by node */
+        size_t n = S->runs[l].ncls;
+        for (size_t i = 0; i < n; i++) {
+            size_t j = i; /* runs of one engine come in GPU order: mostly sorted already */
+            while (j > 0 && S->runs[S->bynode[l + j - 1]].node > S->runs[l + i].node) {
+                S->bynode[l + j] = S->bynode[l + j - 1];
+                j--;
+            }
+            S->bynode[l + j] = l + i;
+        }
+    }
+    return 0;
+}
+
+/* Positions (in run R) of the boxes meeting box, appended to S->offs. */
+static int run_meets(sel_t *S, const run_t *R, const nrs_emu_rect_t *box)
+{
+    const nrs_emu_rect_t *kb = S->kbox + R->start;
+    int64_t from = (int64_t)box->r0 - R->maxh; /* boxes starting at or above it end above box */
+    size_t lo = 0, hi = R->len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (kb[mid].r0 <= from)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i < R->len && kb[i].r0 < box->r1; i++) {
+        nrs_emu_rect_t m;
+        if (!nrs_emu_rect_meet(&kb[i], box, &m))
+            continue;
+        GROW(S->offs, S->noffs, S->offscap, 1);
+        S->offs[S->noffs++] = i;
+    }
+    return 0;
+}
+
+/* Candidate ids of group G, in key order, into S->cand. */
+static int group_cands(sel_t *S, const group_t *G)
+{
+    const run_t *R = &S->runs[G->run];
+    GROW(S->cand, 0, S->candcap, G->no);
+    for (size_t i = 0; i < G->no; i++)
+        S->cand[i] = S->keys[R->start + S->offs[G->o0 + i]].k[8];
+    S->ncand = G->no;
+    return 0;
+}
+
+/* Dry run of one group: what it leaves uncovered and its most loaded
+ * resource after. One candidate (the common case) is computed directly, with
+ * the same integer sums as cover_from. */
+static int group_try(sel_t *S, int32_t dst, group_t *G, const int64_t *dur)
+{
+    const nrs_emu_graph_t *g = S->g;
+    const nrs_emu_buf_t *D = &g->buf[dst].b;
+    if (G->no == 1) {
+        int32_t id = S->keys[S->runs[G->run].start + S->offs[G->o0]].k[8];
+        int r[2];
+        nrs_emu_rect_t m;
+        nrs_emu_rect_meet(&g->buf[id].b.box, &D->box, &m);
+        nrs_emu_resources(g, g->buf[id].b.gpu, D->gpu, -1, r);
+        G->cost = 0;
+        for (int k = 0; k < 2; k++)
+            if (r[k] >= 0) {
+                int64_t v = S->load[r[k]] + dur[r[k] % NRS_EMU_RES_KINDS];
+                G->cost = v > G->cost ? v : G->cost;
+            }
+        G->left = nrs_emu_rect_area(&D->box) - nrs_emu_rect_area(&m);
+        return 0;
+    }
+    S->unc.n = 0;
+    S->ntouched = 0;
+    if (group_cands(S, G) || rects_push(&S->unc, &D->box) ||
+        cover_from(S, dst, S->cand, S->ncand, 1, &G->cost))
+        return -1;
+    while (S->ntouched > 0) {
+        S->ntouched--;
+        S->load[S->touched[S->ntouched]] = S->undo[S->ntouched];
+    }
+    G->left = unc_area(S);
+    return 0;
+}
+
+static int select_sources(sel_t *S, int32_t dst)
 {
     nrs_emu_graph_t *g = S->g;
     const nrs_emu_buf_t *D = &g->buf[dst].b;
-    skey_t want = {{D->role, D->tensor, D->kind}};
-    size_t lo = lower_bound(keys, nkeys, &want, 3), ng = 0;
-    group_t *grp = NULL;
-    int rc = -1;
+    size_t lo = 0, hi = S->nruns, ng = 0, best = 0;
+    int64_t dur[NRS_EMU_RES_KINDS];
+    int64_t mbytes = -1; /* bytes of the one-candidate meet durations are for */
 
-    S->ncand = 0;
-    for (size_t i = lo; i < nkeys && same3(&keys[i], &want); i++) {
-        nrs_emu_rect_t m;
-        int32_t id = keys[i].k[8];
-        if (!nrs_emu_rect_meet(&g->buf[id].b.box, &D->box, &m))
-            continue;
-        GROW(S->cand, S->ncand, S->candcap, 1);
-        S->cand[S->ncand++] = id;
+    while (lo < hi) { /* first run of (role, tensor, kind) */
+        size_t mid = (lo + hi) / 2;
+        const run_t *R = &S->runs[mid];
+        int c = R->role != D->role ? (R->role < D->role ? -1 : 1)
+                : R->tensor != D->tensor ? (R->tensor < D->tensor ? -1 : 1)
+                : R->kind != D->kind ? (R->kind < D->kind ? -1 : 1) : 0;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    grp = malloc(sizeof(*grp) * (S->ncand + 1));
-    if (!grp)
-        return -1;
-    for (size_t a = 0; a < S->ncand;) {
-        size_t b = a;
-        const nrs_emu_buf_t *x = &g->buf[S->cand[a]].b;
-        while (b < S->ncand && g->buf[S->cand[b]].b.engine == x->engine &&
-               g->buf[S->cand[b]].b.set == x->set)
-            b++;
-        S->unc.n = 0;
-        S->ntouched = 0;
-        if (rects_push(&S->unc, &D->box) || cover_from(S, dst, a, b, 1, &grp[ng].cost))
-            goto fail;
-        while (S->ntouched > 0) {
-            S->ntouched--;
-            S->load[S->touched[S->ntouched]] = S->undo[S->ntouched];
+    S->noffs = 0;
+    int32_t stamp = dst + 1;
+    int dnode = nrs_emu_node_of(g, D->gpu);
+    for (size_t l = lo; l < S->nruns;) {
+        const run_t *L = &S->runs[l];
+        if (L->role != D->role || L->tensor != D->tensor || L->kind != D->kind)
+            break;
+        size_t n = L->ncls, o0 = S->noffs, no;
+        if (run_meets(S, L, &D->box))
+            return -1;
+        no = S->noffs - o0;
+        mbytes = -1;
+        if (no) {
+            /* Every run of a class has the same boxes, so the same coverage:
+             * small classes are tried in full; in a large one, the runs on
+             * the destination's node and TRY_ROTATE runs spread from replica
+             * (d mod n) stand for it (the least loaded of them wins). */
+            size_t pick[TRY_NODE + TRY_ROTATE], np = 0;
+            if (n <= TRY_ALL) {
+                for (size_t k = 0; k < n; k++)
+                    pick[np++] = l + k;
+            } else {
+                size_t a = 0, b = n; /* first run of the class on dnode */
+                while (a < b) {
+                    size_t mid = (a + b) / 2;
+                    if (S->runs[S->bynode[l + mid]].node < dnode)
+                        a = mid + 1;
+                    else
+                        b = mid;
+                }
+                for (; a < n && np < TRY_NODE && S->runs[S->bynode[l + a]].node == dnode; a++)
+                    pick[np++] = S->bynode[l + a];
+                size_t base = ((size_t)D->replica + (size_t)D->rank) % n;
+                for (size_t k = 0; k < TRY_ROTATE; k++)
+                    pick[np++] = l + (base + k * n / TRY_ROTATE) % n;
+            }
+            for (size_t k = 0; k < np; k++) {
+                size_t i = pick[k];
+                if (S->stamp[i] == stamp)
+                    continue;
+                S->stamp[i] = stamp;
+                GROW(S->grp, ng, S->grpcap, 1);
+                group_t *G = &S->grp[ng];
+                /* ties go to the class met first, then to the pick order:
+                 * node-local runs, then replica (d mod n) and the spread */
+                *G = (group_t){0, 0, l * (TRY_NODE + TRY_ROTATE) + k, i, o0, no};
+                if (no == 1 && mbytes < 0) { /* durations of this class's one meet */
+                    nrs_emu_rect_t m;
+                    nrs_emu_rect_meet(&S->kbox[L->start + S->offs[o0]], &D->box, &m);
+                    mbytes = nrs_emu_rect_area(&m) * D->esize;
+                    for (int r = 0; r < NRS_EMU_RES_KINDS; r++)
+                        dur[r] = nrs_emu_duration(g, r, mbytes);
+                }
+                if (group_try(S, dst, G, dur))
+                    return -1;
+                if (ng && group_cmp(G, &S->grp[best]) < 0)
+                    best = ng;
+                ng++;
+            }
         }
-        grp[ng].left = unc_area(S);
-        grp[ng].a = a;
-        grp[ng].b = b;
-        ng++;
-        a = b;
+        l += n;
     }
-    qsort(grp, ng, sizeof(*grp), group_cmp);
     S->unc.n = 0;
     if (rects_push(&S->unc, &D->box))
-        goto fail;
+        return -1;
+    if (ng && S->grp[best].left == 0) { /* the first in order covers it all */
+        int64_t c;
+        return group_cands(S, &S->grp[best]) ||
+               cover_from(S, dst, S->cand, S->ncand, 0, &c);
+    }
+    if (ng > 1)
+        qsort(S->grp, ng, sizeof(*S->grp), group_cmp);
     for (size_t i = 0; i < ng && S->unc.n; i++) {
         int64_t c;
-        if (cover_from(S, dst, grp[i].a, grp[i].b, 0, &c))
-            goto fail;
+        if (group_cands(S, &S->grp[i]) || cover_from(S, dst, S->cand, S->ncand, 0, &c))
+            return -1;
     }
     for (size_t i = 0; i < S->unc.n; i++)
         if (push_lost(g, D, &S->unc.r[i]))
-            goto fail;
-    rc = 0;
-fail:
-    free(grp);
-    return rc;
+            return -1;
+    return 0;
 }
 
 /* --- buffers, keeps, chunks ------------------------------------------------ */
@@ -375,6 +564,7 @@ static int gpu_lost(const nrs_emu_opts_t *o, int gpu)
 
 static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, size_t errlen)
 {
+    GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
     for (size_t i = 0; i < g->from.nbuf; i++) {
         nrs_emu_gbuf_t b = {g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
                             (int8_t)gpu_lost(o, g->from.buf[i].gpu)};
@@ -442,6 +632,24 @@ fail:
     free(k);
     free(taken);
     return rc;
+}
+
+/* How many chunks chunk_move cuts mv into. */
+static size_t move_chunks(const nrs_emu_graph_t *g, const nrs_emu_move_t *mv)
+{
+    const nrs_emu_buf_t *S = &g->buf[mv->src].b, *D = &g->buf[mv->dst].b;
+    const nrs_emu_rect_t *R = &mv->box;
+    int64_t es = D->esize, sw = S->box.c1 - S->box.c0, dw = D->box.c1 - D->box.c0;
+    int64_t row = (R->c1 - R->c0) * es, rows = R->r1 - R->r0, ch = g->chunk;
+    if (row == sw * es && row == dw * es) {
+        row *= rows;
+        rows = 1;
+    }
+    if (row <= ch) {
+        int64_t per = ch / row;
+        return (size_t)((rows + per - 1) / per);
+    }
+    return (size_t)(rows * ((row + ch - 1) / ch));
 }
 
 static int chunk_move(nrs_emu_graph_t *g, int32_t mi)
@@ -545,12 +753,12 @@ static int choose_sources(nrs_emu_graph_t *g)
     int rc = -1;
 
     S.load = calloc((size_t)g->nphys * NRS_EMU_RES_KINDS + 1, sizeof(int64_t));
-    if (!keys || !S.load)
+    if (!keys || !S.load || build_index(&S, keys, nkeys))
         goto fail;
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
         if (g->buf[j].alias >= 0 || g->buf[j].b.kind == NRS_EMU_GRAD)
             continue;
-        if (select_sources(&S, keys, nkeys, j))
+        if (select_sources(&S, j))
             goto fail;
     }
     rc = 0;
@@ -560,6 +768,12 @@ fail:
     free(S.unc.r);
     free(S.tmp.r);
     free(S.cand);
+    free(S.kbox);
+    free(S.runs);
+    free(S.offs);
+    free(S.grp);
+    free(S.bynode);
+    free(S.stamp);
     free(S.touched);
     free(S.undo);
     free(S.order);
@@ -580,6 +794,16 @@ int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
                  "%zu boxes of state survive on no replica: restore from a checkpoint",
                  g->nlost);
         return NRS_EMU_ELOST;
+    }
+    size_t nch = 0;
+    for (size_t i = 0; i < g->nmoves; i++)
+        nch += move_chunks(g, &g->moves[i]);
+    if (nch > g->chunkcap) { /* exact size, one allocation */
+        void *p = realloc(g->chunks, (nch + 1) * sizeof(*g->chunks));
+        if (!p)
+            goto oom;
+        g->chunks = p;
+        g->chunkcap = nch + 1;
     }
     for (size_t i = 0; i < g->nmoves; i++)
         if (chunk_move(g, (int32_t)i))

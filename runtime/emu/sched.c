@@ -9,12 +9,21 @@
  * allocation on their GPU needs the room, else at the end — so the point of
  * no return comes as late as memory allows. When nothing runs and nothing
  * fits, an old buffer of the blocked GPU is staged to host memory.
+ *
+ * Cost: moves wait in pairs (the resources they use), in a fixed order
+ * inside a pair, so an event looks at the freed resource's pairs, not its
+ * moves; each list entry carries the pair's other resource, so a busy partner
+ * is skipped without touching a move. A started move runs a burst of up to
+ * BURST chunks back to back, one event, the chunks' times computed.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "emu/graph.h"
+
+/* Chunks a started move runs back to back before it competes again. */
+enum { BURST = 8 };
 
 typedef struct {
     int64_t t;
@@ -27,14 +36,35 @@ typedef struct {
     size_t c0, n, next; /* its chunks in g->chunks */
     int32_t src;        /* current source (host after staging) */
     int r[2];
-    int running;
+    int running;        /* chunks in flight (a burst) */
+    int32_t pair;       /* the pair of resources it waits on */
     int64_t rem; /* remaining picoseconds on its resources */
+    int64_t key; /* its order inside the pair: initial picoseconds */
 } smove_t;
+
+/* The moves that use one pair of resources (r[1] = -1: one resource), in a
+ * fixed order: most picoseconds first, then move id. */
+typedef struct {
+    int r[2];
+    int32_t *v;
+    size_t n, cap, head;
+    int own; /* v is its own allocation, else a slice of pairv */
+} spair_t;
 
 typedef struct {
     int32_t *v;
     size_t n, cap;
 } ivec_t;
+
+typedef struct {
+    int32_t id;    /* pair */
+    int32_t other; /* its other resource, or -1 */
+} lent_t;
+
+typedef struct {
+    lent_t *v;
+    size_t n, cap;
+} lvec_t;
 
 typedef struct {
     nrs_emu_graph_t *g;
@@ -43,10 +73,17 @@ typedef struct {
     int64_t seq, capeff;
     int64_t *rem;
     unsigned char *busy, *indirty;
-    ivec_t *lists; /* moves per resource */
+    lvec_t *lists; /* pairs per resource */
     ivec_t dirty;
     smove_t *mv;
+    spair_t *pairs;
+    size_t npairs, paircap;
+    int32_t *pairv; /* initial pair slices */
+    void *dres; /* try_start scratch */
+    size_t drescap;
     size_t moves_left;
+    size_t blocked_from; /* moves before it are done or have a live destination */
+    int32_t *bysrc, *bysrc_off; /* moves reading each old buffer, in id order */
     /* per buffer (room for one host copy of every old buffer) */
     int32_t *reads;
     unsigned char *live, *keep, *staging;
@@ -63,6 +100,20 @@ static int ivec_push(ivec_t *v, int32_t x)
     if (v->n == v->cap) {
         size_t nc = v->cap ? v->cap * 2 : 8;
         int32_t *p = realloc(v->v, nc * sizeof(*p));
+        if (!p)
+            return -1;
+        v->v = p;
+        v->cap = nc;
+    }
+    v->v[v->n++] = x;
+    return 0;
+}
+
+static int lvec_push(lvec_t *v, lent_t x)
+{
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? v->cap * 2 : 8;
+        lent_t *p = realloc(v->v, nc * sizeof(*p));
         if (!p)
             return -1;
         v->v = p;
@@ -202,12 +253,6 @@ static int alloc_buf(sched_t *S, int32_t id)
     return emit(S, op);
 }
 
-static int64_t move_prio(const sched_t *S, const smove_t *m)
-{
-    int64_t a = S->rem[m->r[0]], b = m->r[1] >= 0 ? S->rem[m->r[1]] : 0;
-    return a > b ? a : b;
-}
-
 static int startable(const sched_t *S, const smove_t *m)
 {
     const nrs_emu_graph_t *g = S->g;
@@ -219,96 +264,189 @@ static int startable(const sched_t *S, const smove_t *m)
     return S->live[dst] || fits(S, g->buf[dst].b.gpu, g->buf[dst].b.bytes);
 }
 
+/* Start move mi: up to BURST of its chunks back to back on its resources,
+ * one event at the end. Chunk times are computed, not simulated. */
 static int start_chunk(sched_t *S, int32_t mi)
 {
     nrs_emu_graph_t *g = S->g;
     smove_t *m = &S->mv[mi];
-    nrs_emu_op_t op = g->chunks[m->c0 + m->next];
-    int64_t bytes = op.row_bytes * op.rows;
-    int64_t d = nrs_emu_duration(g, m->r[0], bytes);
+    size_t k = m->n - m->next < BURST ? m->n - m->next : BURST;
+    int64_t t = S->now;
 
-    if (!S->live[op.dst_buf] && alloc_buf(S, op.dst_buf))
+    if (!S->live[g->chunks[m->c0 + m->next].dst_buf] &&
+        alloc_buf(S, g->chunks[m->c0 + m->next].dst_buf))
         return -1;
-    if (m->src != op.src_buf) { /* staged to host */
-        op.src_buf = m->src;
-        op.src_gpu = g->buf[m->src].b.gpu;
-        op.type = NRS_EMU_OP_XFER;
-        op.link = (uint8_t)nrs_emu_resources(g, op.src_gpu, op.dst_gpu, g->buf[m->src].via,
-                                             (int[2]){0, 0});
-    }
-    op.start = S->now;
-    op.end = S->now + d;
-    for (int k = 0; k < 2; k++)
-        if (m->r[k] >= 0) {
-            S->busy[m->r[k]] = 1;
-            S->rem[m->r[k]] -= d;
+    for (size_t c = 0; c < k; c++) {
+        nrs_emu_op_t op = g->chunks[m->c0 + m->next + c];
+        int64_t d = nrs_emu_duration(g, m->r[0], op.row_bytes * op.rows);
+        if (m->src != op.src_buf) { /* staged to host */
+            op.src_buf = m->src;
+            op.src_gpu = g->buf[m->src].b.gpu;
+            op.type = NRS_EMU_OP_XFER;
+            op.link = (uint8_t)nrs_emu_resources(g, op.src_gpu, op.dst_gpu,
+                                                 g->buf[m->src].via, (int[2]){0, 0});
         }
-    m->rem -= d;
-    m->running = 1;
-    if (heap_push(S, (ev_t){op.end, S->seq++, (int32_t)g->nops, -1}))
-        return -1;
-    return emit(S, op);
+        op.start = t;
+        op.end = t + d;
+        t += d;
+        for (int r = 0; r < 2; r++)
+            if (m->r[r] >= 0)
+                S->rem[m->r[r]] -= d;
+        m->rem -= d;
+        if (emit(S, op))
+            return -1;
+    }
+    for (int r = 0; r < 2; r++)
+        if (m->r[r] >= 0)
+            S->busy[m->r[r]] = 1;
+    m->running = (int)k;
+    return heap_push(S, (ev_t){t, S->seq++, (int32_t)g->nops - 1, -1});
 }
 
-static int dirty_cmp_rem(const sched_t *S, int a, int b)
+typedef struct {
+    int64_t rem;
+    int32_t r;
+} dres_t;
+
+static int dres_cmp(const void *x, const void *y) /* most loaded first, then id */
 {
-    if (S->rem[a] != S->rem[b])
-        return S->rem[a] > S->rem[b] ? -1 : 1;
-    return a < b ? -1 : a > b;
+    const dres_t *a = x, *b = y;
+    if (a->rem != b->rem)
+        return a->rem > b->rem ? -1 : 1;
+    return a->r < b->r ? -1 : a->r > b->r;
 }
 
-/* Start what can start on the resources that changed. */
+/* The first move of pair p (from its head) that can start now, or -1. Done
+ * and re-sourced moves at the head are dropped. */
+static int32_t pair_first(sched_t *S, int32_t p)
+{
+    spair_t *P = &S->pairs[p];
+    while (P->head < P->n) {
+        const smove_t *m = &S->mv[P->v[P->head]];
+        if (m->next < m->n && m->pair == p)
+            break;
+        P->head++;
+    }
+    for (size_t j = P->head; j < P->n; j++) {
+        const smove_t *m = &S->mv[P->v[j]];
+        if (m->pair == p && startable(S, m))
+            return P->v[j];
+    }
+    return -1;
+}
+
+/* Start what can start on the resources that changed: on each free one, the
+ * pair whose other resource is free with the most remaining work on its
+ * busier resource (then the move with more remaining, then lower id). */
 static int try_start(sched_t *S)
 {
     ivec_t d = S->dirty;
-    S->dirty = (ivec_t){0};
-    for (size_t i = 0; i < d.n; i++)
-        S->indirty[d.v[i]] = 0;
-    for (size_t i = 1; i < d.n; i++) { /* most loaded resource first */
-        int32_t x = d.v[i];
-        size_t j = i;
-        while (j > 0 && dirty_cmp_rem(S, d.v[j - 1], x) > 0) {
-            d.v[j] = d.v[j - 1];
-            j--;
-        }
-        d.v[j] = x;
+    if (S->drescap < d.n + 1) {
+        void *p = realloc(S->dres, sizeof(dres_t) * (d.n + 1));
+        if (!p)
+            return -1;
+        S->dres = p;
+        S->drescap = d.n + 1;
     }
+    dres_t *o = S->dres;
+    S->dirty.n = 0; /* o holds the resources: marks made below go to the next round */
+    for (size_t i = 0; i < d.n; i++) { /* most loaded resource first */
+        S->indirty[d.v[i]] = 0;
+        o[i] = (dres_t){S->rem[d.v[i]], d.v[i]};
+    }
+    if (d.n > 1)
+        qsort(o, d.n, sizeof(*o), dres_cmp);
     for (size_t i = 0; i < d.n; i++) {
-        int r = d.v[i];
-        ivec_t *L = &S->lists[r];
+        int r = o[i].r;
+        lvec_t *L = &S->lists[r];
         int32_t best = -1;
         int64_t bp = 0;
         if (S->busy[r])
             continue;
         for (size_t k = 0; k < L->n;) {
-            smove_t *m = &S->mv[L->v[k]];
-            if (m->next == m->n || (m->r[0] != r && m->r[1] != r)) {
-                L->v[k] = L->v[--L->n]; /* done or moved: drop */
+            int other = L->v[k].other;
+            spair_t *P = &S->pairs[L->v[k].id];
+            if (P->head == P->n) {
+                L->v[k] = L->v[--L->n]; /* exhausted: drop */
                 continue;
             }
-            if (startable(S, m)) {
-                int64_t p = move_prio(S, m);
-                int32_t id = L->v[k];
-                if (best < 0 || p > bp ||
-                    (p == bp && (m->rem > S->mv[best].rem ||
-                                 (m->rem == S->mv[best].rem && id < best)))) {
-                    best = id;
-                    bp = p;
-                }
+            if (other >= 0 && S->busy[other]) {
+                k++;
+                continue;
+            }
+            int32_t id = pair_first(S, L->v[k].id);
+            if (P->head == P->n) {
+                L->v[k] = L->v[--L->n];
+                continue;
             }
             k++;
+            if (id < 0)
+                continue;
+            const smove_t *m = &S->mv[id];
+            int64_t a = S->rem[r], b = other >= 0 ? S->rem[other] : 0, p = a > b ? a : b;
+            if (best < 0 || p > bp ||
+                (p == bp && (m->rem > S->mv[best].rem ||
+                             (m->rem == S->mv[best].rem && id < best)))) {
+                best = id;
+                bp = p;
+            }
         }
         if (best >= 0 && start_chunk(S, best))
-            goto fail;
+            return -1;
     }
-    free(d.v);
     return 0;
-fail:
-    free(d.v);
-    return -1;
 }
 
-static int set_resources(sched_t *S, int32_t mi)
+static int pair_push(sched_t *S, int32_t p, int32_t mi)
+{
+    spair_t *P = &S->pairs[p];
+    if (P->n == P->cap || !P->own) {
+        size_t nc = P->n * 2 + 8;
+        int32_t *v = malloc(nc * sizeof(*v));
+        if (!v)
+            return -1;
+        if (P->n)
+            memcpy(v, P->v, P->n * sizeof(*v));
+        if (P->own)
+            free(P->v);
+        P->v = v;
+        P->cap = nc;
+        P->own = 1;
+    }
+    /* keep the order from the head on: insert by (key desc, id) */
+    size_t j = P->n++;
+    const smove_t *m = &S->mv[mi];
+    while (j > P->head) {
+        const smove_t *q = &S->mv[P->v[j - 1]];
+        if (q->key > m->key || (q->key == m->key && P->v[j - 1] < mi))
+            break;
+        P->v[j] = P->v[j - 1];
+        j--;
+    }
+    P->v[j] = mi;
+    return 0;
+}
+
+static int32_t pair_new(sched_t *S, const int r[2])
+{
+    if (S->npairs == S->paircap) {
+        size_t nc = S->paircap ? S->paircap * 2 : 64;
+        spair_t *p = realloc(S->pairs, nc * sizeof(*p));
+        if (!p)
+            return -1;
+        S->pairs = p;
+        S->paircap = nc;
+    }
+    int32_t id = (int32_t)S->npairs++;
+    S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0};
+    for (int k = 0; k < 2; k++)
+        if (r[k] >= 0 && lvec_push(&S->lists[r[k]], (lent_t){id, r[1 - k]}))
+            return -1;
+    return id;
+}
+
+/* Resources and remaining time of move mi from its current source. */
+static void move_resources(sched_t *S, int32_t mi)
 {
     nrs_emu_graph_t *g = S->g;
     smove_t *m = &S->mv[mi];
@@ -320,19 +458,38 @@ static int set_resources(sched_t *S, int32_t mi)
         m->rem += nrs_emu_duration(g, m->r[0], op->row_bytes * op->rows);
     }
     for (int k = 0; k < 2; k++)
-        if (m->r[k] >= 0) {
+        if (m->r[k] >= 0)
             S->rem[m->r[k]] += m->rem;
-            if (ivec_push(&S->lists[m->r[k]], mi) || mark_dirty(S, m->r[k]))
-                return -1;
-        }
-    return 0;
 }
 
-static int on_read_done(sched_t *S, int32_t src)
+/* Re-sourced move (staging): into the pair of its new resources. */
+static int set_resources(sched_t *S, int32_t mi)
+{
+    smove_t *m = &S->mv[mi];
+    int32_t p = -1;
+    move_resources(S, mi);
+    const lvec_t *L = &S->lists[m->r[0]];
+    for (size_t k = 0; k < L->n && p < 0; k++) {
+        const spair_t *P = &S->pairs[L->v[k].id];
+        if (P->r[0] == m->r[0] && P->r[1] == m->r[1])
+            p = L->v[k].id;
+    }
+    if (p >= 0 && S->pairs[p].head == S->pairs[p].n)
+        p = -1; /* exhausted pairs leave the lists: a fresh one is seen from both */
+    if (p < 0 && (p = pair_new(S, m->r)) < 0)
+        return -1;
+    m->pair = p;
+    for (int k = 0; k < 2; k++)
+        if (m->r[k] >= 0 && mark_dirty(S, m->r[k]))
+            return -1;
+    return pair_push(S, p, mi);
+}
+
+static int on_read_done(sched_t *S, int32_t src, int n)
 {
     nrs_emu_graph_t *g = S->g;
     int gpu = g->buf[src].b.gpu;
-    if (--S->reads[src] > 0)
+    if ((S->reads[src] -= n) > 0)
         return 0;
     if (g->buf[src].origin == NRS_EMU_ORIGIN_HOST)
         return free_buf(S, src);
@@ -357,21 +514,23 @@ static int on_event(sched_t *S, ev_t e)
         if (free_buf(S, victim) || mark_dirty(S, gpu * NRS_EMU_RES_KINDS + NRS_EMU_RES_D2H))
             return -1;
         S->live[host] = 1;
-        for (size_t i = 0; i < g->nmoves; i++)
-            if (S->mv[i].src == victim && S->mv[i].next < S->mv[i].n) {
-                smove_t *m = &S->mv[i];
-                for (int k = 0; k < 2; k++)
-                    if (m->r[k] >= 0)
-                        S->rem[m->r[k]] -= m->rem;
-                m->src = host;
-                if (set_resources(S, (int32_t)i))
-                    return -1;
-            }
+        for (int32_t j = S->bysrc_off[victim]; j < S->bysrc_off[victim + 1]; j++) {
+            smove_t *m = &S->mv[S->bysrc[j]];
+            if (m->src != victim || m->next == m->n)
+                continue;
+            for (int k = 0; k < 2; k++)
+                if (m->r[k] >= 0)
+                    S->rem[m->r[k]] -= m->rem;
+            m->src = host;
+            if (set_resources(S, S->bysrc[j]))
+                return -1;
+        }
         return mark_gpu_dirty(S, gpu);
     }
     smove_t *m = &S->mv[op->move];
+    int nrun = m->running;
     m->running = 0;
-    m->next++;
+    m->next += (size_t)nrun;
     if (m->next == m->n)
         S->moves_left--;
     nrs_emu_resources(g, op->src_gpu, op->dst_gpu, g->buf[op->src_buf].via, r);
@@ -381,7 +540,7 @@ static int on_event(sched_t *S, ev_t e)
             if (mark_dirty(S, r[k]))
                 return -1;
         }
-    return on_read_done(S, op->src_buf);
+    return on_read_done(S, op->src_buf, nrun);
 }
 
 /* Nothing runs and nothing fits: stage an old buffer of a blocked GPU. */
@@ -389,9 +548,12 @@ static int stage_one(sched_t *S)
 {
     nrs_emu_graph_t *g = S->g;
     int32_t blocked = -1, victim = -1;
-    for (size_t i = 0; i < g->nmoves && blocked < 0; i++)
+    /* moves only finish and destinations only become live: resume the scan */
+    for (size_t i = S->blocked_from; i < g->nmoves && blocked < 0; i++)
         if (S->mv[i].next < S->mv[i].n && !S->live[g->moves[i].dst])
             blocked = (int32_t)i;
+        else
+            S->blocked_from = i + 1;
     if (blocked < 0) {
         snprintf(S->err, S->errlen, "scheduler stalled with %zu moves left", S->moves_left);
         return -1;
@@ -471,6 +633,66 @@ static int check_caps(sched_t *S)
     return rc;
 }
 
+typedef struct {
+    int32_t r0, r1, id;
+    int64_t key;
+} pkey_t;
+
+static int pair_order(const void *x, const void *y)
+{
+    const pkey_t *p = x, *q = y;
+    if (p->r0 != q->r0)
+        return p->r0 < q->r0 ? -1 : 1;
+    if (p->r1 != q->r1)
+        return p->r1 < q->r1 ? -1 : 1;
+    if (p->key != q->key)
+        return p->key > q->key ? -1 : 1;
+    return p->id < q->id ? -1 : p->id > q->id;
+}
+
+/* Every move's resources and time; the moves grouped into pairs. */
+static int init_pairs(sched_t *S)
+{
+    nrs_emu_graph_t *g = S->g;
+    size_t n = 0;
+    pkey_t *pk = malloc(sizeof(*pk) * (g->nmoves + 1));
+    S->pairv = malloc(sizeof(int32_t) * (g->nmoves + 1));
+    if (!S->pairv || !pk) {
+        free(pk);
+        return -1;
+    }
+    for (size_t i = 0; i < g->nmoves; i++) {
+        smove_t *m = &S->mv[i];
+        m->src = g->moves[i].src;
+        m->pair = -1;
+        move_resources(S, (int32_t)i);
+        m->key = m->rem;
+        if (m->n) {
+            S->moves_left++;
+            pk[n++] = (pkey_t){m->r[0], m->r[1], (int32_t)i, m->key};
+        }
+    }
+    qsort(pk, n, sizeof(*pk), pair_order);
+    for (size_t i = 0; i < n; i++)
+        S->pairv[i] = pk[i].id;
+    free(pk);
+    for (size_t i = 0; i < n;) {
+        const smove_t *m = &S->mv[S->pairv[i]];
+        size_t j = i;
+        while (j < n && S->mv[S->pairv[j]].r[0] == m->r[0] && S->mv[S->pairv[j]].r[1] == m->r[1])
+            j++;
+        int32_t p = pair_new(S, m->r);
+        if (p < 0)
+            return -1; /* pk is freed already */
+        S->pairs[p].v = S->pairv + i;
+        S->pairs[p].n = S->pairs[p].cap = j - i;
+        for (size_t k = i; k < j; k++)
+            S->mv[S->pairv[k]].pair = p;
+        i = j;
+    }
+    return 0;
+}
+
 static int sched_init(sched_t *S, nrs_emu_graph_t *g)
 {
     size_t nb = g->nbuf + (size_t)g->nold + 1, np = (size_t)g->nphys + 1;
@@ -480,7 +702,9 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
     S->rem = calloc(S->nres + 1, sizeof(int64_t));
     S->busy = calloc(S->nres + 1, 1);
     S->indirty = calloc(S->nres + 1, 1);
-    S->lists = calloc(S->nres + 1, sizeof(ivec_t));
+    S->lists = calloc(S->nres + 1, sizeof(lvec_t));
+    S->bysrc = calloc(g->nmoves + 1, sizeof(int32_t));
+    S->bysrc_off = calloc((size_t)g->nold + 2, sizeof(int32_t));
     S->mv = calloc(g->nmoves + 1, sizeof(smove_t));
     S->reads = calloc(nb, sizeof(int32_t));
     S->live = calloc(nb, 1);
@@ -492,7 +716,7 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
     S->freeq = calloc(np, sizeof(ivec_t));
     g->peak = calloc(np, sizeof(int64_t));
     g->host_peak = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
-    if (!S->rem || !S->busy || !S->indirty || !S->lists || !S->mv || !S->reads || !S->live ||
+    if (!S->rem || !S->busy || !S->indirty || !S->lists || !S->bysrc || !S->bysrc_off || !S->mv || !S->reads || !S->live ||
         !S->keep || !S->staging || !S->used || !S->freeable || !S->host_used || !S->freeq ||
         !g->peak || !g->host_peak)
         return -1;
@@ -519,13 +743,18 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
         S->mv[mi].n = e - c;
         c = e;
     }
-    for (size_t i = 0; i < g->nmoves; i++) {
-        S->mv[i].src = g->moves[i].src;
-        if (S->mv[i].n)
-            S->moves_left++;
-        if (set_resources(S, (int32_t)i))
-            return -1;
-    }
+    /* moves by source (counting sort, stable): staging re-sources them */
+    for (size_t i = 0; i < g->nmoves; i++)
+        S->bysrc_off[g->moves[i].src + 1]++;
+    for (int32_t i = 0; i < g->nold; i++)
+        S->bysrc_off[i + 1] += S->bysrc_off[i];
+    for (size_t i = 0; i < g->nmoves; i++) /* bysrc_off[src] is src's cursor here */
+        S->bysrc[S->bysrc_off[g->moves[i].src]++] = (int32_t)i;
+    for (int32_t i = g->nold; i > 0; i--) /* shift the cursors back to starts */
+        S->bysrc_off[i] = S->bysrc_off[i - 1];
+    S->bysrc_off[0] = 0;
+    if (init_pairs(S))
+        return -1;
     for (int32_t i = 0; i < g->nold; i++) /* never read, not kept: freeable now */
         if (S->live[i] && !S->keep[i] && S->reads[i] == 0) {
             S->freeable[g->buf[i].b.gpu] += g->buf[i].b.bytes;
@@ -541,10 +770,18 @@ static void sched_fini(sched_t *S)
         free(S->lists[r].v);
     for (int gpu = 0; gpu < S->g->nphys && S->freeq; gpu++)
         free(S->freeq[gpu].v);
+    for (size_t p = 0; p < S->npairs; p++)
+        if (S->pairs[p].own)
+            free(S->pairs[p].v);
+    free(S->pairs);
+    free(S->pairv);
+    free(S->dres);
     free(S->rem);
     free(S->busy);
     free(S->indirty);
     free(S->lists);
+    free(S->bysrc);
+    free(S->bysrc_off);
     free(S->dirty.v);
     free(S->mv);
     free(S->reads);
@@ -572,7 +809,7 @@ static int engine_gpus(const nrs_emu_state_t *st, int e, int *gpus, int n)
     return 0;
 }
 
-static int engine_changed(const nrs_emu_graph_t *g, int e)
+static int engine_changed(const nrs_emu_graph_t *g, int e, const unsigned char *gpu_lost)
 {
     const nrs_emu_engine_t *E = &g->to.eng[e];
     int n = E->lay.tp * E->lay.pp * E->lay.dp, changed = 1;
@@ -588,9 +825,8 @@ static int engine_changed(const nrs_emu_graph_t *g, int e)
         engine_gpus(&g->to, e, a + n, n);
         changed = memcmp(a, a + n, sizeof(int) * (size_t)n) != 0;
         for (int i = 0; i < n && !changed; i++)
-            for (int k = 0; k < g->nold; k++)
-                if (g->buf[k].lost && g->buf[k].b.gpu == a[i])
-                    changed = 1;
+            if (a[i] >= 0 && a[i] < g->nphys && gpu_lost[a[i]])
+                changed = 1;
         free(a);
     }
     return changed;
@@ -601,11 +837,17 @@ static int engine_changed(const nrs_emu_graph_t *g, int e)
 static int emit_comms(sched_t *S)
 {
     nrs_emu_graph_t *g = S->g;
+    unsigned char *gpu_lost = calloc((size_t)g->nphys + 1, 1); /* GPUs with lost state */
+    if (!gpu_lost)
+        return -1;
+    for (int32_t k = 0; k < g->nold; k++)
+        if (g->buf[k].lost && g->buf[k].b.gpu >= 0 && g->buf[k].b.gpu < g->nphys)
+            gpu_lost[g->buf[k].b.gpu] = 1;
     for (int e = 0; e < g->to.nengines; e++) {
         const nrs_layout_t *l = &g->to.eng[e].lay;
         int kinds[3][2] = {{NRS_EMU_COMM_TP, l->tp}, {NRS_EMU_COMM_PP, l->pp},
                            {NRS_EMU_COMM_DP, l->dp}};
-        if (!engine_changed(g, e))
+        if (!engine_changed(g, e, gpu_lost))
             continue;
         for (int k = 0; k < 3; k++) {
             if (kinds[k][1] < 2)
@@ -616,11 +858,14 @@ static int emit_comms(sched_t *S)
                                    .dst_buf = kinds[k][0], .rows = kinds[k][1], .move = i,
                                    .src_gpu = -1, .dst_gpu = -1};
                 g->ncomms++;
-                if (emit(S, op))
+                if (emit(S, op)) {
+                    free(gpu_lost);
                     return -1;
+                }
             }
         }
     }
+    free(gpu_lost);
     return 0;
 }
 
@@ -657,6 +902,16 @@ int nrs_emu_schedule(nrs_emu_graph_t *g, char *err, size_t errlen)
     g->ponr = -1;
     g->nops = 0;
     g->makespan = 0;
+    { /* every chunk, an alloc and a free per buffer, a few comms: one allocation */
+        size_t want = g->nchunks + 2 * g->nbuf + 256;
+        if (want > g->opcap) {
+            void *p = realloc(g->ops, want * sizeof(*g->ops));
+            if (p) {
+                g->ops = p;
+                g->opcap = want;
+            }
+        }
+    }
     if (sched_init(&S, g)) {
         snprintf(err, errlen, "out of memory scheduling the transition");
         goto out;

@@ -85,6 +85,7 @@ static void state_machine(const uint8_t *data, size_t size)
         return;
     nrs_ctl_opts_init(&o, &spec);
     o.secret = "fuzz-secret-0123456789";
+    o.max_gpus = 32; /* every decision prices a transition graph: keep them small */
     if (nrs_ctl_new(&c, &o, now, err, sizeof(err)) != 0)
         abort();
     for (int i = 0; i < 3; i++) {

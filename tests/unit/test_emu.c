@@ -439,6 +439,61 @@ static void test_recover(void **state)
     nrs_emu_graph_free(g);
 }
 
+/* More replicas than source choice tries in full (TRY_ALL): the runs on the
+ * destination's node and a spread stand for a class; every shard still
+ * verifies, survivors of a mostly lost pool still cover, and the load is
+ * spread over the source replicas. */
+static void test_many_replicas(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t wide = {1, 1, 24, 1}, tp2 = {2, 1, 12, 1}, wide2 = {1, 1, 32, 1};
+    nrs_emu_graph_t *g = NULL;
+    char err[512];
+    (void)state;
+    tu_model(&m, 3, 8, 8, 4, 2, 8);
+    tu_spec_fixed(&s, &m, 4);
+    s.runtime.zero1 = false;
+    tu_plan_single(&s, 24, &wide, &a);
+    tu_plan_single(&s, 24, &tp2, &b);
+    run_pair(&s, &a, &b);
+    run_pair(&s, &b, &a);
+    tu_plan_single(&s, 32, &wide2, &b); /* dp 24 -> 32: new replicas read old ones */
+    run_pair(&s, &a, &b);
+    /* 20 of 24 GPUs lost, the new plan on the 4 survivors + 4 new GPUs */
+    int lost[20], map[8] = {0, 1, 2, 3, 24, 25, 26, 27};
+    for (int i = 0; i < 20; i++)
+        lost[i] = 4 + i;
+    nrs_layout_t eight = {1, 1, 8, 1};
+    tu_plan_single(&s, 8, &eight, &b);
+    nrs_emu_opts_t o = {.chunk_bytes = 64, .gpu_map = map, .ngpu_map = 8, .lost = lost,
+                        .nlost = 20};
+    if (tu_run(&s, &a, &b, &o, -1, err, sizeof(err)))
+        fail_msg("%s", err);
+    /* dp 24 -> 32 on the same GPUs and 8 more: the senders are spread (replica
+     * d mod 24 first), so no sender is busier than the busiest receiver */
+    tu_plan_single(&s, 32, &wide2, &b);
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err)), 0);
+    int64_t sent[32] = {0}, recv[32] = {0}, hs = 0, hr = 0;
+    for (size_t i = 0; i < g->nchunks; i++) {
+        const nrs_emu_op_t *c = &g->chunks[i];
+        if (c->src_gpu != c->dst_gpu && c->src_gpu >= 0 && c->src_gpu < 32 &&
+            c->dst_gpu < 32) {
+            sent[c->src_gpu] += c->row_bytes * c->rows;
+            recv[c->dst_gpu] += c->row_bytes * c->rows;
+        }
+    }
+    for (int i = 0; i < 32; i++) {
+        hs = sent[i] > hs ? sent[i] : hs;
+        hr = recv[i] > hr ? recv[i] : hr;
+    }
+    assert_true(hr > 0);
+    assert_true(hs <= hr);
+    assert_true(g->makespan <= g->lower_bound * 5 / 4);
+    nrs_emu_graph_free(g);
+}
+
 static char *summary(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b,
                      const nrs_emu_opts_t *o, int *rc)
 {
@@ -507,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_swap_stages_through_host),
         cmocka_unit_test(test_executor_catches_bad_graphs),
         cmocka_unit_test(test_recover),
+        cmocka_unit_test(test_many_replicas),
         cmocka_unit_test(test_transition_summary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -280,7 +280,8 @@ static void test_makespan_near_lower_bound(void **state)
 {
     tu_rng_t r = {4242};
     double worst = 0, sum = 0;
-    int n = 0;
+    static const double edge[] = {1.001, 1.01, 1.05, 1.10, 1.25};
+    int n = 0, hist[6] = {0};
     (void)state;
     for (int i = 0; i < CASES; i++) {
         pair_t c;
@@ -297,6 +298,10 @@ static void test_makespan_near_lower_bound(void **state)
                 worst = ratio;
             sum += ratio;
             n++;
+            int b = 0;
+            while (b < 5 && ratio > edge[b])
+                b++;
+            hist[b]++;
             if (ratio > 1.25)
                 fail_msg("case %d (%s): makespan %lld ps vs lower bound %lld ps: %.3f", i,
                          c.kind, (long long)g->makespan, (long long)g->lower_bound, ratio);
@@ -305,6 +310,8 @@ static void test_makespan_near_lower_bound(void **state)
     }
     print_message("makespan / lower bound over %d cases: worst %.3f, mean %.3f\n", n, worst,
                   n ? sum / n : 0);
+    print_message("  <=1.001 %d, <=1.01 %d, <=1.05 %d, <=1.10 %d, <=1.25 %d, >1.25 %d\n",
+                  hist[0], hist[1], hist[2], hist[3], hist[4], hist[5]);
 }
 
 /* Abort anywhere up to the point of no return: the old state is intact.
