@@ -90,6 +90,9 @@ void nrs_emu_graph_free(nrs_emu_graph_t *g);
 void nrs_emu_graph_stats(const nrs_emu_graph_t *g, nrs_emu_stats_t *st);
 int64_t nrs_emu_graph_peak(const nrs_emu_graph_t *g, int gpu);
 void nrs_emu_graph_print_lost(const nrs_emu_graph_t *g, FILE *out);
+/* The same, one line per (model, kind): boxes, bytes, and which layers and
+ * global tensors, for people. */
+void nrs_emu_graph_print_lost_summary(const nrs_emu_graph_t *g, FILE *out);
 
 /* What `nereus transition` prints: bytes per link class, peak memory per GPU
  * against the cap, makespan against the lower bound, the point of no return;

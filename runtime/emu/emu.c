@@ -162,6 +162,65 @@ void nrs_emu_graph_print_lost(const nrs_emu_graph_t *g, FILE *out)
     }
 }
 
+/* Appends "a-b" or "a" for the layer run [a, b] to buf. */
+static void put_run(char *buf, size_t n, int a, int b, bool *first)
+{
+    size_t len = strlen(buf);
+    if (len + 24 >= n)
+        return;
+    snprintf(buf + len, n - len, a == b ? "%s%d" : "%s%d-%d", *first ? "" : ",", a, b);
+    *first = false;
+}
+
+void nrs_emu_graph_print_lost_summary(const nrs_emu_graph_t *g, FILE *out)
+{
+    for (int role = 0; role < NRS_ROLE_COUNT; role++) {
+        const nrs_model_t *m = &g->models[role];
+        for (int kind = 0; kind < NRS_EMU_KIND_COUNT; kind++) {
+            long boxes = 0;
+            double bytes = 0;
+            unsigned char layers[1024] = {0}, globals[NRS_EMU_T_GLOBALS] = {0};
+            int esize = kind == NRS_EMU_WEIGHT || kind == NRS_EMU_GRAD ? nrs_dtype_bytes(m->dtype) : 4;
+            for (size_t i = 0; i < g->nlost; i++) {
+                const nrs_emu_lost_t *l = &g->lost[i];
+                if (l->role != role || l->kind != kind)
+                    continue;
+                boxes++;
+                bytes += (double)nrs_emu_rect_area(&l->box) * esize;
+                if (l->tensor < NRS_EMU_T_GLOBALS)
+                    globals[l->tensor] = 1;
+                else if ((l->tensor - NRS_EMU_T_GLOBALS) / NRS_EMU_LT_COUNT < 1024)
+                    layers[(l->tensor - NRS_EMU_T_GLOBALS) / NRS_EMU_LT_COUNT] = 1;
+            }
+            if (!boxes)
+                continue;
+            char what[256] = "";
+            bool first = true;
+            for (int a = 0; a < 1024; a++) {
+                if (!layers[a])
+                    continue;
+                int b = a;
+                while (b + 1 < 1024 && layers[b + 1])
+                    b++;
+                if (first) {
+                    snprintf(what, sizeof(what), "layers ");
+                }
+                put_run(what, sizeof(what), a, b, &first);
+                a = b;
+            }
+            for (int t = 0; t < NRS_EMU_T_GLOBALS; t++)
+                if (globals[t]) {
+                    char name[64];
+                    size_t len = strlen(what);
+                    nrs_emu_tensor_name(m, t, name, sizeof(name));
+                    snprintf(what + len, sizeof(what) - len, "%s%s", len ? ", " : "", name);
+                }
+            fprintf(out, "lost: %s %s: %ld boxes, %.2f GiB (%s)\n", nrs_role_name(role),
+                    nrs_emu_kind_name(kind), boxes, bytes / (1024.0 * 1024 * 1024), what);
+        }
+    }
+}
+
 static int endpoint_rank(const nrs_emu_graph_t *g, int gpu, int32_t buf)
 {
     return gpu >= 0 ? gpu : g->buf[buf].via;

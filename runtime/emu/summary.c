@@ -151,7 +151,7 @@ int nrs_transition_summary_opts(const nrs_spec_t *s, const nrs_plan_t *from,
     if (rc == NRS_EMU_ELOST) {
         fprintf(out, "transition epoch %u -> %u: state lost, a checkpoint is needed\n",
                 from->epoch, to->epoch);
-        nrs_emu_graph_print_lost(g, out);
+        nrs_emu_graph_print_lost_summary(g, out);
         nrs_emu_graph_free(g);
         return -1;
     }
