@@ -545,7 +545,10 @@ static void test_transition_summary(void **state)
     out = summary(&s, &a, &b, &o, &rc);
     assert_int_equal(rc, -1);
     assert_non_null(strstr(out, "checkpoint"));
-    assert_non_null(strstr(out, "lost: actor.embed weight"));
+    /* one line per model and kind: every layer and the embedding are gone */
+    assert_non_null(strstr(out, "lost: actor weight: "));
+    assert_non_null(strstr(out, "(layers 0-"));
+    assert_non_null(strstr(out, "embed"));
     free(out);
 }
 
