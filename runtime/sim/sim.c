@@ -107,6 +107,16 @@ static bool workload_moved(const nrs_cond_t *a, const nrs_cond_t *b)
     return fabs(a->work.response_len / b->work.response_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA;
 }
 
+/* The plan a baseline runs from now on; a move starts a new epoch. */
+static void adopt(run_t *r, const nrs_cond_t *c, const nrs_plan_t *np, bool moved)
+{
+    unsigned epoch = !r->have_plan ? 1 : moved ? r->plan.epoch + 1 : r->plan.epoch;
+    r->plan = *np;
+    r->plan.epoch = epoch;
+    r->planned = *c;
+    r->have_plan = true;
+}
+
 /* Fixed and static-best: keep tp/pp, re-plan dp when GPUs change and
  * micro-batches when the workload moves. Returns the true transition time. */
 static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
@@ -142,13 +152,8 @@ static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
             return -1;
         *trans = (mk + NRS_ADAPT_SETUP_S) * r->t->truth.sync + (lostb ? r->t->checkpoint_s : 0);
         *moved = true;
-        np.epoch = r->plan.epoch + 1;
-    } else {
-        np.epoch = r->have_plan ? r->plan.epoch : 1;
     }
-    r->plan = np;
-    r->planned = *c;
-    r->have_plan = true;
+    adopt(r, c, &np, *moved);
     return 0;
 }
 
@@ -172,13 +177,8 @@ static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *mov
     if (r->have_plan && resources) {
         *trans = r->t->checkpoint_s;
         *moved = true;
-        np.epoch = r->plan.epoch + 1;
-    } else {
-        np.epoch = r->have_plan ? r->plan.epoch : 1;
     }
-    r->plan = np;
-    r->planned = *c;
-    r->have_plan = true;
+    adopt(r, c, &np, *moved);
     return 0;
 }
 
