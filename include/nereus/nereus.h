@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 1
+#define NRS_WORKER_API_VERSION 2
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -48,7 +48,9 @@ enum {
                                * nrs_worker_last_error says what is present,
                                * rebuildable or lost; only finalize is allowed */
     NRS_ERR_VERIFY = -9,      /* a checksum did not match */
-    NRS_ERR_UNSUPPORTED = -10 /* not built in (e.g. CUDA memory without CUDA) */
+    NRS_ERR_UNSUPPORTED = -10, /* not built in (e.g. CUDA memory without CUDA) */
+    NRS_ERR_RETIRED = -11     /* the controller retired this rank (its node left the
+                               * job) or refused it: only finalize is allowed (API 2) */
 };
 
 /* Memory the state lives in. AUTO: CUDA when built with CUDA and a GPU is
@@ -159,6 +161,28 @@ int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len);
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next);
 /* Figures of the last transition (NRS_TS_*): the value, 0 when unknown. */
 double nrs_worker_transition_stat(const nrs_worker_t *w, int which);
+
+/* ---- the controller drives the epochs (API 2, docs/worker-api.md §3) --------- */
+
+/* Wait up to timeout_s for the controller's plan of the committed epoch (its
+ * answer to HELLO) and take it as nrs_worker_set_plan does. NRS_ERR_INVAL
+ * without a control channel (nrs_worker_control says why). */
+int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s);
+/* Handle what the controller sent, waiting up to timeout_s for the first
+ * frame (0: do not wait). When it announced a transition (PLAN + PREPARE),
+ * run it as a collective (every rank does, at its next poll): build the graph
+ * from the current plan with the PLAN's lost GPUs (survivors first), execute,
+ * vote at the point of no return, ACK PREPARE, and on the controller's
+ * COMMIT finish and ACK COMMIT (on ABORT keep the old epoch). Returns
+ * NRS_OK (nothing to do), 1 (a transition committed: a new epoch, new GPU
+ * index and state), NRS_ERR_ABORTED (old epoch intact), NRS_ERR_PARTIAL,
+ * NRS_ERR_RETIRED, or another code. Call it once per step. */
+int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s);
+/* This rank's GPU index in the current plan (it moves when GPUs below it are
+ * lost); -1 when it holds none. */
+int nrs_worker_gpu(const nrs_worker_t *w);
+/* A copy of the current plan (API 2); NRS_ERR_INVAL before any. */
+int nrs_worker_plan(const nrs_worker_t *w, nrs_plan_t *out);
 
 #ifdef __cplusplus
 }

@@ -239,6 +239,8 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     c->tr = TR_PREPARE;
     c->tr_saved = *saved;
     c->tr_epoch = c->a.plan.epoch;
+    if (c->tr_epoch > c->announced)
+        c->announced = c->tr_epoch;
     c->tr_forced = out->decision.forced;
     c->tr_nlost = c->rz_nlost;
     memcpy(c->tr_lost, c->rz_lost, sizeof(int) * (size_t)c->rz_nlost);
@@ -348,7 +350,17 @@ static void finish_commit(nrs_ctl_t *c)
     c->tr_committed++;
     c->tr_last_s = c->now - c->tr_t0;
     c->tr_total_s += c->tr_last_s;
-    /* Survivors take their places in the new numbering. */
+    /* Survivors take their places in the new numbering (hosts too). */
+    int old_total = c->tr_saved.plan.total_gpus, o = 0;
+    for (int g = 0; g < old_total && g < NRS_PROTO_MAX_GPUS; g++) {
+        if (renumber(c->tr_lost, c->tr_nlost, g) < 0)
+            continue;
+        if (o != g)
+            memcpy(c->gpu_host[o], c->gpu_host[g], sizeof(c->gpu_host[0]));
+        o++;
+    }
+    for (; o < old_total && o < NRS_PROTO_MAX_GPUS; o++)
+        c->gpu_host[o][0] = 0;
     memset(c->by_gpu, 0, sizeof(c->by_gpu[0]) * NRS_PROTO_MAX_GPUS);
     c->nworkers = 0;
     for (int i = 0; i < c->nconns; i++) {
@@ -472,6 +484,7 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         k->gpu = m.rank;
         c->by_gpu[m.rank] = k;
         c->nworkers++;
+        snprintf(c->gpu_host[m.rank], sizeof(c->gpu_host[0]), "%s", m.host);
     }
     k->role = (int)m.role;
     k->rank = m.rank;
@@ -553,7 +566,7 @@ static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     char why[128], nm[96];
     if (nrs_dec_ack(p, n, &m, why, sizeof(why)) != 0)
         return drop(c, k, NRS_PERR_MALFORMED, "ACK: %s", why);
-    if (m.epoch > c->a.plan.epoch)
+    if (m.epoch > c->a.plan.epoch && m.epoch > c->announced) /* late ACKs of an aborted one: fine */
         return drop(c, k, NRS_PERR_UNEXPECTED, "ACK of epoch %u never announced", m.epoch);
     bool want = k->tr_state == TRP_WAIT && m.epoch == c->tr_epoch &&
                 ((c->tr == TR_PREPARE && m.phase == NRS_MSG_PREPARE) ||
@@ -609,7 +622,8 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
             int found = 0;
             for (int g = 0; g < cur->total_gpus; g++) {
                 nrs_conn_t *k = c->by_gpu[g];
-                if (k && !strcmp(k->host, m->hosts[h]) && !in_list(gone, ngone, g) &&
+                const char *host = k ? k->host : c->gpu_host[g]; /* its rank may be gone */
+                if (host[0] && !strcmp(host, m->hosts[h]) && !in_list(gone, ngone, g) &&
                     !in_list(c->rz_lost, c->rz_nlost, g) && ngone < NRS_PROTO_MAX_LOST) {
                     gone[ngone++] = g;
                     found++;
@@ -820,7 +834,10 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
 {
     nrs_ctl_t *c = calloc(1, sizeof(*c));
     *out = NULL;
-    if (!c || !(c->by_gpu = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->by_gpu[0])))) {
+    if (!c || !(c->by_gpu = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->by_gpu[0]))) ||
+        !(c->gpu_host = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->gpu_host[0])))) {
+        if (c)
+            free(c->by_gpu);
         free(c);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -849,6 +866,7 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
     return 0;
 fail:
     free(c->by_gpu);
+    free(c->gpu_host);
     free(c);
     return -1;
 }
@@ -861,6 +879,7 @@ void nrs_ctl_free(nrs_ctl_t *c)
         free(c->dq[i].m);
     free(c->conns);
     free(c->by_gpu);
+    free(c->gpu_host);
     free(c);
 }
 

@@ -45,6 +45,9 @@ struct nrs_ctl {
     nrs_conn_t **conns;
     int nconns, cap_conns;
     nrs_conn_t **by_gpu; /* workers by GPU index of the committed plan */
+    /* [NRS_PROTO_MAX_GPUS]: host each GPU's worker named in its HELLO, kept after
+     * it disconnects (a dead node's ranks are gone before its LOST delta comes) */
+    char (*gpu_host)[NRS_PROTO_STR_MAX];
     int nworkers;
 
     /* The step being gathered. */
@@ -60,6 +63,7 @@ struct nrs_ctl {
     int tr;
     nrs_adapt_t tr_saved; /* the adaptation state before it: restored on ABORT */
     unsigned tr_epoch;
+    unsigned announced; /* the newest epoch ever announced (aborted ones too) */
     bool tr_forced;
     int tr_lost[NRS_PROTO_MAX_LOST];
     int tr_nlost;

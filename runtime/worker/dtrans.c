@@ -36,6 +36,7 @@ typedef struct {
     int window, nfl;
     double stall_end;
     int failed;
+    int *part, npart; /* the ranks taking part when some are out (o->nout); NULL: all */
 } dt_t;
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -74,10 +75,18 @@ static int rank_of(const dt_t *D, int32_t id)
     return nrs_dtrans_buf_rank(D->g, D->o, id);
 }
 
+static int is_out(const dt_t *D, int rank)
+{
+    for (int i = 0; i < D->o->nout; i++)
+        if (D->o->out_ranks[i] == rank)
+            return 1;
+    return 0;
+}
+
 static int first_dead(const dt_t *D)
 {
     for (int i = 0; i < D->o->nranks; i++)
-        if (i != D->o->me && (nrs_rdv_peer_failed(D->r, i) ||
+        if (i != D->o->me && !is_out(D, i) && (nrs_rdv_peer_failed(D->r, i) ||
                               (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i))))
             return i;
     return -1;
@@ -357,7 +366,7 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
     snprintf(name, sizeof name, "dt%u.%s", D->o->attempt, what);
     if (nrs_rdv_put(r, epoch, name, &val, sizeof val, err, sizeof err) ||
         nrs_rdv_commit(r, err, sizeof err) ||
-        nrs_rdv_fence_survivors(r, NULL, 0, D->o->timeout_s, err, sizeof err)) {
+        nrs_rdv_fence_survivors(r, D->part, D->npart, D->o->timeout_s, err, sizeof err)) {
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
         return -1;
     }
@@ -365,7 +374,7 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
         void *b = NULL;
         size_t len = 0;
         int64_t v;
-        if (i == D->o->me)
+        if (i == D->o->me || is_out(D, i))
             continue;
         if (nrs_rdv_peer_failed(r, i) || (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) ||
             nrs_rdv_get(r, i, epoch, name, &b, &len, 1.0, err, sizeof err) || len != sizeof v) {
@@ -413,12 +422,12 @@ static void census(dt_t *D, uint64_t epoch)
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
     int ok = !nrs_rdv_put(D->r, epoch, name, have, g->nbuf, err, sizeof err) &&
              !nrs_rdv_commit(D->r, err, sizeof err) &&
-             !nrs_rdv_fence_survivors(D->r, NULL, 0, D->o->timeout_s, err, sizeof err);
+             !nrs_rdv_fence_survivors(D->r, D->part, D->npart, D->o->timeout_s, err, sizeof err);
     for (int i = 0; i < D->o->nranks; i++) {
         void *b = NULL;
         size_t len = 0;
         const unsigned char *h = i == D->o->me ? have : NULL;
-        if (!h && ok && !nrs_rdv_peer_failed(D->r, i) &&
+        if (!h && ok && !is_out(D, i) && !nrs_rdv_peer_failed(D->r, i) &&
             !(D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) &&
             !nrs_rdv_get(D->r, i, epoch, name, &b, &len, 1.0, err, sizeof err) && len == g->nbuf)
             h = b;
@@ -516,6 +525,12 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     D.need = calloc(g->nbuf + 1, sizeof(int32_t));
     D.got = calloc(g->nbuf + 1, sizeof(int32_t));
     D.fl = calloc((size_t)D.window, sizeof(*D.fl));
+    /* Ranks out of the transition (lost GPUs) may still be alive (a node being
+     * removed): the fences are over the others only. */
+    if (o->nout > 0 && (D.part = calloc((size_t)o->nranks + 1, sizeof(int))))
+        for (int i = 0; i < o->nranks; i++)
+            if (!is_out(&D, i))
+                D.part[D.npart++] = i;
     if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
         g->nops >> DT_TAG_OP_BITS) {
         snprintf(res->msg, sizeof res->msg, g->nops >> DT_TAG_OP_BITS ? "graph too large"
@@ -559,6 +574,14 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         goto aborted;
     }
     res->vote_s = nrs_now_s() - t1;
+    if (o->at_ponr) {
+        char why[400] = "";
+        if (o->at_ponr(o->ponr_arg, why, sizeof why)) {
+            snprintf(res->msg, sizeof res->msg, "at the point of no return: %s", why);
+            res->outcome = NRS_DT_ABORTED;
+            goto aborted;
+        }
+    }
     if (o->kill_after == -2)
         die_now(&D);
 
@@ -601,5 +624,6 @@ out:
     free(D.need);
     free(D.got);
     free(D.fl);
+    free(D.part);
     return res->outcome;
 }

@@ -53,6 +53,16 @@ typedef struct {
     const char *(*xport_error)(const nrs_xport_t *x); /* its last error; may be NULL */
     unsigned attempt;      /* the caller's count of runs, the same on every rank: keys
                             * and tags of one run never match another's */
+    /* Ranks that take no part (their GPUs are lost: dead or retired): no op of
+     * the graph is theirs, they are not waited for and do not vote. May be NULL. */
+    const int *out_ranks;
+    int nout;
+    /* Called on every rank once the point-of-no-return vote has passed, before
+     * any old buffer is freed: 0 goes on to the commit, anything else aborts
+     * (old state intact; why[] says why). The control channel's PREPARE ACK and
+     * the controller's COMMIT or ABORT happen here. May be NULL. */
+    int (*at_ponr)(void *arg, char *why, size_t whylen);
+    void *ponr_arg;
 } nrs_dtrans_opts_t;
 
 typedef struct {

@@ -9,16 +9,19 @@
 #include <string.h>
 #include <time.h>
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "ctl/client.h"
 #include "ctl/proto.h"
+#include "adapt/adapt.h"
 #include "emu/geometry.h"
 #include "emu/graph.h"
 #include "emu/pattern.h"
 #include "emu/xport.h"
 #include "rdv/rdv.h"
+#include "util/util.h"
 #include "worker/dtrans.h"
 #include "worker/worker.h"
 #include "xfer/ucx.h"
@@ -54,6 +57,13 @@ struct nrs_worker {
     void *hook_arg;
     int ctl_fd; /* control channel to nereus-controller, -1 if none */
     char ctl_err[384];
+    int *perm;  /* [n]: perm[g] = rank holding GPU g of the current plan (g < total_gpus),
+                 * then the ranks holding nothing, in order */
+    int my_gpu; /* this rank's GPU in the current plan, -1: none */
+    uint8_t *cbuf;          /* a frame from the controller */
+    nrs_msg_plan_t *pend;   /* PLAN(TRANSITION) waiting for its PREPARE */
+    int have_pend, retired, ponr_acked;
+    unsigned ctl_epoch;     /* epoch of the transition being run for the controller */
     char err[640];
 };
 
@@ -83,6 +93,7 @@ const char *nrs_worker_strerror(int rc)
     case NRS_ERR_PARTIAL: return "transition failed past its point of no return";
     case NRS_ERR_VERIFY: return "checksum mismatch";
     case NRS_ERR_UNSUPPORTED: return "not supported by this build";
+    case NRS_ERR_RETIRED: return "retired by the controller";
     default: return "unknown error";
     }
 }
@@ -99,7 +110,17 @@ static int owner_rank(void *arg, int owner)
     const nrs_worker_t *w = arg;
     if (w->n == 1)
         return 0; /* singleton: every GPU's memory is here (local transport) */
-    return owner >= 0 && owner < w->n ? owner : -1;
+    if (owner < 0 || owner >= w->n)
+        return -1;
+    return w->perm ? w->perm[owner] : owner;
+}
+
+/* Rank r holds GPU r (a plan from nrs_worker_set_plan or the controller's HELLO answer). */
+static void perm_identity(nrs_worker_t *w)
+{
+    for (int i = 0; w->perm && i < w->n; i++)
+        w->perm[i] = i;
+    w->my_gpu = w->n == 1 ? 0 : w->me;
 }
 
 static double env_double(const char *name, double dflt)
@@ -170,9 +191,12 @@ static void ctl_connect(nrs_worker_t *w)
     m.role = NRS_ROLE_WORKER;
     m.rank = w->me;
     m.nranks = w->n;
+    const char *hn = getenv("NEREUS_HOSTNAME"); /* launchers (and tests) that name nodes */
     snprintf(m.job, sizeof m.job, "%s", job ? job : (getenv("SLURM_JOB_ID") ? getenv("SLURM_JOB_ID") : ""));
     snprintf(m.token, sizeof m.token, "%s", tok ? tok : "");
-    if (gethostname(m.host, sizeof m.host))
+    if (hn && *hn)
+        snprintf(m.host, sizeof m.host, "%s", hn);
+    else if (gethostname(m.host, sizeof m.host))
         m.host[0] = '\0';
     m.host[sizeof m.host - 1] = '\0';
     if (nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof buf, &m), err, sizeof err)) {
@@ -181,25 +205,6 @@ static void ctl_connect(nrs_worker_t *w)
         return;
     }
     w->ctl_fd = fd;
-}
-
-/* Frames the controller sent (PLAN, PREPARE, ...) are read and dropped here
- * for now: the worker side of the transition protocol is the next step
- * (docs/worker-api.md §3); reading keeps the socket from filling up. */
-static void ctl_drain(nrs_worker_t *w)
-{
-    uint8_t buf[4096];
-    while (w->ctl_fd >= 0) {
-        ssize_t n = recv(w->ctl_fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n > 0)
-            continue;
-        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            snprintf(w->ctl_err, sizeof w->ctl_err, "control channel closed by the controller");
-            close(w->ctl_fd);
-            w->ctl_fd = -1;
-        }
-        break;
-    }
 }
 
 static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
@@ -219,12 +224,16 @@ static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
     memcpy(m.seconds, r->seconds, sizeof m.seconds);
     int len = nrs_enc_report(buf, sizeof buf, &m);
     if (len < 0 || nrs_client_send(w->ctl_fd, buf, len, err, sizeof err)) {
-        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: REPORT: %s",
+        /* the controller may have said why before closing (e.g. "rank retired") */
+        if (len >= 0 && !nrs_client_refusal(w->ctl_fd, err, sizeof err)) {
+            w->retired = 1;
+            seterr(w, NRS_ERR_RETIRED, "%s", err);
+        }
+        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: REPORT: %.300s",
                  len < 0 ? "does not encode" : err);
         close(w->ctl_fd);
         w->ctl_fd = -1;
     }
-    ctl_drain(w);
 }
 
 int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
@@ -237,7 +246,11 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
         w->spec = *spec;
     w->timeout_s = env_double("NRS_WORKER_TIMEOUT", 30);
     w->ctl_fd = -1;
+    w->my_gpu = -1;
     int rc = join(w);
+    if (!rc && !(w->perm = calloc((size_t)w->n + 1, sizeof(int))))
+        rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
+    perm_identity(w);
     if (!rc)
         ctl_connect(w);
     return rc;
@@ -343,6 +356,7 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
     w->have_plan = 1;
     w->broken = 0;
     w->rep.epoch = plan->epoch;
+    perm_identity(w);
     return index_state(w);
 }
 
@@ -355,7 +369,7 @@ static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
         return -1;
     const nrs_layout_t *l = &w->plan.layout[ms];
     int first = w->plan.pools[w->plan.pool_of[ms]].first_gpu;
-    int idx = (w->n == 1 ? 0 : w->me) - first;
+    int idx = w->my_gpu - first;
     if (idx < 0 || idx >= l->tp * l->pp * l->dp)
         return -1;
     *d = idx / (l->tp * l->pp);
@@ -400,7 +414,8 @@ int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int m
         int tt = group == NRS_GROUP_TP ? k : t, pp = group == NRS_GROUP_PP ? k : p,
             dd = group == NRS_GROUP_DP ? k : d;
         if (n < max)
-            ranks[n] = first + dd * l->tp * l->pp + pp * l->tp + tt;
+            ranks[n] = w->n == 1 ? first + dd * l->tp * l->pp + pp * l->tp + tt
+                                 : owner_rank((void *)w, first + dd * l->tp * l->pp + pp * l->tp + tt);
         n++;
     }
     return n;
@@ -632,7 +647,13 @@ static int64_t kill_hook(const nrs_worker_t *w)
     return !strcmp(end + 1, "ponr") ? -2 : strtoll(end + 1, NULL, 10);
 }
 
-int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
+/* A transition to next. gpu_map/lost: the controller's resize (survivors first,
+ * adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
+ * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
+static int ctl_ponr(void *arg, char *why, size_t whylen);
+
+static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu_map,
+                         const int *lost, int nlost, int ctl)
 {
     char err[512];
     int rc;
@@ -647,20 +668,67 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     nrs_emu_opts_t eo;
     nrs_emu_opts_init(&eo);
     eo.chunk_bytes = (int64_t)env_double("NRS_WORKER_CHUNK", 0);
+    eo.gpu_map = gpu_map;
+    eo.ngpu_map = gpu_map ? next->total_gpus : 0;
+    eo.lost = lost;
+    eo.nlost = nlost;
+    int out_ranks[NRS_PROTO_MAX_LOST], nout = 0;
+    int *nperm = calloc((size_t)w->n + 1, sizeof(int)), np = 0;
+    if (!nperm)
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    /* The new numbering: GPU i of next is physical GPU gpu_map[i] of the current plan. */
+    char *used = calloc((size_t)w->n + 1, 1);
+    for (int i = 0; used && i < next->total_gpus; i++) {
+        int phys = gpu_map ? gpu_map[i] : i;
+        int r = phys >= 0 && phys < w->n ? (w->perm ? w->perm[phys] : phys) : -1;
+        if (w->n == 1)
+            r = 0;
+        if (r < 0 || (w->n > 1 && used[r])) {
+            free(used);
+            free(nperm);
+            return seterr(w, NRS_ERR_PLAN, "GPU %d of epoch %u has no rank of this job", i,
+                          next->epoch);
+        }
+        used[r] = 1;
+        if (np < w->n)
+            nperm[np++] = r;
+    }
+    for (int i = 0; used && w->n > 1 && i < nlost; i++) {
+        int r = lost[i] >= 0 && lost[i] < w->n && w->perm ? w->perm[lost[i]] : -1;
+        if (r == w->me) {
+            free(used);
+            free(nperm);
+            return seterr(w, NRS_ERR_PLAN, "this rank's GPU %d is lost in epoch %u", lost[i],
+                          next->epoch);
+        }
+        if (r >= 0 && nout < NRS_PROTO_MAX_LOST)
+            out_ranks[nout++] = r;
+    }
+    for (int r = 0; used && r < w->n && w->n > 1; r++)
+        if (!used[r])
+            nperm[np++] = r;
+    if (!used) {
+        free(nperm);
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    free(used);
     nrs_emu_graph_t *g = NULL;
     int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
     if (grc) {
         nrs_emu_graph_free(g);
+        free(nperm);
         return seterr(w, NRS_ERR_PLAN, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
                       grc == NRS_EMU_ELOST ? "state lost on every replica" : err);
     }
     if ((size_t)g->nold != w->st.nbuf) {
         nrs_emu_graph_free(g);
+        free(nperm);
         return seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)", g->nold,
                       w->st.nbuf);
     }
     if ((rc = sync_host(w, 'd'))) {
         nrs_emu_graph_free(g);
+        free(nperm);
         return rc;
     }
     nrs_dtrans_opts_t o;
@@ -671,6 +739,12 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     o.window = (int)env_double("NRS_WORKER_WINDOW", 32);
     o.kill_after = kill_hook(w);
     o.attempt = w->attempt++;
+    o.out_ranks = out_ranks;
+    o.nout = nout;
+    if (ctl) {
+        o.at_ponr = ctl_ponr;
+        o.ponr_arg = w;
+    }
     if (w->xport_ucx) {
         o.cancel = ucx_cancel;
         o.cancel_arg = &w->x;
@@ -681,6 +755,7 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
     if (!nm) {
         nrs_emu_graph_free(g);
+        free(nperm);
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
     int out = nrs_dtrans_run(g, next->epoch, &w->x, w->r, w->mem, nm, &o, &w->last);
@@ -691,6 +766,7 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     nrs_emu_graph_free(g);
     if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) {
         free(nm);
+        free(nperm);
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
     /* committed or partial: the new state is what we hold now */
@@ -701,6 +777,14 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     free_state(w);
     w->plan = *next;
     w->rep.epoch = next->epoch;
+    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    free(nperm);
+    w->my_gpu = -1;
+    for (int i = 0; i < next->total_gpus; i++)
+        if (w->n == 1 || w->perm[i] == w->me)
+            w->my_gpu = i;
+    if (w->n == 1)
+        w->my_gpu = 0;
     if ((rc = index_state(w))) {
         free(nm);
         return rc;
@@ -719,6 +803,227 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
         return NRS_ERR_PARTIAL;
     }
     return sync_host(w, 'h');
+}
+
+int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
+{
+    return do_transition(w, next, NULL, NULL, 0, 0);
+}
+
+
+/* ---- the control channel: plans, PREPARE / COMMIT / ABORT ------------------------ */
+
+static void ctl_close(nrs_worker_t *w, const char *why)
+{
+    if (w->ctl_fd >= 0)
+        close(w->ctl_fd);
+    w->ctl_fd = -1;
+    snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %.360s", why);
+}
+
+/* One frame within timeout_s (the wait for its first byte; the rest of a frame
+ * must follow within NRS_WORKER_TIMEOUT): 1 with *h and the payload at
+ * w->cbuf + NRS_PROTO_HDR, 0 on time-out, -1 when the channel is gone. */
+static int ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h)
+{
+    char err[256];
+    if (w->ctl_fd < 0)
+        return -1;
+    if (!w->cbuf && !(w->cbuf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD)))
+        return -1;
+    struct pollfd p = {.fd = w->ctl_fd, .events = POLLIN};
+    int pr;
+    do
+        pr = poll(&p, 1, timeout_s > 0 ? (int)(timeout_s * 1000) : 0);
+    while (pr < 0 && errno == EINTR);
+    if (pr == 0)
+        return 0;
+    if (pr < 0 || nrs_client_recv(w->ctl_fd, w->cbuf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, h,
+                                  w->timeout_s, err, sizeof err)) {
+        ctl_close(w, pr < 0 ? "poll failed" : err);
+        return -1;
+    }
+    return 1;
+}
+
+static void ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status, double seconds)
+{
+    nrs_msg_ack_t a = {epoch, phase, status, seconds > 0 ? seconds : 0};
+    uint8_t buf[64];
+    char err[256];
+    if (w->ctl_fd >= 0 && nrs_client_send(w->ctl_fd, buf, nrs_enc_ack(buf, sizeof buf, &a), err,
+                                          sizeof err))
+        ctl_close(w, err);
+}
+
+/* ERROR from the controller: this rank is retired (or refused). */
+static int ctl_error(nrs_worker_t *w, const nrs_hdr_t *h)
+{
+    nrs_msg_error_t e;
+    char why[NRS_PROTO_TEXT_MAX + 64];
+    if (nrs_dec_error(w->cbuf + NRS_PROTO_HDR, h->length, &e, NULL, 0))
+        snprintf(e.text, sizeof e.text, "(malformed ERROR)");
+    snprintf(why, sizeof why, "the controller says %s: %s", nrs_perr_name((int)e.code), e.text);
+    ctl_close(w, why);
+    w->retired = 1;
+    return seterr(w, NRS_ERR_RETIRED, "%s", why);
+}
+
+/* At the point of no return of a controller-driven transition: every rank has
+ * voted yes; tell the controller, and go on only on its COMMIT. */
+static int ctl_ponr(void *arg, char *why, size_t whylen)
+{
+    nrs_worker_t *w = arg;
+    nrs_hdr_t h;
+    double end = nrs_now_s() + 2 * w->timeout_s;
+    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
+    w->ponr_acked = 1;
+    while (w->ctl_fd >= 0 && nrs_now_s() < end) {
+        int k = ctl_recv(w, end - nrs_now_s(), &h);
+        if (k <= 0)
+            break;
+        if (h.type == NRS_MSG_ERROR) {
+            ctl_error(w, &h);
+            snprintf(why, whylen, "%s", w->err);
+            return -1;
+        }
+        if (h.type != NRS_MSG_COMMIT && h.type != NRS_MSG_ABORT)
+            continue;
+        nrs_msg_epoch_t m;
+        if (nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &m, NULL, 0) ||
+            m.epoch != w->ctl_epoch)
+            continue;
+        if (h.type == NRS_MSG_COMMIT)
+            return 0;
+        snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
+        return -1;
+    }
+    snprintf(why, whylen, "no COMMIT from the controller for epoch %u (%s)", w->ctl_epoch,
+             w->ctl_fd < 0 ? w->ctl_err : "timed out");
+    return -1;
+}
+
+/* PREPARE(epoch): the transition the pending PLAN announced. */
+static int ctl_prepare(nrs_worker_t *w, unsigned epoch)
+{
+    nrs_msg_plan_t *m = w->pend;
+    if (!w->have_pend || m->plan.epoch != epoch || !w->have_plan || !w->allocated ||
+        m->prev_epoch != w->plan.epoch) {
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, 3, 0);
+        w->have_pend = 0;
+        return seterr(w, NRS_ERR_PLAN, "PREPARE of epoch %u: no matching PLAN from epoch %d",
+                      epoch, nrs_worker_epoch(w));
+    }
+    w->have_pend = 0;
+    int *map = calloc((size_t)m->plan.total_gpus + 1, sizeof(int));
+    if (!map) {
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, 2, 0);
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    nrs_resize_t rz = {m->lost, m->nlost};
+    nrs_adapt_gpu_map(w->plan.total_gpus, m->plan.total_gpus, m->nlost ? &rz : NULL, map);
+    w->ctl_epoch = epoch;
+    w->ponr_acked = 0;
+    double t0 = nrs_now_s();
+    int rc = do_transition(w, &m->plan, map, m->lost, m->nlost, 1);
+    free(map);
+    double dt = nrs_now_s() - t0;
+    if (rc == NRS_OK) {
+        ctl_ack(w, epoch, NRS_MSG_COMMIT, 0, dt);
+        return 1;
+    }
+    if (rc == NRS_ERR_PARTIAL) {
+        ctl_ack(w, epoch, NRS_MSG_COMMIT, 1, dt);
+        return rc;
+    }
+    if (!w->ponr_acked) /* failed before the vote passed: the controller aborts */
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, rc == NRS_ERR_ABORTED ? 1 : 2, 0);
+    if (w->retired)
+        return NRS_ERR_RETIRED;
+    return rc == NRS_ERR_ABORTED ? rc : NRS_ERR_ABORTED;
+}
+
+static int ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
+{
+    char why[256];
+    const uint8_t *p = w->cbuf + NRS_PROTO_HDR;
+    switch (h->type) {
+    case NRS_MSG_PLAN: {
+        nrs_msg_plan_t *m = malloc(sizeof *m);
+        int rc = NRS_OK;
+        if (!m)
+            return seterr(w, NRS_ERR_NOMEM, "out of memory");
+        if (nrs_dec_plan(p, h->length, m, why, sizeof why)) {
+            free(m);
+            ctl_close(w, "malformed PLAN");
+            return seterr(w, NRS_ERR_PLAN, "PLAN from the controller: %s", why);
+        }
+        if (m->flags & NRS_PLAN_TRANSITION) { /* kept for its PREPARE */
+            free(w->pend);
+            w->pend = m;
+            w->have_pend = 1;
+            return NRS_OK;
+        }
+        if (!w->have_plan) { /* the committed plan, answer to HELLO */
+            rc = nrs_worker_set_plan(w, &m->plan);
+            rc = rc ? rc : 2;
+        } /* else: the plan we run, again */
+        free(m);
+        return rc;
+    }
+    case NRS_MSG_PREPARE: {
+        nrs_msg_epoch_t m;
+        if (nrs_dec_epoch(h->type, p, h->length, &m, why, sizeof why))
+            return seterr(w, NRS_ERR_PLAN, "PREPARE: %s", why);
+        return ctl_prepare(w, m.epoch);
+    }
+    case NRS_MSG_ERROR:
+        return ctl_error(w, h);
+    default: /* late COMMIT/ABORT of a finished transition, status text */
+        return NRS_OK;
+    }
+}
+
+int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
+{
+    nrs_hdr_t h;
+    if (!w)
+        return NRS_ERR_INVAL;
+    if (w->ctl_fd < 0)
+        return seterr(w, NRS_ERR_INVAL, "no control channel: %s", nrs_worker_control(w));
+    double end = nrs_now_s() + timeout_s;
+    while (!w->have_plan) {
+        double left = end - nrs_now_s();
+        int k = left > 0 ? ctl_recv(w, left, &h) : 0;
+        if (k < 0)
+            return w->retired ? NRS_ERR_RETIRED : seterr(w, NRS_ERR_INVAL, "%s", w->ctl_err);
+        if (k == 0)
+            return seterr(w, NRS_ERR_PLAN, "no plan from the controller within %.1f s", timeout_s);
+        int rc = ctl_frame(w, &h);
+        if (rc < 0)
+            return rc;
+    }
+    return NRS_OK;
+}
+
+int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
+{
+    nrs_hdr_t h;
+    int first = 1;
+    if (!w)
+        return NRS_ERR_INVAL;
+    if (w->retired)
+        return NRS_ERR_RETIRED;
+    while (w->ctl_fd >= 0) {
+        int k = ctl_recv(w, first ? timeout_s : 0, &h);
+        first = 0;
+        if (k <= 0)
+            return w->retired ? NRS_ERR_RETIRED : NRS_OK;
+        int rc = ctl_frame(w, &h);
+        if (rc != NRS_OK && rc != 2)
+            return rc; /* a transition ran (1, or its failure), or an error */
+    }
+    return w->retired ? NRS_ERR_RETIRED : NRS_OK;
 }
 
 double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
@@ -765,6 +1070,19 @@ int nrs_worker_finalize(nrs_worker_t *w)
     nrs_rdv_fini(w->r);
     if (w->ctl_fd >= 0)
         close(w->ctl_fd);
+    free(w->perm);
+    free(w->cbuf);
+    free(w->pend);
     free(w);
     return rc;
+}
+
+int nrs_worker_gpu(const nrs_worker_t *w) { return w && w->have_plan ? w->my_gpu : -1; }
+
+int nrs_worker_plan(const nrs_worker_t *w, nrs_plan_t *out)
+{
+    if (!w || !out || !w->have_plan)
+        return NRS_ERR_INVAL;
+    *out = w->plan;
+    return NRS_OK;
 }

@@ -1,0 +1,271 @@
+/* nereus-worker: a synthetic PPO/GRPO job over the public worker API
+ * (include/nereus/nereus.h): the template for integrating a real trainer.
+ * See usage() and docs/worker-api.md §6. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nereus/cost.h"
+#include "nereus/emu.h"
+#include "nereus/nereus.h"
+#include "nereus/plan.h"
+#include "nereus/spec.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"NAME\n"
+"    nereus-worker - a synthetic PPO/GRPO job over the Nereus worker API\n"
+"\n"
+"SYNOPSIS\n"
+"    nereus-worker [--spec FILE] [--steps N] [--step-ms M] [--response-len A]\n"
+"                  [--max-response-len B] [--gpus-per-host G] [--quiet-s S]\n"
+"\n"
+"DESCRIPTION\n"
+"    One rank of a job (start one per GPU: srun, or tests/mp/pmix_srv). Each rank\n"
+"    holds real EMU state of the spec's models scaled down by\n"
+"    runtime.emulation_scale, filled with a deterministic pattern. Every step it\n"
+"    sleeps for the true time of a virtual cluster (the cost model's predicted\n"
+"    stage times at the step's response length, times per-stage factors),\n"
+"    scaled so the first step takes M ms, reports the true stage times and the\n"
+"    response length (which grows linearly from A to B over the N steps), and\n"
+"    takes the transitions the controller announces. At the end it verifies\n"
+"    every shard's checksum and prints 'verified N shards, 0 mismatches'.\n"
+"\n"
+"    With $NEREUS_SOCKET_DIR (or $NEREUS_JOB_DIR) the plan comes from\n"
+"    nereus-controller; without, the rank plans for itself (nrs_plan_best on\n"
+"    the job's ranks) and never changes epoch.\n"
+"\n"
+"OPTIONS\n"
+"    --spec FILE           job spec (default $NEREUS_SPEC)\n"
+"    --steps N             steps to run (default workload.steps)\n"
+"    --step-ms M           wall time of the first step, ms (default 30)\n"
+"    --response-len A      response length at step 0 (default workload.response_len)\n"
+"    --max-response-len B  at the last step (default workload.max_response_len)\n"
+"    --gpus-per-host G     name this rank's host node<rank/G> in its HELLO\n"
+"                          ($NEREUS_HOSTNAME), for one-machine tests of\n"
+"                          multi-node jobs\n"
+"    --quiet-s S           after the last step, keep following the controller\n"
+"                          until it is quiet for S s (default 2)\n"
+"    -h, --help            this text\n"
+"\n"
+"ENVIRONMENT\n"
+"    NEREUS_EMU_FACTORS    true/predicted time per model-stage of the virtual\n"
+"                          cluster, e.g. 'actor.generate=1.4,critic.train=0.9'\n"
+"                          (default actor.generate=1.3, others 1)\n"
+"    NEREUS_SOCKET_DIR, NEREUS_JOB_ID, NEREUS_TOKEN, NRS_WORKER_TIMEOUT, UCX_*:\n"
+"                          see docs/worker-api.md\n"
+"\n"
+"EXIT STATUS\n"
+"    0 every checksum verified; 1 a mismatch or a failure; 2 usage;\n"
+"    3 a transition failed past its point of no return; 4 retired by the\n"
+"    controller (its node left the job).\n");
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static void factors(double *f)
+{
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        f[ms] = ms == NRS_MS_ACTOR_GENERATE ? 1.3 : 1.0;
+    const char *e = getenv("NEREUS_EMU_FACTORS");
+    char buf[512], *save = NULL;
+    if (!e)
+        return;
+    snprintf(buf, sizeof buf, "%s", e);
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+            if (!strcmp(t, nrs_worker_ms_name(ms)) && atof(eq + 1) > 0)
+                f[ms] = atof(eq + 1);
+    }
+}
+
+/* True seconds of each model-stage of plan p at response length rl. */
+static double true_times(const nrs_spec_t *s, const nrs_plan_t *p, double rl, const double *f,
+                         double *t)
+{
+    nrs_work_t wk;
+    double sum = 0;
+    nrs_work_from_spec(s, &wk);
+    wk.response_len = rl;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        nrs_stage_cost_t c;
+        t[ms] = 0;
+        if (!p->has[ms] || nrs_cost_stage(s, (nrs_ms_t)ms, &p->layout[ms], &wk, NULL, &c))
+            continue;
+        t[ms] = c.time_s * f[ms] > 1e-6 ? c.time_s * f[ms] : 1e-6;
+        sum += t[ms];
+    }
+    return sum;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {{"spec", 1, 0, 's'},       {"steps", 1, 0, 'n'},
+                                       {"step-ms", 1, 0, 'm'},    {"response-len", 1, 0, 'a'},
+                                       {"max-response-len", 1, 0, 'b'},
+                                       {"gpus-per-host", 1, 0, 'g'}, {"quiet-s", 1, 0, 'q'},
+                                       {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+    const char *spec_path = getenv("NEREUS_SPEC");
+    int steps = -1, gph = 0, c;
+    double step_ms = 30, r0 = -1, r1 = -1, quiet = 2;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 's': spec_path = optarg; break;
+        case 'n': steps = atoi(optarg); break;
+        case 'm': step_ms = atof(optarg); break;
+        case 'a': r0 = atof(optarg); break;
+        case 'b': r1 = atof(optarg); break;
+        case 'g': gph = atoi(optarg); break;
+        case 'q': quiet = atof(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !spec_path || step_ms <= 0 || quiet < 0) {
+        fprintf(stderr, "nereus-worker: %s\n", !spec_path ? "no spec: --spec FILE or NEREUS_SPEC"
+                                                          : "bad arguments (--help)");
+        return 2;
+    }
+    nrs_spec_t spec, small;
+    char err[512];
+    if (nrs_spec_load(spec_path, &spec, err, sizeof err)) {
+        fprintf(stderr, "nereus-worker: %s\n", err);
+        return 1;
+    }
+    if (steps < 0)
+        steps = spec.workload.steps;
+    if (r0 < 0)
+        r0 = spec.workload.response_len;
+    if (r1 < 0)
+        r1 = spec.workload.max_response_len;
+    if (gph > 0) { /* before init: the HELLO carries it */
+        const char *pr = getenv("PMIX_RANK");
+        char host[64];
+        snprintf(host, sizeof host, "node%d", (pr ? atoi(pr) : 0) / gph);
+        setenv("NEREUS_HOSTNAME", host, 1);
+    }
+    nrs_emu_scale_spec(&spec, spec.runtime.emulation_scale, &small);
+
+    nrs_worker_t *w = NULL;
+    int rc = nrs_worker_init_spec(&w, &small);
+    if (rc) {
+        fprintf(stderr, "nereus-worker: init: %s: %s\n", nrs_worker_strerror(rc),
+                w ? nrs_worker_last_error(w) : "");
+        nrs_worker_finalize(w);
+        return 1;
+    }
+    int me = nrs_worker_rank(w), n = nrs_worker_size(w);
+    int controlled = !strcmp(nrs_worker_control(w), "connected");
+    if (controlled) {
+        rc = nrs_worker_control_plan(w, 30);
+    } else {
+        nrs_plan_req_t req;
+        nrs_plan_t p;
+        nrs_plan_req_init(&req, &spec);
+        req.gpus = n;
+        rc = nrs_plan_best(&spec, &req, &p, err, sizeof err) ? NRS_ERR_PLAN : 0;
+        if (!rc) {
+            p.epoch = 1;
+            rc = nrs_worker_set_plan(w, &p);
+        } else {
+            fprintf(stderr, "nereus-worker: rank %d: no plan: %s\n", me, err);
+        }
+    }
+    if (!rc)
+        rc = nrs_worker_alloc_state(w, NRS_MEM_AUTO, 1);
+    if (rc) {
+        fprintf(stderr, "nereus-worker: rank %d: %s: %s (control: %s)\n", me,
+                nrs_worker_strerror(rc), nrs_worker_last_error(w), nrs_worker_control(w));
+        nrs_worker_finalize(w);
+        return rc == NRS_ERR_RETIRED ? 4 : 1;
+    }
+    printf("rank %d of %d: pid %ld, epoch %d, GPU %d, %d buffer(s), control %s, %d step(s)\n",
+           me, n, (long)getpid(), nrs_worker_epoch(w), nrs_worker_gpu(w),
+           nrs_worker_nbuffers(w), nrs_worker_control(w), steps);
+    fflush(stdout);
+
+    double f[NRS_MS_COUNT], t[NRS_MS_COUNT];
+    factors(f);
+    /* wall seconds per true second: the first step takes step_ms */
+    double scale = -1;
+    int ntrans = 0, exitc = 0;
+    for (int s = 0; s < steps && !exitc; s++) {
+        double rl = steps > 1 ? r0 + (r1 - r0) * s / (steps - 1) : r0;
+        /* the current plan: this rank's roles come from it; the times from the cost model */
+        nrs_plan_t p;
+        nrs_worker_plan(w, &p);
+        double sum = true_times(&spec, &p, rl, f, t);
+        if (scale < 0)
+            scale = sum > 0 ? step_ms / 1000.0 / sum : 0;
+        sleep_s(sum * scale);
+        for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+            if (p.has[ms])
+                nrs_worker_report_stage(w, ms, t[ms]);
+        nrs_worker_report_step(w, s, rl);
+        rc = nrs_worker_control_poll(w, 0);
+        if (rc == 1) {
+            ntrans++;
+            printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
+                   nrs_worker_epoch(w), nrs_worker_gpu(w), nrs_worker_nbuffers(w),
+                   nrs_worker_transition_stat(w, NRS_TS_SECONDS));
+        } else if (rc == NRS_ERR_ABORTED) {
+            printf("rank %d: step %d: transition aborted, staying on epoch %d: %s\n", me, s,
+                   nrs_worker_epoch(w), nrs_worker_last_error(w));
+        } else if (rc == NRS_ERR_PARTIAL) {
+            printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
+            exitc = 3;
+        } else if (rc == NRS_ERR_RETIRED) {
+            printf("rank %d: step %d: retired: %s\n", me, s, nrs_worker_last_error(w));
+            exitc = 4;
+        } else if (rc < 0) {
+            printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),
+                   nrs_worker_last_error(w));
+        }
+        fflush(stdout);
+    }
+    /* follow the controller until it is quiet: a transition decided on the last
+     * steps is a collective every rank must take part in */
+    for (double end = quiet; controlled && !exitc && end > 0;) {
+        rc = nrs_worker_control_poll(w, 0.1);
+        end -= 0.1;
+        if (rc == 1) {
+            ntrans++;
+            end = quiet;
+            printf("rank %d: after the last step: epoch %d committed (GPU %d)\n", me,
+                   nrs_worker_epoch(w), nrs_worker_gpu(w));
+        } else if (rc == NRS_ERR_PARTIAL) {
+            exitc = 3;
+        } else if (rc == NRS_ERR_RETIRED) {
+            exitc = 4;
+        } else if (rc == NRS_ERR_ABORTED) {
+            end = quiet;
+        }
+    }
+    if (!exitc) {
+        long long ver = 0, bad = 0;
+        rc = nrs_worker_verify_state(w, &ver, &bad);
+        printf("rank %d: epoch %d, %d transition(s): verified %lld shards, %lld mismatches\n", me,
+               nrs_worker_epoch(w), ntrans, ver, bad);
+        exitc = rc ? 1 : 0;
+    }
+    fflush(stdout);
+    rc = nrs_worker_finalize(w);
+    return exitc ? exitc : rc ? 1 : 0;
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# End to end (issue 6): nereus-controller + 8 nereus-worker ranks under the
+# tests' PMIx server on tests/mp/e2e.yaml (2 nodes x 4 GPUs, zero1 off):
+#   1. the response length grows -> the controller re-plans and admits a
+#      transition -> every rank executes it -> every checksum intact;
+#   2. a node's 4 ranks SIGKILLed, `nereus delta --lost node0` -> forced
+#      transition on the 4 survivors (renumbered survivors first), state
+#      rebuilt from dp replicas -> the job finishes, every checksum intact;
+#   3. peers that send garbage, a bad REPORT, or disconnect do not take the
+#      controller down;
+#   4. a rank SIGKILLed in the middle of a transition: every survivor aborts
+#      with its old state intact, the controller sends ABORT, the job ends on
+#      epoch 1 with every survivor's checksums intact;
+#   5. `nereus delta --remove node1` with node1's ranks alive: they are told
+#      "rank retired" and leave, the survivors transition without waiting for
+#      them (fences over the participants only).
+# Hard time-outs everywhere; prints the lines scripts/test counts.
+. "$(dirname "$0")/lib.sh"
+S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+CTL="$B/nereus-controller"
+NRS="$B/nereus"
+WK="$B/nereus-worker"
+FW="$B/tests/ctl/fake_workers"
+SPEC="$S/tests/mp/e2e.yaml"
+export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-e2e.XXXXXX")
+cpid="" spid=""
+cleanup() {
+    [ -n "$spid" ] && kill -KILL "$spid" 2>/dev/null
+    [ -n "$cpid" ] && kill -KILL "$cpid" 2>/dev/null
+    rm -rf "$tmp" "$mp_out"
+}
+trap cleanup EXIT
+ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
+ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
+wait_for() { # seconds command...
+    local n=$(( $1 * 10 )); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+start_ctl() { # dir log
+    "$CTL" --socket-dir "$1" --transition-timeout 15 --hello-timeout 2 --log "$2" "$SPEC" \
+        2>/dev/null &
+    cpid=$!
+    wait_for 10 test -S "$1/ctl.sock"
+}
+stop_ctl() { # name
+    kill -TERM "$cpid"
+    local rc=124
+    for _ in $(seq 100); do
+        if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
+    done
+    [ "$rc" -eq 0 ] && ok "$1: controller stopped cleanly" || ko "$1: controller stopped cleanly" "exit $rc"
+    cpid=""
+}
+status_json() { timeout 5 "$NRS" status --json --socket-dir "$1"; }
+jq_ok() { # dir filter: the controller answers and the filter holds
+    local j
+    j=$(status_json "$1") && [ -n "$j" ] && echo "$j" | jq -e "$2" >/dev/null
+}
+show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
+
+echo "[==========] end to end: nereus-controller + 8 nereus-worker ranks"
+if ! command -v jq >/dev/null; then mp_skip "end to end" "needs jq"; mp_done; fi
+
+# --- 1. growth-driven transition -------------------------------------------------
+D="$tmp/s1"
+start_ctl "$D" "$tmp/c1.log"
+export NEREUS_SOCKET_DIR="$D"
+mp_case "growth: 8 ranks, 24 steps, response length 32 -> 256" 0 50 \
+    "$SRV" -q -n 8 -t 45 -- "$WK" --spec "$SPEC" --steps 24 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256
+cp "$mp_out" "$tmp/w1.log"
+n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w1.log")
+check "growth: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
+n=$(grep -c 'step [0-9]*: epoch 2 committed' "$tmp/w1.log")
+check "growth: 8 ranks committed epoch 2" "[ $n -eq 8 ]" "$n of 8"
+check "growth: the controller admitted a workload-triggered transition" \
+    "grep -q 'trigger workload: ADMITTED' '$tmp/c1.log' && grep -q 'epoch 2 committed in' '$tmp/c1.log'" \
+    "$(grep -c ADMITTED "$tmp/c1.log") admissions"
+check "growth: status says epoch >= 2, one commit, no abort" \
+    "jq_ok '$D' '.epoch >= 2 and .transitions.committed >= 1 and .transitions.aborted == 0'"
+stop_ctl "growth"
+grep -q 'ADMITTED' "$tmp/c1.log" || show "$tmp/c1.log"
+
+# --- 2. a node lost: forced transition, recovery from replicas ------------------------
+D="$tmp/s2"
+start_ctl "$D" "$tmp/c2.log"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] lost node: 8 ranks, node0's 4 ranks SIGKILLed, delta --lost node0"
+"$SRV" -q -n 8 -t 50 -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256 >"$tmp/w2.log" 2>&1 &
+spid=$!
+# after the growth transition (epoch 2), while the job runs
+wait_for 30 jq_ok "$D" '.epoch >= 2 and .nworkers == 8 and .transitions.committed >= 1'
+jq_ok "$D" '.epoch >= 2' && ok "lost node: epoch 2 committed first" || ko "lost node: epoch 2 committed first" "still $(status_json "$D" | jq .epoch)"
+# a misbehaving peer and a disconnecting one while the job runs
+for mode in garbage badreport midframe; do
+    timeout 20 "$FW" --socket-dir "$D" --bad "$mode" --timeout 10 >"$tmp/bad.out" 2>&1
+done
+pids=$(for r in 0 1 2 3; do sed -n "s/^rank $r of 8: pid \([0-9]*\),.*/\1/p" "$tmp/w2.log"; done)
+check "lost node: found node0's 4 pids" "[ $(echo $pids | wc -w) -eq 4 ]"
+kill -KILL $pids 2>/dev/null
+wait_for 10 jq_ok "$D" '.nworkers == 4'
+timeout 10 "$NRS" delta --lost node0 --socket-dir "$D" >"$tmp/delta.out" 2>&1
+drc=$?
+check "lost node: delta --lost node0 accepted, forced new epoch" \
+    "[ $drc -eq 0 ] && grep -q 'forced' '$tmp/delta.out'" "exit $drc: $(cat "$tmp/delta.out")"
+rc=124
+for _ in $(seq 450); do
+    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+spid=""
+check "lost node: the job ended (server exit 137: the 4 killed ranks)" "[ $rc -eq 137 ]" "exit $rc"
+n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w2.log")
+check "lost node: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E 'rank [4-7]: .*epoch [0-9]+ committed \(GPU [0-3]' "$tmp/w2.log" | grep -vc 'epoch 2 committed')
+check "lost node: survivors took GPUs 0-3 of the forced epoch" "[ $n -eq 4 ]" "$n of 4"
+check "lost node: the controller forced it, no state lost" \
+    "grep -q 'trigger resources: ADMITTED (forced)' '$tmp/c2.log' && ! grep -q 'STATE LOST' '$tmp/c2.log'"
+check "lost node: status: 4 GPUs, >= 2 commits" \
+    "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4 and .transitions.committed >= 2'"
+check "lost node: no sanitizer report from a survivor" \
+    "! grep -q 'Sanitizer' '$tmp/w2.log'" "$(grep -m1 Sanitizer "$tmp/w2.log")"
+check "bad peers were dropped, the controller stayed up" \
+    "kill -0 $cpid && jq_ok '$D' '.counters.dropped >= 2'"
+if [ "$mp_fail" -gt 0 ]; then show "$tmp/w2.log" 40; grep -v 'report' "$tmp/c2.log" | show /dev/stdin 30; fi
+stop_ctl "lost node"
+
+# --- 3. a rank dies in the middle of a transition: every survivor aborts -------------
+D="$tmp/s3"
+start_ctl "$D" "$tmp/c3.log"
+export NEREUS_SOCKET_DIR="$D"
+mp_case "abort: rank 5 SIGKILLed after 3 of its ops of the first transition" 137 50 \
+    env NRS_WORKER_KILL=5:3 "$SRV" -q -n 8 -t 45 -- "$WK" --spec "$SPEC" --steps 24 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 256
+cp "$mp_out" "$tmp/w3.log"
+n=$(grep 'transition aborted, staying on epoch 1: .*old state intact' "$tmp/w3.log" | cut -d: -f1 | sort -u | wc -l)
+check "abort: the 7 survivors aborted, old state intact" "[ $n -eq 7 ]" "$n of 7"
+n=$(grep -c 'epoch 1, 0 transition(s): verified [0-9]* shards, 0 mismatches' "$tmp/w3.log")
+check "abort: the 7 survivors finished on epoch 1, every shard verified" "[ $n -eq 7 ]" "$n of 7"
+check "abort: no sanitizer report from a survivor" \
+    "! grep -q 'Sanitizer' '$tmp/w3.log'" "$(grep -m1 Sanitizer "$tmp/w3.log")"
+check "abort: the controller sent ABORT and stayed up" \
+    "grep -q 'ABORT before the point of no return: .*rank 5' '$tmp/c3.log' && jq_ok '$D' '.epoch == 1 and .transitions.aborted >= 1 and .transitions.committed == 0'"
+stop_ctl "abort"
+
+# --- 4. a node removed gracefully: its ranks are alive, retired, not waited for --------
+D="$tmp/s4"
+start_ctl "$D" "$tmp/c4.log"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] remove: delta --remove node1 while its 4 ranks run"
+"$SRV" -q -n 8 -t 50 -- "$WK" --spec "$SPEC" --steps 40 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256 >"$tmp/w4.log" 2>&1 &
+spid=$!
+# after epoch 2: its plan keeps dp replicas across the nodes (epoch 1's does not)
+wait_for 30 jq_ok "$D" '.epoch >= 2 and .nworkers == 8 and .transitions.committed >= 1'
+timeout 10 "$NRS" delta --remove node1 --socket-dir "$D" >"$tmp/delta4.out" 2>&1
+drc=$?
+rc=124
+for _ in $(seq 450); do
+    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+spid=""
+check "remove: delta accepted, the job ended (exit 4: the retired ranks)" "[ $drc -eq 0 ] && [ $rc -eq 4 ]" \
+    "delta exit $drc, server exit $rc"
+n=$(grep -c 'retired: .*rank retired' "$tmp/w4.log")
+check "remove: node1's 4 ranks were told they are retired" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [0-9]* shards, 0 mismatches' "$tmp/w4.log" | wc -l)
+check "remove: the 4 survivors moved on and verified every shard" "[ $n -eq 4 ] && jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'" "$n of 4; status: $(status_json "$D" | jq -c '{gpus, epoch, pending_epoch, transition_phase, total: .plan.total_gpus}')"
+[ "$mp_fail" -gt 0 ] && show "$tmp/w4.log" 30
+stop_ctl "remove"
+mp_done
