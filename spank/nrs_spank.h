@@ -77,6 +77,7 @@ int nrs_submit_post_opt(spank_t sp, int ac, char **av);
 int nrs_remote_init(spank_t sp, int ac, char **av);
 int nrs_remote_post_opt(spank_t sp, int ac, char **av);
 int nrs_remote_user_init(spank_t sp, int ac, char **av);
+int nrs_remote_task_exit(spank_t sp, int ac, char **av);
 int nrs_remote_exit(spank_t sp, int ac, char **av);
 int nrs_slurmd_init(spank_t sp, int ac, char **av);
 

@@ -2,20 +2,31 @@
  *
  *   init_post_opt (root)        create the per-job directory, owned by the user
  *   user_init (as the user,     check the spec, export NEREUS_* to the tasks,
- *     in the step's cwd)        start the job's controller on the first node
- *   exit                        nothing yet
+ *     in the step's cwd)        start the job's watcher + controller on the
+ *                               job's first node (once per job: lock file)
+ *   task_exit (root)            the step that started them: after its last
+ *                               local task, stop them cleanly (SIGTERM)
+ *   exit (root)                 anything of ours still there: SIGKILL
  *
  * A step without --nereus returns at the top of every hook. A failure is
  * logged and returned: Slurm then fails the step only when the plugstack
  * line says "required"; with "optional" the step runs without Nereus (we
  * export nothing after a failure). */
+#define _GNU_SOURCE /* pipe2, setresuid, setresgid */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -29,6 +40,10 @@ typedef struct {
     bool disabled; /* a hook failed: run the step without Nereus */
     char why[NRS_SPANK_MSG_MAX];
     char job_dir[NRS_SPANK_PATH_MAX];
+    char ctl_dir[NRS_SPANK_PATH_MAX]; /* the job dir on the controller's node */
+    bool ctl_here;                    /* this node is the job's first node */
+    pid_t watcher;                    /* started by this step; 0: none */
+    uint32_t tasks, tasks_exited;     /* local tasks of this step */
     char spec[PATH_MAX];
 } nrs_remote_t;
 
@@ -54,23 +69,20 @@ static int nrs_remote_ids(spank_t sp, nrs_remote_t *r)
     return 0;
 }
 
-/* This node's name. Several slurmd may share one host, so the host name is
- * not it, and SLURMD_NODENAME in the job's environment at this point is the
- * submitter's (a step launched from a batch script inherits the batch
- * node's). The step's node list, indexed by our relative node id, is right. */
-static void nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t n)
+/* Host number idx of the first of these node lists found in the job's
+ * environment; "" when none. */
+static void nrs_remote_list_host(spank_t sp, const char *const *lists, size_t nlists, uint32_t idx,
+                                 char *buf, size_t n)
 {
-    static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                        "SLURM_NODELIST"};
     char nodelist[8192];
     hostlist_t hl = NULL;
     char *host = NULL;
 
     buf[0] = '\0';
-    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]) && hl == NULL; i++)
+    for (size_t i = 0; i < nlists && hl == NULL; i++)
         if (spank_getenv(sp, lists[i], nodelist, sizeof(nodelist)) == ESPANK_SUCCESS)
             hl = slurm_hostlist_create(nodelist);
-    for (uint32_t i = 0; hl != NULL && i <= node_id; i++) {
+    for (uint32_t i = 0; hl != NULL && i <= idx; i++) {
         free(host);
         host = slurm_hostlist_shift(hl);
     }
@@ -79,19 +91,39 @@ static void nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t
     free(host);
     if (hl != NULL)
         slurm_hostlist_destroy(hl);
+    buf[n - 1] = '\0';
+}
+
+/* This node's name. Several slurmd may share one host, so the host name is
+ * not it, and SLURMD_NODENAME in the job's environment at this point is the
+ * submitter's (a step launched from a batch script inherits the batch
+ * node's). The step's node list, indexed by our relative node id, is right. */
+static void nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t n)
+{
+    static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                        "SLURM_NODELIST"};
+
+    nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), node_id, buf, n);
     if (buf[0] == '\0' && (gethostname(buf, n) != 0 || buf[0] == '\0'))
         nrs_spank_strlcpy(buf, "unknown", n);
     buf[n - 1] = '\0';
 }
 
+/* The job's first node: where its controller runs, whichever step (batch
+ * script, or a step on a subset of the nodes) comes first. */
+static void nrs_remote_first_node(spank_t sp, char *buf, size_t n)
+{
+    static const char *const lists[] = {"SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+
+    nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), 0, buf, n);
+}
+
 /* state_dir with "%n" replaced by the node name. */
-static int nrs_remote_state_dir(spank_t sp, uint32_t node_id, char *out, size_t n)
+static int nrs_remote_state_dir(const char *node, char *out, size_t n)
 {
     const char *s = nrs_spank_config.state_dir;
-    char node[256];
     size_t used = 0;
 
-    nrs_remote_node_name(sp, node_id, node, sizeof(node));
     for (; *s != '\0'; s++) {
         const char *piece = s;
         size_t len = 1;
@@ -150,14 +182,21 @@ static int nrs_mkdir_p(const char *path)
  * one job share it; whoever comes first creates it. */
 static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
 {
-    char state[NRS_SPANK_PATH_MAX];
+    char state[NRS_SPANK_PATH_MAX], ctl_state[NRS_SPANK_PATH_MAX], node[256], first[256];
     struct stat st;
-    int n;
+    int n, m;
 
-    if (nrs_remote_state_dir(sp, r->node_id, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0)
+    nrs_remote_node_name(sp, r->node_id, node, sizeof(node));
+    nrs_remote_first_node(sp, first, sizeof(first));
+    if (first[0] == '\0') /* no job node list: our own step's first node */
+        nrs_remote_node_name(sp, 0, first, sizeof(first));
+    r->ctl_here = strcmp(node, first) == 0;
+    if (nrs_remote_state_dir(node, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0 ||
+        nrs_remote_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
         return -1;
     n = snprintf(r->job_dir, sizeof(r->job_dir), "%s/%u", state, r->job_id);
-    if (n < 0 || (size_t)n >= sizeof(r->job_dir)) {
+    m = snprintf(r->ctl_dir, sizeof(r->ctl_dir), "%s/%u", ctl_state, r->job_id);
+    if (n < 0 || (size_t)n >= sizeof(r->job_dir) || m < 0 || (size_t)m >= sizeof(r->ctl_dir)) {
         nrs_err("job directory path too long");
         return -1;
     }
@@ -217,17 +256,376 @@ fail:
     return -1;
 }
 
-/* Where the job's nereus-controller will be started (next: issue 7, once per
- * job on node 0, as the user, inside the step so that Slurm's process
- * tracking reaps it; it listens in r->job_dir and runs the allocation
- * watcher). For now it only says so. */
-static int nrs_remote_controller_start(spank_t sp, const nrs_remote_t *r)
+/* ---- the job's controller ----------------------------------------------------
+ *
+ * On the job's first node, the first step with --nereus forks
+ * RT/nereus-watcher from slurmstepd, fully switched to the job's user; the
+ * watcher starts RT/nereus-controller as its own child and then polls
+ * slurmctld. Both stay descendants of this slurmstepd: no setsid, no double
+ * fork, so proctrack (linuxproc: by parentage; cgroup: by cgroup) kills them
+ * with the step. DIR/controller.lock (O_EXCL, holding the watcher's pid)
+ * makes it once per job; a later step on that node finds the lock and only
+ * waits (bounded) for the socket. */
+enum { NRS_CTL_WAIT_MS = 10000, NRS_STOP_WAIT_MS = 3000 };
+
+static int nrs_remote_path(char *out, size_t n, const char *dir, const char *name)
 {
-    (void)sp;
-    nrs_debug("job %u step %u: controller start not implemented yet (%s/nereus-controller, "
-              "job dir %s)",
-              r->job_id, r->step_id, nrs_spank_config.runtime_dir, r->job_dir);
+    int k = snprintf(out, n, "%s/%s", dir, name);
+
+    if (k < 0 || (size_t)k >= n) {
+        nrs_err("%s/%s: path too long", dir, name);
+        return -1;
+    }
     return 0;
+}
+
+static double nrs_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* pid runs nereus-watcher (a zombie, whose command line is empty, or a
+ * reused pid does not). */
+static bool nrs_pid_is_watcher(pid_t pid)
+{
+    char path[64], cmd[512];
+    ssize_t k;
+    int fd;
+
+    if (pid <= 0)
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    k = read(fd, cmd, sizeof(cmd) - 1);
+    close(fd);
+    if (k <= 0)
+        return false;
+    for (ssize_t i = 0; i < k; i++) /* the whole command line: a libtool */
+        if (cmd[i] == '\0')        /* wrapper runs as "/bin/sh .../nereus-watcher" */
+            cmd[i] = ' ';
+    cmd[k] = '\0';
+    return strstr(cmd, "nereus-watcher --socket-dir") != NULL;
+}
+
+/* The last non-empty line of a log file, for NEREUS_ERROR. */
+static void nrs_remote_log_tail(const char *path, char *out, size_t n)
+{
+    char buf[2048];
+    ssize_t k = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+
+    out[0] = '\0';
+    if (fd < 0)
+        return;
+    off_t end = lseek(fd, 0, SEEK_END);
+    if (end >= 0 && lseek(fd, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0,
+                          SEEK_SET) >= 0)
+        k = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (k <= 0)
+        return;
+    while (k > 0 && (buf[k - 1] == '\n' || buf[k - 1] == ' '))
+        k--;
+    buf[k] = '\0';
+    const char *line = strrchr(buf, '\n');
+    line = line ? line + 1 : buf;
+    size_t len = strlen(line) < n - 1 ? strlen(line) : n - 1;
+    memcpy(out, line, len);
+    out[len] = '\0';
+}
+
+/* Reap the watcher if it is gone; true when it is (or was never ours). */
+static bool nrs_watcher_gone(pid_t pid)
+{
+    pid_t p = waitpid(pid, NULL, WNOHANG);
+
+    return p == pid || (p < 0 && errno == ECHILD);
+}
+
+/* Stop the watcher this step started (it stops the controller on SIGTERM):
+ * TERM, up to wait_ms, then KILL; remove the lock. Never blocks longer. */
+static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms)
+{
+    char lock[NRS_SPANK_PATH_MAX + 32];
+    double deadline = nrs_now_ms() + wait_ms;
+    pid_t pid = r->watcher;
+
+    if (pid <= 0)
+        return;
+    r->watcher = 0;
+    if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid)) {
+        kill(pid, wait_ms > 0 ? SIGTERM : SIGKILL);
+        while (!nrs_watcher_gone(pid) && nrs_now_ms() < deadline)
+            poll(NULL, 0, 20);
+        if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid)) {
+            slurm_error(NRS_SPANK_PREFIX "job %u: watcher %d still running after %d ms: SIGKILL",
+                        r->job_id, (int)pid, wait_ms);
+            kill(pid, SIGKILL);
+            for (int i = 0; i < 50 && !nrs_watcher_gone(pid); i++)
+                poll(NULL, 0, 20);
+        }
+    }
+    if (nrs_remote_path(lock, sizeof(lock), r->job_dir, "controller.lock") == 0)
+        unlink(lock);
+    nrs_debug("job %u step %u: watcher and controller stopped", r->job_id, r->step_id);
+}
+
+/* 1: we took the lock (*fd), 0: a live watcher (or a concurrent start) holds
+ * it, -1: error. A lock whose pid is not a nereus-watcher is stale: the step
+ * that held it ended. */
+static int nrs_remote_lock(const char *lock, int *fd)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        char buf[32];
+        struct stat st;
+        ssize_t k;
+        int lfd;
+
+        *fd = open(lock, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (*fd >= 0)
+            return 1;
+        if (errno != EEXIST) {
+            nrs_err("%s: %s", lock, strerror(errno));
+            return -1;
+        }
+        lfd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        k = lfd >= 0 ? read(lfd, buf, sizeof(buf) - 1) : -1;
+        if (lfd >= 0 && fstat(lfd, &st) != 0)
+            st.st_mtime = 0;
+        if (lfd >= 0)
+            close(lfd);
+        buf[k > 0 ? k : 0] = '\0';
+        pid_t pid = (pid_t)atoi(buf);
+        if (nrs_pid_is_watcher(pid))
+            return 0;
+        if (lfd >= 0 && k == 0 && time(NULL) - st.st_mtime < 15)
+            return 0; /* another step of this job is starting it right now */
+        nrs_debug("removing stale %s (pid '%s')", lock, buf);
+        if (unlink(lock) != 0 && errno != ENOENT) {
+            nrs_err("%s: stale lock, cannot remove it: %s", lock, strerror(errno));
+            return -1;
+        }
+    }
+    nrs_err("%s: cannot take the lock", lock);
+    return -1;
+}
+
+/* The forked child of slurmstepd: only async-signal-safe calls from here.
+ * slurmstepd is running as the user with seteuid (real uid root): become
+ * the user for good, reset signals, give it the job dir's log as stdout and
+ * stderr and no other descriptor of slurmstepd, exec. */
+static void nrs_remote_child(const nrs_remote_t *r, int logfd, int errfd, int maxfd,
+                             const gid_t *groups, int ngroups, char *const argv[],
+                             char *const envp[])
+{
+    struct sigaction sa;
+    sigset_t none;
+    int e = 0, nul;
+
+    if (getuid() == 0 && (seteuid(0) != 0 || setgroups((size_t)ngroups, groups) != 0 ||
+                          setresgid(r->gid, r->gid, r->gid) != 0 ||
+                          setresuid(r->uid, r->uid, r->uid) != 0))
+        goto fail;
+    if (getuid() != r->uid || geteuid() != r->uid) {
+        errno = EPERM;
+        goto fail;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    umask(077);
+    if (chdir(r->job_dir) != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
+        dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+        goto fail;
+    for (int fd = 3; fd < maxfd; fd++)
+        if (fd != errfd)
+            close(fd);
+    execve(argv[0], argv, envp);
+fail:
+    e = errno ? errno : EINVAL;
+    if (write(errfd, &e, sizeof(e)) < 0)
+        e = 0;
+    _exit(127);
+}
+
+/* Fork and exec the watcher; its pid, or -1 with the reason logged. */
+static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
+{
+    char job[16], interval[32], conf[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX + 32];
+    char env_conf[NRS_SPANK_PATH_MAX + 16], env_job[32], env_dir[NRS_SPANK_PATH_MAX + 32];
+    const char *sc = getenv("SLURM_CONF"); /* this node's, else the job's */
+    static gid_t groups[1024];
+    int ngroups = getgroups(1024, groups), pfd[2], e = 0, logfd, maxfd;
+    char *argv[16], *envp[8];
+    int a = 0, v = 0;
+    pid_t pid;
+
+    conf[0] = '\0';
+    if (sc != NULL && sc[0] != '\0')
+        nrs_spank_strlcpy(conf, sc, sizeof(conf));
+    else if (spank_getenv(sp, "SLURM_CONF", conf, sizeof(conf)) != ESPANK_SUCCESS)
+        conf[0] = '\0';
+    snprintf(job, sizeof(job), "%u", r->job_id);
+    snprintf(interval, sizeof(interval), "%g", nrs_spank_config.poll_interval);
+    snprintf(env_conf, sizeof(env_conf), "SLURM_CONF=%s", conf);
+    snprintf(env_job, sizeof(env_job), "SLURM_JOB_ID=%u", r->job_id);
+    snprintf(env_dir, sizeof(env_dir), "NEREUS_SOCKET_DIR=%s", r->job_dir);
+    argv[a++] = (char *)prog;
+    argv[a++] = "--socket-dir";
+    argv[a++] = (char *)r->job_dir;
+    argv[a++] = "--job";
+    argv[a++] = job;
+    argv[a++] = "--runtime-dir";
+    argv[a++] = nrs_spank_config.runtime_dir;
+    argv[a++] = "--interval";
+    argv[a++] = interval;
+    if (conf[0] != '\0') {
+        argv[a++] = "--slurm-conf";
+        argv[a++] = conf;
+        envp[v++] = env_conf;
+    }
+    argv[a++] = (char *)r->spec;
+    argv[a] = NULL;
+    envp[v++] = "PATH=/usr/local/bin:/usr/bin:/bin";
+    envp[v++] = env_job;
+    envp[v++] = env_dir;
+    envp[v] = NULL;
+    if (ngroups < 0)
+        ngroups = 0; /* more than we can hold: the primary group only */
+    maxfd = (int)sysconf(_SC_OPEN_MAX);
+    if (maxfd < 0 || maxfd > 65536)
+        maxfd = 65536;
+    if (nrs_remote_path(log, sizeof(log), r->job_dir, "watcher.log") < 0)
+        return -1;
+    logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        nrs_err("%s: %s", log, strerror(errno));
+        return -1;
+    }
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        nrs_err("pipe: %s", strerror(errno));
+        close(logfd);
+        return -1;
+    }
+    pid = fork();
+    if (pid == 0)
+        nrs_remote_child(r, logfd, pfd[1], maxfd, groups, ngroups, argv, envp);
+    close(pfd[1]);
+    close(logfd);
+    if (pid < 0) {
+        nrs_err("fork: %s", strerror(errno));
+        close(pfd[0]);
+        return -1;
+    }
+    /* EOF: exec succeeded (the pipe was close-on-exec); an int: why not. */
+    while (read(pfd[0], &e, sizeof(e)) < 0 && errno == EINTR)
+        ;
+    close(pfd[0]);
+    if (e != 0) {
+        waitpid(pid, NULL, 0);
+        nrs_err("cannot run %s as uid %u: %s", prog, (unsigned)r->uid, strerror(e));
+        return -1;
+    }
+    return pid;
+}
+
+/* Bounded wait until the controller accepts connections on DIR/ctl.sock;
+ * child: our watcher, whose early exit ends the wait with its log's reason. */
+static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child)
+{
+    struct sockaddr_un sa;
+    char log[NRS_SPANK_PATH_MAX + 32], why[512];
+    double deadline = nrs_now_ms() + NRS_CTL_WAIT_MS;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->ctl_dir, "ctl.sock") < 0)
+        return -1;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+
+        if (fd >= 0)
+            close(fd);
+        if (ok)
+            return 0;
+        if (child > 0 && nrs_watcher_gone(child)) {
+            nrs_remote_path(log, sizeof(log), r->ctl_dir, "controller.log");
+            nrs_remote_log_tail(log, why, sizeof(why));
+            if (why[0] == '\0') {
+                nrs_remote_path(log, sizeof(log), r->ctl_dir, "watcher.log");
+                nrs_remote_log_tail(log, why, sizeof(why));
+            }
+            nrs_err("the job's controller did not start: %s (%s)", why[0] ? why : "no message",
+                    log);
+            return -1;
+        }
+        if (nrs_now_ms() >= deadline) {
+            nrs_err("the job's controller did not answer on %s within %d s (see %s/controller.log)",
+                    sa.sun_path, NRS_CTL_WAIT_MS / 1000, r->ctl_dir);
+            return -1;
+        }
+        poll(NULL, 0, 50);
+    }
+}
+
+static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
+{
+    char watcher[NRS_SPANK_PATH_MAX + 32], ctl[NRS_SPANK_PATH_MAX + 32];
+    char lock[NRS_SPANK_PATH_MAX + 32];
+    const char *rt = nrs_spank_config.runtime_dir;
+    int fd = -1, held;
+    pid_t pid;
+
+    if (nrs_remote_path(watcher, sizeof(watcher), rt, "nereus-watcher") < 0 ||
+        nrs_remote_path(ctl, sizeof(ctl), rt, "nereus-controller") < 0 ||
+        nrs_remote_path(lock, sizeof(lock), r->job_dir, "controller.lock") < 0)
+        return -1;
+    /* As the user (effective ids): can the user run them? */
+    for (const char *p = ctl; p != NULL; p = p == ctl ? watcher : NULL)
+        if (faccessat(AT_FDCWD, p, X_OK, AT_EACCESS) != 0) {
+            nrs_err("cannot run %s: %s (runtime_dir=%s in plugstack.conf; is Nereus installed "
+                    "on this node?)",
+                    p, strerror(errno), rt);
+            return -1;
+        }
+    held = nrs_remote_lock(lock, &fd);
+    if (held < 0)
+        return -1;
+    if (held == 0) {
+        nrs_debug("job %u step %u: the job's controller is already running", r->job_id,
+                  r->step_id);
+        return nrs_remote_wait_socket(r, 0);
+    }
+    pid = nrs_remote_spawn(sp, r, watcher);
+    if (pid < 0)
+        goto fail;
+    r->watcher = pid;
+    if (dprintf(fd, "%d\n", (int)pid) < 0) {
+        nrs_err("%s: %s", lock, strerror(errno));
+        goto fail;
+    }
+    close(fd);
+    fd = -1;
+    if (nrs_remote_wait_socket(r, pid) < 0)
+        goto fail;
+    nrs_info("job %u step %u: controller started (watcher pid %d, socket dir %s)", r->job_id,
+             r->step_id, (int)pid, r->job_dir);
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS);
+    unlink(lock);
+    return -1;
 }
 
 static int nrs_remote_setenv(spank_t sp, const char *name, const char *value)
@@ -249,6 +647,7 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
     spank_unsetenv(sp, "NEREUS_ERROR"); /* inherited from a failed batch step */
     if (nrs_remote_setenv(sp, "NEREUS_SPEC", r->spec) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_JOB_DIR", r->job_dir) < 0 ||
+        nrs_remote_setenv(sp, "NEREUS_SOCKET_DIR", r->ctl_dir) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_RUNTIME_DIR", nrs_spank_config.runtime_dir) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_POLL_INTERVAL", poll) < 0)
         return -1;
@@ -260,8 +659,8 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
  * their stderr is the user's, slurmstepd's log is not. */
 static int nrs_remote_unexport(spank_t sp, const nrs_remote_t *r)
 {
-    static const char *const names[] = {"NEREUS_SPEC", "NEREUS_JOB_DIR", "NEREUS_RUNTIME_DIR",
-                                        "NEREUS_POLL_INTERVAL"};
+    static const char *const names[] = {"NEREUS_SPEC", "NEREUS_JOB_DIR", "NEREUS_SOCKET_DIR",
+                                        "NEREUS_RUNTIME_DIR", "NEREUS_POLL_INTERVAL"};
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         spank_unsetenv(sp, names[i]);
@@ -287,7 +686,9 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av)
     }
     if (nrs_spank_validate_spec(r->spec) < 0 || nrs_remote_export(sp, r) < 0)
         goto fail;
-    if (r->node_id == 0 && nrs_remote_controller_start(sp, r) < 0)
+    if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &r->tasks) != ESPANK_SUCCESS)
+        r->tasks = 0;
+    if (r->ctl_here && nrs_remote_controller_start(sp, r) < 0)
         goto fail;
     return 0;
 fail:
@@ -296,11 +697,30 @@ fail:
     return -1;
 }
 
+/* After the last local task of the step that started the watcher (for a
+ * batch job: the batch script, i.e. the job), stop it and the controller
+ * cleanly, before slurmstepd's process tracking SIGKILLs what is left. */
+int nrs_remote_task_exit(spank_t sp, int ac, char **av)
+{
+    nrs_remote_t *r = &nrs_remote;
+
+    (void)sp;
+    (void)ac;
+    (void)av;
+    if (!nrs_spank_opt.given || r->watcher <= 0)
+        return 0;
+    if (++r->tasks_exited >= r->tasks)
+        nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS);
+    return 0;
+}
+
 int nrs_remote_exit(spank_t sp, int ac, char **av)
 {
     (void)sp;
     (void)ac;
     (void)av;
+    if (nrs_spank_opt.given && nrs_remote.watcher > 0)
+        nrs_remote_stop_watcher(&nrs_remote, 0);
     if (nrs_spank_opt.given && !nrs_remote.disabled)
         nrs_debug("job %u step %u: exit", nrs_remote.job_id, nrs_remote.step_id);
     return 0;

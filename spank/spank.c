@@ -40,6 +40,13 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     return nrs_remote_user_init(sp, ac, av);
 }
 
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+    if (spank_context() != S_CTX_REMOTE)
+        return 0;
+    return nrs_remote_task_exit(sp, ac, av);
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
     if (spank_context() != S_CTX_REMOTE)

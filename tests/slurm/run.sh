@@ -32,12 +32,12 @@ cluster() { timeout 180 "$top/scripts/cluster" "$@" --dir "$NRS_CLUSTER_DIR"; }
 cluster down >/dev/null 2>&1 # whatever a crashed run left
 trap 'cluster down' EXIT
 echo "==> tests/slurm: cluster in $NRS_CLUSTER_DIR, plugin $so"
-if ! cluster up --nodes 4 --spank "$so"; then
+if ! cluster up --nodes 4 --spank "$so" --poll-interval 1; then
     echo "[  FAILED  ] 1 test(s): scripts/cluster up"; exit 1
 fi
 
 tests=("$@")
-[ "${#tests[@]}" -gt 0 ] || tests=(cluster submit untouched pmix shrink)
+[ "${#tests[@]}" -gt 0 ] || tests=(cluster submit untouched pmix shrink nodefail expand controller)
 rc=0
 for t in "${tests[@]}"; do
     echo "==> tests/slurm/test_$t.sh"

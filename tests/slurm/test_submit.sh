@@ -45,7 +45,8 @@ else sl_fail "bare --nereus without default_spec refused" "rc=$sl_rc"; fi
 # -- accepted: the tasks see it --------------------------------------------------
 sl_run 30 srun -N 2 -l --nereus=good.yaml bash -c \
     'echo "spec=$NEREUS_SPEC dir=$NEREUS_JOB_DIR mode=$(stat -c %a "$NEREUS_JOB_DIR") poll=$NEREUS_POLL_INTERVAL"'
-if [ "$sl_rc" -eq 0 ] && [ "$(grep -c "spec=$sl_tmp/good.yaml dir=$NRS_CLUSTER_DIR/nereus/n[12]/[0-9]* mode=700 poll=2" "$sl_out")" -eq 2 ]; then
+poll=$(sed -n 's/.* poll_interval=\([^ ]*\).*/\1/p' "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus") # run.sh: 1
+if [ "$sl_rc" -eq 0 ] && [ "$(grep -c "spec=$sl_tmp/good.yaml dir=$NRS_CLUSTER_DIR/nereus/n[12]/[0-9]* mode=700 poll=$poll$" "$sl_out")" -eq 2 ]; then
     sl_ok "srun --nereus=good.yaml: tasks see NEREUS_SPEC (absolute), a 0700 job dir per node"
 else sl_fail "srun --nereus=good.yaml: tasks see NEREUS_SPEC (absolute), a 0700 job dir per node" "rc=$sl_rc"; fi
 

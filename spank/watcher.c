@@ -1,0 +1,521 @@
+/* nereus-watcher: the job's allocation watcher and the launcher of its
+ * controller (DESIGN §2 rule 2, §8). Started by the SPANK plugin on the job's
+ * first node, as the job's user, as a child of slurmstepd (so that Slurm's
+ * process tracking sees it and its child); never daemonizes.
+ *
+ *   nereus-watcher --socket-dir DIR --job ID --runtime-dir RT
+ *                  [--interval S] [--slurm-conf F] SPEC
+ *
+ * 1. snapshot the job with libslurm slurm_load_job (nodes, num_nodes,
+ *    resize_time, state); start RT/nereus-controller --socket-dir DIR --job ID
+ *    --gpus num_nodes*gpus_per_node SPEC as its child, stderr in
+ *    DIR/controller.log;
+ * 2. every S seconds, load the job again; when its node list changes, send
+ *    the controller a DELTA (hosts gone that slurmctld reports DOWN, FAIL or
+ *    not responding: LOST; other hosts gone: REMOVE; new hosts: ADD);
+ * 3. when the job ends (or on SIGTERM), stop the controller (SIGTERM, then
+ *    SIGKILL after 3 s) and exit. If the controller dies, exit too.
+ *
+ * Hosts are sent by name first; a controller that knows no rank on them (no
+ * workers connected, or workers that name their host differently) refuses
+ * with "unknown host", and we resend the same release as GPU indices: the
+ * node's position in the node list the controller was started with, times
+ * gpus_per_node (srun's block layout). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+
+#include "ctl/client.h"
+#include "ctl/proto.h"
+#include "nereus/spec.h"
+
+enum { NRW_MAX_NODES = 4096, NRW_HOST_MAX = NRS_PROTO_STR_MAX };
+
+typedef struct {
+    char names[NRW_MAX_NODES][NRW_HOST_MAX];
+    int n;
+} nrw_hosts_t;
+
+typedef struct {
+    const char *socket_dir, *job_str, *runtime_dir, *slurm_conf, *spec_path;
+    uint32_t job_id;
+    double interval;
+    int gpus_per_node;
+    pid_t ctl;
+    nrw_hosts_t base;    /* node order the controller's GPU indices follow */
+    nrw_hosts_t current; /* the allocation as last seen */
+    time_t resize_time;
+} nrw_t;
+
+static volatile sig_atomic_t nrw_stop;
+
+static void nrw_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void nrw_log(const char *fmt, ...)
+{
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    va_list ap;
+
+    strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", localtime_r(&now, &tm));
+    fprintf(stderr, "%s nereus-watcher[%d]: ", ts, (int)getpid());
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static void nrw_on_signal(int sig)
+{
+    nrw_stop = sig;
+}
+
+/* ---- the job, from slurmctld ------------------------------------------------ */
+
+static int nrw_hosts_parse(const char *list, nrw_hosts_t *out)
+{
+    hostlist_t hl = slurm_hostlist_create(list ? list : "");
+    char *h;
+
+    out->n = 0;
+    if (hl == NULL)
+        return -1;
+    while ((h = slurm_hostlist_shift(hl)) != NULL) {
+        if (out->n < NRW_MAX_NODES)
+            snprintf(out->names[out->n++], NRW_HOST_MAX, "%s", h);
+        free(h);
+    }
+    slurm_hostlist_destroy(hl);
+    return 0;
+}
+
+static int nrw_hosts_find(const nrw_hosts_t *h, const char *name)
+{
+    for (int i = 0; i < h->n; i++)
+        if (strcmp(h->names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+static const char *nrw_state_name(uint32_t state)
+{
+    static const char *const names[] = {"PENDING",  "RUNNING", "SUSPENDED", "COMPLETED",
+                                        "CANCELLED", "FAILED",  "TIMEOUT",   "NODE_FAIL",
+                                        "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OOM"};
+    uint32_t base = state & JOB_STATE_BASE;
+
+    if (state & JOB_COMPLETING)
+        return "COMPLETING";
+    return base < sizeof(names) / sizeof(names[0]) ? names[base] : "UNKNOWN";
+}
+
+typedef enum { NRW_JOB_RUNNING, NRW_JOB_ENDED, NRW_JOB_UNKNOWN } nrw_job_state_t;
+
+/* Load the job: RUNNING with *hosts filled, ENDED, or UNKNOWN (slurmctld did
+ * not answer: try again next time). */
+static nrw_job_state_t nrw_load(nrw_t *w, nrw_hosts_t *hosts, time_t *resize_time, char *state,
+                                size_t n)
+{
+    job_info_msg_t *msg = NULL;
+    nrw_job_state_t rc = NRW_JOB_UNKNOWN;
+
+    snprintf(state, n, "unknown");
+    if (slurm_load_job(&msg, w->job_id, SHOW_DETAIL) != SLURM_SUCCESS) {
+        int e = slurm_get_errno();
+        snprintf(state, n, "%s", slurm_strerror(e));
+        return e == ESLURM_INVALID_JOB_ID ? NRW_JOB_ENDED : NRW_JOB_UNKNOWN;
+    }
+    if (msg == NULL || msg->record_count < 1)
+        goto out;
+    slurm_job_info_t *j = &msg->job_array[0];
+    uint32_t base = j->job_state & JOB_STATE_BASE;
+    snprintf(state, n, "%s", nrw_state_name(j->job_state));
+    if ((j->job_state & JOB_COMPLETING) || (base != JOB_RUNNING && base != JOB_SUSPENDED)) {
+        rc = NRW_JOB_ENDED;
+        goto out;
+    }
+    if (nrw_hosts_parse(j->nodes, hosts) != 0)
+        goto out;
+    if (hosts->n != (int)j->num_nodes)
+        nrw_log("job %u: num_nodes %u but %d hosts in '%s'", w->job_id, j->num_nodes, hosts->n,
+                j->nodes ? j->nodes : "");
+    *resize_time = j->resize_time;
+    rc = NRW_JOB_RUNNING;
+out:
+    slurm_free_job_info_msg(msg);
+    return rc;
+}
+
+/* ---- the controller --------------------------------------------------------- */
+
+static int nrw_spawn_controller(nrw_t *w, int gpus)
+{
+    char prog[4096], gpus_s[16], log[4096];
+    pid_t pid;
+
+    snprintf(prog, sizeof(prog), "%s/nereus-controller", w->runtime_dir);
+    snprintf(log, sizeof(log), "%s/controller.log", w->socket_dir);
+    snprintf(gpus_s, sizeof(gpus_s), "%d", gpus);
+    char *argv[] = {prog, "--socket-dir", (char *)w->socket_dir, "--job", (char *)w->job_str,
+                    "--gpus", gpus_s, (char *)w->spec_path, NULL};
+    char *argv_nogpus[] = {prog, "--socket-dir", (char *)w->socket_dir, "--job",
+                           (char *)w->job_str, (char *)w->spec_path, NULL};
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+    if (fd < 0) {
+        nrw_log("%s: %s", log, strerror(errno));
+        return -1;
+    }
+    pid = fork();
+    if (pid < 0) {
+        nrw_log("fork: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(fd, 2);
+        execv(prog, gpus > 0 ? argv : argv_nogpus);
+        fprintf(stderr, "nereus-watcher: cannot run %s: %s\n", prog, strerror(errno));
+        _exit(127);
+    }
+    close(fd);
+    w->ctl = pid;
+    nrw_log("job %u: started %s (pid %d, %s GPUs), log %s", w->job_id, prog, (int)pid,
+            gpus > 0 ? gpus_s : "the spec's", log);
+    return 0;
+}
+
+/* The controller has exited (reaped): log how. */
+static bool nrw_controller_gone(nrw_t *w)
+{
+    int st;
+    pid_t p = waitpid(w->ctl, &st, WNOHANG);
+
+    if (p == 0)
+        return false;
+    if (p == w->ctl) {
+        if (WIFEXITED(st))
+            nrw_log("the controller exited with status %d (see controller.log)", WEXITSTATUS(st));
+        else if (WIFSIGNALED(st))
+            nrw_log("the controller was killed by signal %d", WTERMSIG(st));
+    }
+    w->ctl = 0;
+    return true;
+}
+
+static void nrw_stop_controller(nrw_t *w)
+{
+    if (w->ctl <= 0)
+        return;
+    kill(w->ctl, SIGTERM);
+    for (int i = 0; i < 60; i++) {
+        if (nrw_controller_gone(w))
+            return;
+        usleep(50000);
+    }
+    nrw_log("the controller ignored SIGTERM for 3 s: SIGKILL");
+    kill(w->ctl, SIGKILL);
+    waitpid(w->ctl, NULL, 0);
+    w->ctl = 0;
+}
+
+/* One DELTA and its reply; 0 when the controller applied it. text gets the
+ * controller's answer or why there was none. */
+static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, size_t tl)
+{
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    const size_t cap = NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD;
+    nrs_msg_delta_reply_t r;
+    nrs_msg_error_t e;
+    nrs_hdr_t h;
+    int fd = -1, rc = -1;
+
+    if (buf == NULL) {
+        snprintf(text, tl, "out of memory");
+        return -1;
+    }
+    fd = nrs_client_connect_unix(w->socket_dir, text, tl);
+    if (fd < 0)
+        goto out;
+    if (nrs_client_hello(fd, NRS_ROLE_WATCHER, text, tl) != 0 ||
+        nrs_client_send(fd, buf, nrs_enc_delta(buf, cap, m), text, tl) != 0) {
+        nrs_client_refusal(fd, text, tl);
+        goto out;
+    }
+    if (nrs_client_recv(fd, buf, cap, &h, 30, text, tl) != 0)
+        goto out;
+    if (h.type == NRS_MSG_ERROR && nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
+        snprintf(text, tl, "refused: %s: %s", nrs_perr_name((int)e.code), e.text);
+        goto out;
+    }
+    if (h.type != NRS_MSG_DELTA_REPLY ||
+        nrs_dec_delta_reply(buf + NRS_PROTO_HDR, h.length, &r, NULL, 0) != 0) {
+        snprintf(text, tl, "unexpected %s from the controller", nrs_msg_name(h.type));
+        goto out;
+    }
+    snprintf(text, tl, "%s: generation %llu, epoch %u%s%.0u: %s",
+             r.accepted ? "accepted" : "rejected", (unsigned long long)r.generation, r.epoch,
+             r.new_epoch ? " -> " : "", r.new_epoch, r.text);
+    rc = r.accepted ? 0 : -1;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return rc;
+}
+
+/* A node slurmctld took from the job because it failed (DOWN, FAIL, not
+ * responding), not because the job was shrunk: its state is lost. */
+static bool nrw_node_failed(const char *name)
+{
+    node_info_msg_t *ni = NULL;
+    bool failed = false;
+
+    if (slurm_load_node_single(&ni, (char *)name, SHOW_ALL) == SLURM_SUCCESS && ni != NULL &&
+        ni->record_count > 0) {
+        uint32_t st = ni->node_array[0].node_state;
+        failed = (st & NODE_STATE_BASE) == NODE_STATE_DOWN || (st & NODE_STATE_FAIL) ||
+                 (st & NODE_STATE_NO_RESPOND);
+    }
+    slurm_free_node_info_msg(ni);
+    return failed;
+}
+
+/* Released (REMOVE) or failed (LOST) hosts gone->names[off..], at most a
+ * DELTA's worth: by name, else (no rank known there) as GPU indices. */
+static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_t kind)
+{
+    const char *what = kind == NRS_DELTA_LOST ? "LOST" : "REMOVE";
+    nrs_msg_delta_t *m = calloc(1, sizeof(*m));
+    char names[1024] = "", text[NRS_PROTO_TEXT_MAX + 128];
+    size_t used = 0;
+
+    if (m == NULL)
+        return;
+    m->kind = kind;
+    int end = gone->n - off > NRS_PROTO_MAX_HOSTS ? off + NRS_PROTO_MAX_HOSTS : gone->n;
+    for (int i = off; i < end; i++) {
+        snprintf(m->hosts[m->nhosts++], NRS_PROTO_STR_MAX, "%s", gone->names[i]);
+        if (used < sizeof(names))
+            used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
+                                     i > off ? "," : "", gone->names[i]);
+    }
+    int rc = nrw_send_delta(w, m, text, sizeof(text));
+    nrw_log("delta %s hosts %s: %s", what, names, text);
+    if (rc != 0 && strstr(text, "unknown host") != NULL && w->gpus_per_node > 0) {
+        m->nhosts = 0;
+        for (int i = off; i < end; i++) {
+            int at = nrw_hosts_find(&w->base, gone->names[i]);
+            for (int g = 0; at >= 0 && g < w->gpus_per_node && m->ngpus < NRS_PROTO_MAX_LOST; g++)
+                m->gpus[m->ngpus++] = at * w->gpus_per_node + g;
+        }
+        if (m->ngpus > 0) {
+            nrw_send_delta(w, m, text, sizeof(text));
+            nrw_log("delta %s as %d GPU index(es) from %d (the place of %s in the node "
+                    "order): %s",
+                    what, m->ngpus, (int)m->gpus[0], names, text);
+        }
+    }
+    free(m);
+}
+
+static void nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
+{
+    nrs_msg_delta_t m;
+    char text[NRS_PROTO_TEXT_MAX + 128];
+
+    memset(&m, 0, sizeof(m));
+    m.kind = NRS_DELTA_ADD;
+    m.add_nodes = (uint32_t)added->n;
+    nrw_send_delta(w, &m, text, sizeof(text));
+    nrw_log("delta ADD %d node(s) (%s%s): %s", added->n, added->names[0],
+            added->n > 1 ? ", ..." : "", text);
+    for (int i = 0; i < added->n && w->base.n < NRW_MAX_NODES; i++)
+        if (nrw_hosts_find(&w->base, added->names[i]) < 0)
+            snprintf(w->base.names[w->base.n++], NRW_HOST_MAX, "%s", added->names[i]);
+}
+
+/* The allocation changed from w->current to now: tell the controller. */
+static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
+{
+    static nrw_hosts_t gone, lost, added;
+
+    gone.n = lost.n = added.n = 0;
+    for (int i = 0; i < w->current.n; i++) {
+        const char *h = w->current.names[i];
+        if (nrw_hosts_find(now, h) >= 0)
+            continue;
+        if (nrw_node_failed(h))
+            snprintf(lost.names[lost.n++], NRW_HOST_MAX, "%s", h);
+        else
+            snprintf(gone.names[gone.n++], NRW_HOST_MAX, "%s", h);
+    }
+    for (int i = 0; i < now->n; i++)
+        if (nrw_hosts_find(&w->current, now->names[i]) < 0)
+            snprintf(added.names[added.n++], NRW_HOST_MAX, "%s", now->names[i]);
+    nrw_log("job %u: allocation changed: %d -> %d nodes (%d released, %d failed, %d added)",
+            w->job_id, w->current.n, now->n, gone.n, lost.n, added.n);
+    for (int off = 0; off < lost.n; off += NRS_PROTO_MAX_HOSTS)
+        nrw_delta_remove(w, &lost, off, NRS_DELTA_LOST);
+    for (int off = 0; off < gone.n; off += NRS_PROTO_MAX_HOSTS)
+        nrw_delta_remove(w, &gone, off, NRS_DELTA_REMOVE);
+    if (added.n > 0)
+        nrw_delta_add(w, &added);
+    w->current = *now;
+}
+
+static void nrw_sleep(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+
+    if (!nrw_stop)
+        nanosleep(&ts, NULL); /* a signal cuts it short */
+}
+
+static int nrw_run(nrw_t *w)
+{
+    static nrw_hosts_t now;
+    char state[128];
+    time_t rt = 0;
+    nrw_job_state_t js = NRW_JOB_UNKNOWN;
+
+    /* The first snapshot sizes the controller; slurmctld may be slow. */
+    for (int i = 0; i < 10 && !nrw_stop; i++) {
+        js = nrw_load(w, &w->current, &w->resize_time, state, sizeof(state));
+        if (js != NRW_JOB_UNKNOWN)
+            break;
+        nrw_sleep(0.5);
+    }
+    if (js == NRW_JOB_ENDED) {
+        nrw_log("job %u already ended (%s)", w->job_id, state);
+        return 0;
+    }
+    if (js == NRW_JOB_UNKNOWN)
+        nrw_log("job %u: no answer from slurmctld (%s); starting with the spec's size", w->job_id,
+                state);
+    else
+        nrw_log("job %u: %d node(s), resize_time %ld", w->job_id, w->current.n,
+                (long)w->resize_time);
+    w->base = w->current;
+    int gpus = js == NRW_JOB_RUNNING ? w->current.n * w->gpus_per_node : 0;
+    if (gpus > NRS_PROTO_MAX_GPUS)
+        gpus = NRS_PROTO_MAX_GPUS;
+    if (nrw_spawn_controller(w, gpus) != 0)
+        return 1;
+    while (!nrw_stop) {
+        nrw_sleep(w->interval);
+        if (nrw_stop || nrw_controller_gone(w))
+            break;
+        js = nrw_load(w, &now, &rt, state, sizeof(state));
+        if (js == NRW_JOB_ENDED) {
+            nrw_log("job %u ended (%s)", w->job_id, state);
+            break;
+        }
+        if (js == NRW_JOB_UNKNOWN)
+            continue;
+        if (w->current.n == 0) { /* no first snapshot: this is it */
+            w->current = now;
+            w->base = now;
+            continue;
+        }
+        bool same = now.n == w->current.n;
+        for (int i = 0; same && i < now.n; i++)
+            same = nrw_hosts_find(&w->current, now.names[i]) >= 0;
+        if (!same || rt != w->resize_time) {
+            if (rt != w->resize_time)
+                nrw_log("job %u: resize_time %ld -> %ld", w->job_id, (long)w->resize_time, (long)rt);
+            w->resize_time = rt;
+            if (!same)
+                nrw_on_change(w, &now);
+        }
+    }
+    if (nrw_stop)
+        nrw_log("signal %d: stopping", (int)nrw_stop);
+    bool had = w->ctl > 0;
+    nrw_stop_controller(w);
+    if (had)
+        nrw_log("controller stopped; exiting");
+    return 0;
+}
+
+static const char nrw_usage[] =
+    "Usage: nereus-watcher --socket-dir DIR --job ID --runtime-dir RT [--interval S]\n"
+    "                      [--slurm-conf FILE] SPEC\n"
+    "Started by the Nereus SPANK plugin: runs RT/nereus-controller for job ID and\n"
+    "sends it a resource delta whenever slurmctld's node list of the job changes.\n";
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"socket-dir", required_argument, NULL, 'd'},
+                                          {"job", required_argument, NULL, 'j'},
+                                          {"runtime-dir", required_argument, NULL, 'r'},
+                                          {"interval", required_argument, NULL, 'i'},
+                                          {"slurm-conf", required_argument, NULL, 'c'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    static nrw_t w;
+    static nrs_spec_t spec;
+    char err[NRS_ERR_MAX], *end;
+    struct sigaction sa;
+    int ch, rc;
+
+    w.interval = 2;
+    while ((ch = getopt_long(argc, argv, "d:j:r:i:c:h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'd': w.socket_dir = optarg; break;
+        case 'j': w.job_str = optarg; break;
+        case 'r': w.runtime_dir = optarg; break;
+        case 'c': w.slurm_conf = optarg; break;
+        case 'i':
+            w.interval = strtod(optarg, &end);
+            if (*end || !(w.interval >= 0.1 && w.interval <= 3600)) {
+                fprintf(stderr, "nereus-watcher: --interval: '%s' not in [0.1, 3600]\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h': fputs(nrw_usage, stdout); return 0;
+        default: fputs(nrw_usage, stderr); return 2;
+        }
+    }
+    if (optind != argc - 1 || !w.socket_dir || !w.job_str || !w.runtime_dir) {
+        fputs(nrw_usage, stderr);
+        return 2;
+    }
+    w.spec_path = argv[optind];
+    errno = 0;
+    unsigned long id = strtoul(w.job_str, &end, 10);
+    if (errno || *end || end == w.job_str || id == 0 || id > UINT32_MAX) {
+        fprintf(stderr, "nereus-watcher: --job: '%s' is not a job id\n", w.job_str);
+        return 2;
+    }
+    w.job_id = (uint32_t)id;
+    if (nrs_spec_load(w.spec_path, &spec, err, sizeof(err)) != 0) {
+        nrw_log("%s", err);
+        return 1;
+    }
+    w.gpus_per_node = spec.cluster.gpus_per_node;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = nrw_on_signal; /* no SA_RESTART: cut sleeps short */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    slurm_init(w.slurm_conf);
+    rc = nrw_run(&w);
+    slurm_fini();
+    return rc;
+}
