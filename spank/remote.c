@@ -42,6 +42,7 @@ typedef struct {
     char job_dir[NRS_SPANK_PATH_MAX];
     char ctl_dir[NRS_SPANK_PATH_MAX]; /* the job dir on the controller's node */
     bool ctl_here;                    /* this node is the job's first node */
+    char node[256];                   /* this node's Slurm name */
     pid_t watcher;                    /* started by this step; 0: none */
     uint32_t tasks, tasks_exited;     /* local tasks of this step */
     char spec[PATH_MAX];
@@ -191,6 +192,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     if (first[0] == '\0') /* no job node list: our own step's first node */
         nrs_remote_node_name(sp, 0, first, sizeof(first));
     r->ctl_here = strcmp(node, first) == 0;
+    snprintf(r->node, sizeof(r->node), "%s", node);
     if (nrs_remote_state_dir(node, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0 ||
         nrs_remote_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
         return -1;
@@ -649,7 +651,10 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
         nrs_remote_setenv(sp, "NEREUS_JOB_DIR", r->job_dir) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_SOCKET_DIR", r->ctl_dir) < 0 ||
         nrs_remote_setenv(sp, "NEREUS_RUNTIME_DIR", nrs_spank_config.runtime_dir) < 0 ||
-        nrs_remote_setenv(sp, "NEREUS_POLL_INTERVAL", poll) < 0)
+        nrs_remote_setenv(sp, "NEREUS_POLL_INTERVAL", poll) < 0 ||
+        /* The controller names hosts as Slurm does (several slurmd may share
+         * one machine, so gethostname() is not it). */
+        (r->node[0] && nrs_remote_setenv(sp, "NEREUS_HOSTNAME", r->node) < 0))
         return -1;
     return 0;
 }
@@ -659,8 +664,9 @@ static int nrs_remote_export(spank_t sp, const nrs_remote_t *r)
  * their stderr is the user's, slurmstepd's log is not. */
 static int nrs_remote_unexport(spank_t sp, const nrs_remote_t *r)
 {
-    static const char *const names[] = {"NEREUS_SPEC", "NEREUS_JOB_DIR", "NEREUS_SOCKET_DIR",
-                                        "NEREUS_RUNTIME_DIR", "NEREUS_POLL_INTERVAL"};
+    static const char *const names[] = {"NEREUS_SPEC",          "NEREUS_JOB_DIR",
+                                        "NEREUS_SOCKET_DIR",    "NEREUS_RUNTIME_DIR",
+                                        "NEREUS_POLL_INTERVAL", "NEREUS_HOSTNAME"};
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         spank_unsetenv(sp, names[i]);

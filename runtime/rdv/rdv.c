@@ -395,6 +395,16 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         nrs_seterr(err, errlen, "rdv: an earlier fence failed; rendezvous is unusable");
         return -1;
     }
+    /* Every rank, listed one by one, is the whole job: say so with the
+     * wildcard. Slurm 22.05's PMIx plugin mishandles explicit rank lists
+     * ("unexpected contrib", "no process controlled by this slurmstepd"). */
+    if (ranks && nranks == r->size) {
+        bool all = true;
+        for (int i = 0; i < nranks && all; i++)
+            all = ranks[i] == i;
+        if (all)
+            ranks = NULL;
+    }
     pmix_proc_t *procs = calloc(ranks ? (size_t)nranks : 1, sizeof(*procs));
     pmix_info_t info[1];
     bool collect = true;
