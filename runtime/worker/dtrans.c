@@ -498,8 +498,8 @@ static void hand_over(dt_t *D, nrs_xmem_t *old_mem, nrs_xmem_t *new_mem)
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
         int32_t c = nrs_emu_canon(g, j);
         new_mem[j - g->nold] = D->live[c] ? D->mem[c] : (nrs_xmem_t){0};
-        if (D->live[c])
-            D->live[c] = 0; /* moved */
+        if (D->live[c] && !(g->keep_old && c < g->nold))
+            D->live[c] = 0; /* moved; a weight sync's kept old buffer stays old too (shared) */
     }
     for (int32_t i = 0; i < g->nold; i++)
         old_mem[i] = D->live[i] ? D->mem[i] : (nrs_xmem_t){0};

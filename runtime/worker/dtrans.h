@@ -82,7 +82,9 @@ void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks);
  * old_mem[g->nold]: this rank's old buffers (ptr NULL where not held here),
  * allocated with x's mem_alloc. new_mem[g->nnew]: zeroed by the caller.
  *   COMMITTED: new_mem holds this rank's new buffers (kept-in-place ones are
- *              moved from old_mem), old_mem is emptied (freed or moved).
+ *              moved from old_mem), old_mem is emptied (freed or moved). A
+ *              weight sync (g->keep_old) keeps old_mem: a new buffer kept in
+ *              place is then the same memory in both (g->buf[].alias).
  *   ABORTED:   new_mem is empty again, old_mem untouched.
  *   PARTIAL:   new_mem holds what this rank has of the new state (complete or
  *              not), old_mem what was not freed; res->present/rebuildable/lost.

@@ -64,6 +64,20 @@ struct nrs_worker {
     nrs_msg_plan_t *pend;   /* PLAN(TRANSITION) waiting for its PREPARE */
     int have_pend, retired, ponr_acked;
     unsigned ctl_epoch;     /* epoch of the transition being run for the controller */
+    /* the per-step weight sync of the current epoch (nrs_emu_weight_sync) */
+    nrs_emu_graph_t *sg;    /* its graph, built once per epoch */
+    int *stmap;             /* [sg->nold]: train weight -> index into st.buf */
+    int *sgidx;             /* [sg->nnew]: generation buffer -> index into st.buf (kept in
+                             * place on a train buffer, or persistent on its own pool), -1 */
+    nrs_xmem_t *sgmem;      /* [sg->nnew]: generation buffers the sync allocated (sgidx -1) */
+    int synced;             /* the generation buffers hold this epoch's sync */
+    unsigned sync_n, agree_n, sync_sample;
+    long long sync_steps, sync_failed, sync_bytes, sync_last_bytes, sync_sampled;
+    double sync_last_s, sync_total_s;
+    int defer;              /* control frames: keep a PREPARE for the step's agreement */
+    unsigned prep_epoch;    /* the PREPARE kept, 0: none */
+    unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
+    unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
     char err[640];
 };
 
@@ -248,7 +262,9 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     w->ctl_fd = -1;
     w->my_gpu = -1;
     int rc = join(w);
-    if (!rc && !(w->perm = calloc((size_t)w->n + 1, sizeof(int))))
+    if (!rc && (!(w->perm = calloc((size_t)w->n + 1, sizeof(int))) ||
+                !(w->leaving = calloc((size_t)w->n + 1, 1)) ||
+                !(w->gone = calloc((size_t)w->n + 1, 1))))
         rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
     perm_identity(w);
     if (!rc)
@@ -290,8 +306,29 @@ const char *nrs_worker_ms_name(int ms)
 
 /* ---- state ---------------------------------------------------------------------------- */
 
+static void sync_reset(nrs_worker_t *w)
+{
+    for (int j = 0; w->sg && w->sgmem && j < w->sg->nnew; j++)
+        if (w->sgmem[j].ptr && w->x.ops)
+            w->x.ops->mem_free(w->x.ctx, &w->sgmem[j]);
+    nrs_emu_graph_free(w->sg);
+    free(w->stmap);
+    free(w->sgidx);
+    free(w->sgmem);
+    w->sg = NULL;
+    w->stmap = w->sgidx = NULL;
+    w->sgmem = NULL;
+    w->synced = 0;
+    w->sync_n = w->agree_n = 0;
+    if (w->leaving)
+        memset(w->leaving, 0, (size_t)w->n);
+    if (w->gone)
+        memset(w->gone, 0, (size_t)w->n);
+}
+
 static void free_state(nrs_worker_t *w)
 {
+    sync_reset(w);
     for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
         if (w->mem[i].ptr && w->x.ops)
             w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
@@ -975,6 +1012,10 @@ static int ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
         nrs_msg_epoch_t m;
         if (nrs_dec_epoch(h->type, p, h->length, &m, why, sizeof why))
             return seterr(w, NRS_ERR_PLAN, "PREPARE: %s", why);
+        if (w->defer) { /* nrs_worker_control_step runs it once every rank has agreed */
+            w->prep_epoch = m.epoch;
+            return NRS_OK;
+        }
         return ctl_prepare(w, m.epoch);
     }
     case NRS_MSG_ERROR:
@@ -1049,6 +1090,349 @@ double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
     }
 }
 
+/* ---- the step boundary and the per-step weight sync ----------------------------- */
+
+/* Ranks of the current plan (they hold its GPUs) that have not said they leave. */
+static int plan_ranks(const nrs_worker_t *w, int *part)
+{
+    int n = 0;
+    for (int g = 0; g < w->plan.total_gpus && g < w->n; g++)
+        if (w->n == 1 || !w->leaving[w->perm[g]])
+            part[n++] = w->n == 1 ? 0 : w->perm[g];
+    return w->n == 1 ? 1 : n;
+}
+
+static int someone_leaving(const nrs_worker_t *w)
+{
+    for (int g = 0; w->n > 1 && g < w->plan.total_gpus && g < w->n; g++)
+        if (w->leaving[w->perm[g]] || w->gone[w->perm[g]])
+            return 1;
+    return 0;
+}
+
+#define AGREE_LEAVING 0x80000000u
+
+/* Every rank of the plan publishes the PREPARE it holds (0: none), or that it
+ * leaves (retired by the controller: AGREE_LEAVING); the largest epoch. The
+ * ranks that leave are left out of every later collective of this epoch. */
+static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
+{
+    char name[48], err[384];
+    int *part = calloc((size_t)w->n + 1, sizeof(int));
+    unsigned best = mine;
+    if (!part)
+        return mine;
+    int np = plan_ranks(w, part);
+    /* every rank of the job: the wildcard fence, which completes without the
+     * dead (as the transitions' votes); a subset: those not known dead */
+    int *fp = np == w->n ? NULL : part, nf = 0;
+    int *alive = fp ? calloc((size_t)np + 1, sizeof(int)) : NULL;
+    for (int i = 0; alive && i < np; i++)
+        if (part[i] == w->me || !nrs_rdv_peer_failed(w->r, part[i]))
+            alive[nf++] = part[i];
+    if (alive)
+        fp = alive;
+    uint64_t key = (2ULL << 32) | w->plan.epoch;
+    snprintf(name, sizeof name, "ag%u", w->agree_n++);
+    uint32_t v = mine;
+    if (!nrs_rdv_put(w->r, key, name, &v, sizeof v, err, sizeof err) &&
+        !nrs_rdv_commit(w->r, err, sizeof err) &&
+        !nrs_rdv_fence_survivors(w->r, fp, fp ? nf : 0, w->timeout_s, err, sizeof err))
+        for (int i = 0; i < np; i++) {
+            void *b = NULL;
+            size_t len = 0;
+            if (part[i] == w->me || w->gone[part[i]])
+                continue;
+            if (nrs_rdv_peer_failed(w->r, part[i]) ||
+                nrs_rdv_get(w->r, part[i], key, name, &b, &len, 1.0, err, sizeof err) ||
+                len != sizeof v) {
+                free(b);
+                w->gone[part[i]] = 1; /* the same on every rank: the fence collected it or not */
+                continue;
+            }
+            memcpy(&v, b, sizeof v);
+            free(b);
+            if (v & AGREE_LEAVING)
+                w->leaving[part[i]] = 1;
+            else if (v > best)
+                best = v;
+        }
+    free(alive);
+    free(part);
+    return best & AGREE_LEAVING ? 0 : best;
+}
+
+int nrs_worker_control_step(nrs_worker_t *w)
+{
+    nrs_hdr_t h;
+    int rc = NRS_OK;
+    if (!w)
+        return NRS_ERR_INVAL;
+    int in_plan = w->n > 1 && w->have_plan && w->my_gpu >= 0 && w->allocated;
+    if (w->retired) {
+        if (in_plan && !w->leaving[w->me]) { /* told by a REPORT's refusal: say so */
+            agree_prepare(w, AGREE_LEAVING);
+            w->leaving[w->me] = 1;
+        }
+        return NRS_ERR_RETIRED;
+    }
+    if (!in_plan)
+        return nrs_worker_control_poll(w, 0); /* nobody to agree with */
+    w->defer = 1;
+    while (w->ctl_fd >= 0 && rc >= 0 && ctl_recv(w, 0, &h) > 0)
+        rc = ctl_frame(w, &h);
+    if (w->retired) { /* the others learn it here and stop waiting for this rank */
+        w->defer = 0;
+        agree_prepare(w, AGREE_LEAVING);
+        w->leaving[w->me] = 1;
+        return NRS_ERR_RETIRED;
+    }
+    if (rc < 0 && rc != NRS_ERR_PLAN) {
+        w->defer = 0;
+        return rc;
+    }
+    unsigned e = agree_prepare(w, w->prep_epoch);
+    /* someone has it: it reaches this rank too (the controller sends it to all) */
+    double end = nrs_now_s() + w->timeout_s;
+    while (e && w->prep_epoch != e && w->ctl_fd >= 0 && nrs_now_s() < end) {
+        int k = ctl_recv(w, end - nrs_now_s(), &h);
+        if (k < 0)
+            break;
+        if (k > 0 && (rc = ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
+            break;
+    }
+    w->defer = 0;
+    if (w->retired)
+        return NRS_ERR_RETIRED;
+    if (!e)
+        return NRS_OK;
+    if (w->prep_epoch != e) {
+        w->prep_epoch = 0;
+        return seterr(w, NRS_ERR_ABORTED, "epoch %u: the others have its PREPARE, this rank "
+                      "has not (control: %s)", e, nrs_worker_control(w));
+    }
+    w->prep_epoch = 0;
+    return ctl_prepare(w, e);
+}
+
+static int same_buf(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
+{
+    return a->role == b->role && a->tensor == b->tensor && a->kind == b->kind &&
+           a->gpu == b->gpu && !memcmp(&a->box, &b->box, sizeof a->box);
+}
+
+/* The persistent buffer of engine model-stage ms that b is, -1 if none. */
+static int find_state(const nrs_worker_t *w, const nrs_emu_buf_t *b, int ms)
+{
+    for (size_t i = 0; i < w->st.nbuf; i++)
+        if (w->st.eng[w->st.buf[i].engine].ms == ms && same_buf(&w->st.buf[i], b))
+            return (int)i;
+    return -1;
+}
+
+static int sync_build(nrs_worker_t *w)
+{
+    char err[512];
+    nrs_emu_opts_t eo;
+    nrs_emu_opts_init(&eo);
+    eo.chunk_bytes = (int64_t)env_double("NRS_WORKER_CHUNK", 0);
+    if (nrs_emu_weight_sync(&w->spec, &w->plan, &eo, &w->sg, err, sizeof err))
+        return seterr(w, NRS_ERR_PLAN, "weight sync of epoch %u: %s", w->plan.epoch, err);
+    const nrs_emu_graph_t *g = w->sg;
+    w->stmap = calloc((size_t)g->nold + 1, sizeof(int));
+    w->sgidx = calloc((size_t)g->nnew + 1, sizeof(int));
+    w->sgmem = calloc((size_t)g->nnew + 1, sizeof(*w->sgmem));
+    if (!w->stmap || !w->sgidx || !w->sgmem)
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < g->nold; i++)
+        if ((w->stmap[i] = find_state(w, &g->buf[i].b, NRS_MS_ACTOR_TRAIN)) < 0 &&
+            buf_rank(w, &g->buf[i].b) == w->me)
+            return seterr(w, NRS_ERR_PLAN, "weight sync: train buffer %d is not in the state", i);
+    for (int32_t j = 0; j < g->nnew; j++) {
+        const nrs_emu_gbuf_t *b = &g->buf[g->nold + j];
+        w->sgidx[j] = b->alias >= 0 && b->alias < g->nold ? w->stmap[b->alias]
+                                                           : find_state(w, &b->b, NRS_MS_ACTOR_GENERATE);
+    }
+    return 0;
+}
+
+static void *gen_ptr(const nrs_worker_t *w, int j)
+{
+    return w->sgidx[j] >= 0 ? w->mem[w->sgidx[j]].ptr : w->sgmem[j].ptr;
+}
+
+/* Generation buffer j of this rank against the pattern: 0 ok, 1 mismatch, -1 not here. */
+static int gen_check(const nrs_worker_t *w, int j, unsigned char *scratch)
+{
+    const nrs_emu_buf_t *b = &w->sg->buf[w->sg->nold + j].b;
+    if (buf_rank(w, b) != w->me)
+        return -1;
+    const void *p = gen_ptr(w, j);
+    return !p || nrs_emu_checksum(p, (size_t)b->bytes) != nrs_emu_pattern_checksum(b, scratch);
+}
+
+static int64_t gen_max_bytes(const nrs_worker_t *w)
+{
+    int64_t m = 1;
+    for (int32_t j = 0; j < w->sg->nnew; j++)
+        if (w->sg->buf[w->sg->nold + j].b.bytes > m)
+            m = w->sg->buf[w->sg->nold + j].b.bytes;
+    return m;
+}
+
+int nrs_worker_weight_sync(nrs_worker_t *w)
+{
+    int rc;
+    if (!w || !w->have_plan || !w->allocated || w->broken)
+        return w ? seterr(w, NRS_ERR_INVAL, "no plan or no state") : NRS_ERR_INVAL;
+    if (!w->plan.has[NRS_MS_ACTOR_TRAIN] || !w->plan.has[NRS_MS_ACTOR_GENERATE])
+        return seterr(w, NRS_ERR_PLAN, "the plan has no actor.train and actor.generate");
+    if (w->n > 1 && w->my_gpu < 0)
+        return NRS_OK; /* not in the plan */
+    if (someone_leaving(w)) {
+        w->sync_failed++;
+        return seterr(w, NRS_ERR_ABORTED, "weight sync of epoch %u: skipped, ranks of the plan "
+                      "are retired or dead (waiting for the transition without them)",
+                      w->plan.epoch);
+    }
+    if (!w->sg && (rc = sync_build(w))) {
+        sync_reset(w);
+        return rc;
+    }
+    const nrs_emu_graph_t *g = w->sg;
+    nrs_xmem_t *om = calloc((size_t)g->nold + 1, sizeof(*om));
+    nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
+    int *out = calloc((size_t)w->n + 1, sizeof(int)), nout = 0;
+    if (!om || !nm || !out) {
+        free(om);
+        free(nm);
+        free(out);
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t i = 0; i < g->nold; i++)
+        if (w->stmap[i] >= 0)
+            om[i] = w->mem[w->stmap[i]];
+    for (int g2 = w->plan.total_gpus; w->n > 1 && g2 < w->n; g2++)
+        out[nout++] = w->perm[g2]; /* ranks without a GPU of the plan */
+    if ((rc = sync_host(w, 'd'))) {
+        free(om);
+        free(nm);
+        free(out);
+        return rc;
+    }
+    nrs_dtrans_opts_t o;
+    nrs_dtrans_opts_init(&o, w->me, w->n);
+    o.owner_rank = owner_rank;
+    o.owner_arg = w;
+    o.timeout_s = w->timeout_s;
+    o.window = (int)env_double("NRS_WORKER_WINDOW", 32);
+    /* tags: attempts 8-15 (a job's first 8 transitions use 0-7); keys: its own epoch
+     * tag, one per sync, never a transition's */
+    uint64_t tag = (1ULL << 63) | ((uint64_t)w->sync_n << 32) | w->plan.epoch;
+    o.attempt = 8u | (w->sync_n++ & 7u);
+    o.out_ranks = out;
+    o.nout = nout;
+    if (w->xport_ucx) {
+        o.cancel = ucx_cancel;
+        o.cancel_arg = &w->x;
+        o.peer_failed = ucx_dead;
+        o.peer_arg = w->u;
+        o.xport_error = ucx_error;
+    }
+    nrs_dtrans_result_t res;
+    int oc = nrs_dtrans_run(g, tag, &w->x, w->r, om, nm, &o, &res);
+    free(om);
+    free(out);
+    if (oc != NRS_DT_COMMITTED) { /* nothing old is freed by a sync: the state is intact */
+        for (int32_t j = 0; j < g->nnew; j++)
+            if (nm[j].ptr && !(g->buf[g->nold + j].alias >= 0))
+                w->x.ops->mem_free(w->x.ctx, &nm[j]);
+        free(nm);
+        w->sync_failed++;
+        return seterr(w, NRS_ERR_ABORTED, "weight sync of epoch %u: %s", w->plan.epoch, res.msg);
+    }
+    for (int32_t j = 0; j < g->nnew; j++) {
+        if (g->buf[g->nold + j].alias >= 0)
+            continue; /* the train buffer itself */
+        if (w->sgidx[j] >= 0) { /* persistent on its own pool: the new contents replace it */
+            nrs_xmem_t *m = &w->mem[w->sgidx[j]];
+            if (m->ptr)
+                w->x.ops->mem_free(w->x.ctx, m);
+            *m = nm[j];
+        } else {
+            if (w->sgmem[j].ptr)
+                w->x.ops->mem_free(w->x.ctx, &w->sgmem[j]);
+            w->sgmem[j] = nm[j];
+        }
+    }
+    free(nm);
+    if ((rc = sync_host(w, 'h')))
+        return rc;
+    w->synced = 1;
+    w->sync_steps++;
+    w->sync_last_s = res.total_s;
+    w->sync_total_s += res.total_s;
+    w->sync_last_bytes = res.bytes_recv;
+    w->sync_bytes += res.bytes_recv;
+    /* one shard of this rank, a different one each step */
+    int mine = 0;
+    for (int32_t j = 0; j < g->nnew; j++)
+        mine += buf_rank(w, &g->buf[g->nold + j].b) == w->me;
+    if (!mine)
+        return NRS_OK;
+    unsigned char *scratch = malloc((size_t)gen_max_bytes(w));
+    if (!scratch)
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    int pick = (int)(w->sync_sample++ % (unsigned)mine), bad = 0;
+    for (int32_t j = 0; j < g->nnew; j++) {
+        if (buf_rank(w, &g->buf[g->nold + j].b) != w->me || pick--)
+            continue;
+        bad = gen_check(w, j, scratch) == 1;
+        w->sync_sampled++;
+        break;
+    }
+    free(scratch);
+    return bad ? seterr(w, NRS_ERR_VERIFY, "weight sync of epoch %u: a generation shard does "
+                        "not match", w->plan.epoch) : NRS_OK;
+}
+
+double nrs_worker_sync_stat(const nrs_worker_t *w, int which)
+{
+    switch (which) {
+    case NRS_SS_STEPS: return (double)w->sync_steps;
+    case NRS_SS_FAILED: return (double)w->sync_failed;
+    case NRS_SS_BYTES: return (double)w->sync_bytes;
+    case NRS_SS_LAST_S: return w->sync_last_s;
+    case NRS_SS_LAST_BYTES: return (double)w->sync_last_bytes;
+    case NRS_SS_TOTAL_S: return w->sync_total_s;
+    case NRS_SS_SAMPLED: return (double)w->sync_sampled;
+    default: return 0;
+    }
+}
+
+int nrs_worker_verify_generation(nrs_worker_t *w, long long *verified, long long *mismatches)
+{
+    *verified = *mismatches = 0;
+    if (!w || !w->sg || !w->synced)
+        return NRS_ERR_INVAL;
+    unsigned char *scratch = malloc((size_t)gen_max_bytes(w));
+    if (!scratch)
+        return NRS_ERR_NOMEM;
+    if (sync_host(w, 'd')) {
+        free(scratch);
+        return NRS_ERR_XPORT;
+    }
+    for (int32_t j = 0; j < w->sg->nnew; j++) {
+        int r = gen_check(w, j, scratch);
+        if (r < 0)
+            continue;
+        (*verified)++;
+        *mismatches += r;
+    }
+    free(scratch);
+    return *mismatches ? NRS_ERR_VERIFY : NRS_OK;
+}
+
 /* ---- finalize ----------------------------------------------------------------------- */
 
 int nrs_worker_finalize(nrs_worker_t *w)
@@ -1071,6 +1455,8 @@ int nrs_worker_finalize(nrs_worker_t *w)
     if (w->ctl_fd >= 0)
         close(w->ctl_fd);
     free(w->perm);
+    free(w->leaving);
+    free(w->gone);
     free(w->cbuf);
     free(w->pend);
     free(w);

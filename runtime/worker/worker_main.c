@@ -15,6 +15,7 @@
 #include "nereus/nereus.h"
 #include "nereus/plan.h"
 #include "nereus/spec.h"
+#include "worker/worker.h" /* the weight sync: not in the public API yet */
 
 static void usage(FILE *f)
 {
@@ -33,9 +34,14 @@ static void usage(FILE *f)
 "    sleeps for the true time of a virtual cluster (the cost model's predicted\n"
 "    stage times at the step's response length, times per-stage factors),\n"
 "    scaled so the first step takes M ms, reports the true stage times and the\n"
-"    response length (which grows linearly from A to B over the N steps), and\n"
-"    takes the transitions the controller announces. At the end it verifies\n"
-"    every shard's checksum and prints 'verified N shards, 0 mismatches'.\n"
+"    response length (which grows linearly from A to B over the N steps),\n"
+"    takes the transitions the controller announces (the ranks agree at each\n"
+"    step boundary on when), then runs the actor's weight sync (actor.train's\n"
+"    weights -> actor.generate's, nrs_emu_weight_sync, over the transport) and\n"
+"    checks one generation shard. At the end it verifies every shard's\n"
+"    checksum and prints 'verified N shards, 0 mismatches', then every\n"
+"    generation shard's: 'weight sync: S steps, B bytes, F failed, T s/step;\n"
+"    verified K generation shards, 0 mismatches'.\n"
 "\n"
 "    With $NEREUS_SOCKET_DIR (or $NEREUS_JOB_DIR) the plan comes from\n"
 "    nereus-controller; without, the rank plans for itself (nrs_plan_best on\n"
@@ -58,6 +64,7 @@ static void usage(FILE *f)
 "    NEREUS_EMU_FACTORS    true/predicted time per model-stage of the virtual\n"
 "                          cluster, e.g. 'actor.generate=1.4,critic.train=0.9'\n"
 "                          (default actor.generate=1.3, others 1)\n"
+"    NEREUS_TRACE_SYNC     1: print every step's weight sync time and bytes\n"
 "    NEREUS_SOCKET_DIR, NEREUS_JOB_ID, NEREUS_TOKEN, NRS_WORKER_TIMEOUT, UCX_*:\n"
 "                          see docs/worker-api.md\n"
 "\n"
@@ -205,7 +212,8 @@ int main(int argc, char **argv)
     factors(f);
     /* wall seconds per true second: the first step takes step_ms */
     double scale = -1;
-    int ntrans = 0, exitc = 0;
+    int ntrans = 0, exitc = 0, sync_err = 0;
+    int trace_sync = getenv("NEREUS_TRACE_SYNC") && atoi(getenv("NEREUS_TRACE_SYNC"));
     for (int s = 0; s < steps && !exitc; s++) {
         double rl = steps > 1 ? r0 + (r1 - r0) * s / (steps - 1) : r0;
         /* the current plan: this rank's roles come from it; the times from the cost model */
@@ -219,7 +227,7 @@ int main(int argc, char **argv)
             if (p.has[ms])
                 nrs_worker_report_stage(w, ms, t[ms]);
         nrs_worker_report_step(w, s, rl);
-        rc = nrs_worker_control_poll(w, 0);
+        rc = nrs_worker_control_step(w);
         if (rc == 1) {
             ntrans++;
             printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
@@ -237,6 +245,21 @@ int main(int argc, char **argv)
         } else if (rc < 0) {
             printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),
                    nrs_worker_last_error(w));
+        }
+        /* after the train phase (and the step boundary's transition, if
+         * any): actor.train's weights -> actor.generate's, of the current plan */
+        nrs_worker_plan(w, &p);
+        if (!exitc && p.has[NRS_MS_ACTOR_TRAIN] && p.has[NRS_MS_ACTOR_GENERATE]) {
+            rc = nrs_worker_weight_sync(w);
+            if (rc == NRS_ERR_VERIFY)
+                exitc = 1;
+            if (rc && (rc == NRS_ERR_VERIFY || !sync_err++))
+                printf("rank %d: step %d: weight sync: %s: %s\n", me, s,
+                       nrs_worker_strerror(rc), nrs_worker_last_error(w));
+            if (!rc && trace_sync)
+                printf("rank %d: step %d: weight sync %.6f s, %.0f bytes\n", me, s,
+                       nrs_worker_sync_stat(w, NRS_SS_LAST_S),
+                       nrs_worker_sync_stat(w, NRS_SS_LAST_BYTES));
         }
         fflush(stdout);
     }
@@ -264,6 +287,23 @@ int main(int argc, char **argv)
         printf("rank %d: epoch %d, %d transition(s): verified %lld shards, %lld mismatches\n", me,
                nrs_worker_epoch(w), ntrans, ver, bad);
         exitc = rc ? 1 : 0;
+        nrs_plan_t p;
+        nrs_worker_plan(w, &p);
+        if (p.has[NRS_MS_ACTOR_TRAIN] && p.has[NRS_MS_ACTOR_GENERATE] && nrs_worker_gpu(w) >= 0) {
+            long long gver = 0, gbad = 0;
+            /* a transition after the last step: its generation buffers are not filled yet */
+            rc = nrs_worker_verify_generation(w, &gver, &gbad);
+            if (rc == NRS_ERR_INVAL && !nrs_worker_weight_sync(w))
+                rc = nrs_worker_verify_generation(w, &gver, &gbad);
+            double n_ok = nrs_worker_sync_stat(w, NRS_SS_STEPS);
+            printf("rank %d: weight sync: %.0f steps, %.0f bytes, %.0f failed, %.6f s/step; "
+                   "verified %lld generation shards, %lld mismatches (%.0f sampled)\n", me, n_ok,
+                   nrs_worker_sync_stat(w, NRS_SS_BYTES), nrs_worker_sync_stat(w, NRS_SS_FAILED),
+                   n_ok > 0 ? nrs_worker_sync_stat(w, NRS_SS_TOTAL_S) / n_ok : 0.0, gver, gbad,
+                   nrs_worker_sync_stat(w, NRS_SS_SAMPLED));
+            if (rc == NRS_ERR_VERIFY)
+                exitc = 1;
+        }
     }
     fflush(stdout);
     rc = nrs_worker_finalize(w);

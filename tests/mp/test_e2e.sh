@@ -14,6 +14,9 @@
 #   5. `nereus delta --remove node1` with node1's ranks alive: they are told
 #      "rank retired" and leave, the survivors transition without waiting for
 #      them (fences over the participants only).
+# In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
+# every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
+# reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
 # Hard time-outs everywhere; prints the lines scripts/test counts.
 . "$(dirname "$0")/lib.sh"
 S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -76,6 +79,10 @@ n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w1.log")
 check "growth: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
 n=$(grep -c 'step [0-9]*: epoch 2 committed' "$tmp/w1.log")
 check "growth: 8 ranks committed epoch 2" "[ $n -eq 8 ]" "$n of 8"
+# the per-step weight sync (actor.train -> actor.generate) ran on every rank, every step
+n=$(grep -cE 'weight sync: 24 steps, [0-9]+ bytes, 0 failed, .*verified [1-9][0-9]* generation shards, 0 mismatches' "$tmp/w1.log")
+check "growth: 8 ranks synced generation weights every step, every generation shard verified" \
+    "[ $n -eq 8 ]" "$n of 8: $(grep -m1 'weight sync' "$tmp/w1.log")"
 check "growth: the controller admitted a workload-triggered transition" \
     "grep -q 'trigger workload: ADMITTED' '$tmp/c1.log' && grep -q 'epoch 2 committed in' '$tmp/c1.log'" \
     "$(grep -c ADMITTED "$tmp/c1.log") admissions"
@@ -118,6 +125,8 @@ n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w2.log")
 check "lost node: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
 n=$(grep -E 'rank [4-7]: .*epoch [0-9]+ committed \(GPU [0-3]' "$tmp/w2.log" | grep -vc 'epoch 2 committed')
 check "lost node: survivors took GPUs 0-3 of the forced epoch" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE 'weight sync: [1-9][0-9]* steps, .*verified [1-9][0-9]* generation shards, 0 mismatches' "$tmp/w2.log")
+check "lost node: the 4 survivors verified every generation shard" "[ $n -eq 4 ]" "$n of 4"
 check "lost node: the controller forced it, no state lost" \
     "grep -q 'trigger resources: ADMITTED (forced)' '$tmp/c2.log' && ! grep -q 'STATE LOST' '$tmp/c2.log'"
 check "lost node: status: 4 GPUs, >= 2 commits" \
@@ -171,6 +180,14 @@ n=$(grep -c 'retired: .*rank retired' "$tmp/w4.log")
 check "remove: node1's 4 ranks were told they are retired" "[ $n -eq 4 ]" "$n of 4"
 n=$(grep -E '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [0-9]* shards, 0 mismatches' "$tmp/w4.log" | wc -l)
 check "remove: the 4 survivors moved on and verified every shard" "[ $n -eq 4 ] && jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'" "$n of 4; status: $(status_json "$D" | jq -c '{gpus, epoch, pending_epoch, transition_phase, total: .plan.total_gpus}')"
+# every step synced, or skipped at most once: the step between node1's ranks
+# saying they are retired and the PREPARE of the epoch without them
+n=$(sed -nE 's/^rank [0-3]: weight sync: ([0-9]+) steps, [0-9]+ bytes, ([0-9]+) failed, .*verified [1-9][0-9]* generation shards, 0 mismatches.*/\1 \2/p' "$tmp/w4.log" | awk '$1 + $2 == 40 && $2 <= 1' | wc -l)
+check "remove: the 4 survivors synced every step, every generation shard verified" "[ $n -eq 4 ]" "$n of 4: $(grep -m1 '^rank [0-3]: weight sync' "$tmp/w4.log")"
+# on the 4 GPUs the planner gives actor.generate another layout than actor.train:
+# the sync moves bytes (on 8 GPUs the layouts are the same: an empty graph)
+b=$(sed -n 's/^rank [0-3]: weight sync: [0-9]* steps, \([0-9]*\) bytes.*/\1/p' "$tmp/w4.log" | awk '{s += $1} END {print s + 0}')
+check "remove: the weight sync of the 4-GPU epoch moved bytes (layouts differ)" "[ $b -gt 0 ]" "$b bytes"
 [ "$mp_fail" -gt 0 ] && show "$tmp/w4.log" 30
 stop_ctl "remove"
 mp_done
