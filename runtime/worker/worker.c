@@ -143,6 +143,17 @@ static double env_double(const char *name, double dflt)
     return v && *v ? atof(v) : dflt;
 }
 
+/* Executor options every distributed run of this rank shares (transitions and
+ * weight syncs alike). */
+static void dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
+{
+    nrs_dtrans_opts_init(o, w->me, w->n);
+    o->owner_rank = owner_rank;
+    o->owner_arg = w;
+    o->timeout_s = w->timeout_s;
+    o->window = (int)env_double("NRS_WORKER_WINDOW", 32);
+}
+
 static int join(nrs_worker_t *w)
 {
     char err[512];
@@ -769,11 +780,7 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return rc;
     }
     nrs_dtrans_opts_t o;
-    nrs_dtrans_opts_init(&o, w->me, w->n);
-    o.owner_rank = owner_rank;
-    o.owner_arg = w;
-    o.timeout_s = w->timeout_s;
-    o.window = (int)env_double("NRS_WORKER_WINDOW", 32);
+    dtrans_opts(w, &o);
     o.kill_after = kill_hook(w);
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
@@ -1321,11 +1328,7 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
         return rc;
     }
     nrs_dtrans_opts_t o;
-    nrs_dtrans_opts_init(&o, w->me, w->n);
-    o.owner_rank = owner_rank;
-    o.owner_arg = w;
-    o.timeout_s = w->timeout_s;
-    o.window = (int)env_double("NRS_WORKER_WINDOW", 32);
+    dtrans_opts(w, &o);
     /* tags: attempts 8-15 (a job's first 8 transitions use 0-7); keys: its own epoch
      * tag, one per sync, never a transition's */
     uint64_t tag = (1ULL << 63) | ((uint64_t)w->sync_n << 32) | w->plan.epoch;
