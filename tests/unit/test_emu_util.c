@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fixtures.h"
 #include "emu/exec.h"
 #include "emu/testutil.h"
 
@@ -20,15 +21,7 @@ int tu_int(tu_rng_t *r, int lo, int hi)
 
 void tu_model(nrs_model_t *m, int layers, int hidden, int ffn, int heads, int kv, int vocab)
 {
-    memset(m, 0, sizeof(*m));
-    m->present = true;
-    m->layers = layers;
-    m->hidden = hidden;
-    m->ffn = ffn;
-    m->heads = heads;
-    m->kv_heads = kv;
-    m->vocab = vocab;
-    m->dtype = NRS_DTYPE_BF16;
+    set_model(m, layers, hidden, ffn, heads, kv, vocab, false);
 }
 
 static void cluster(nrs_spec_t *s, int gpn)
