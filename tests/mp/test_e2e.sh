@@ -31,6 +31,12 @@ cpid="" spid=""
 cleanup() {
     [ -n "$spid" ] && kill -KILL "$spid" 2>/dev/null
     [ -n "$cpid" ] && kill -KILL "$cpid" 2>/dev/null
+    # a failed run keeps what explains it: sanitizer reports, aborts, signals
+    if [ "${mp_fail:-0}" -gt 0 ]; then
+        grep -HnE 'Sanitizer|runtime error|Assertion|abort|signal|core dumped' "$tmp"/*.log 2>/dev/null |
+            grep -v 'transition aborted\|ABORT before\|abort: \|signal 15' | head -n 40 | sed 's/^/    ! /'
+        grep -hA24 'ERROR: AddressSanitizer' "$tmp"/*.log 2>/dev/null | head -n 50 | sed 's/^/    ! /'
+    fi
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
