@@ -209,7 +209,9 @@ int nrs_conn_check_type(nrs_conn_state_t st, int role, int type)
         return -NRS_PERR_UNEXPECTED;
     switch (role) {
     case NRS_ROLE_WORKER:
-        return type == NRS_MSG_REPORT || type == NRS_MSG_ACK ? 0 : -NRS_PERR_UNEXPECTED;
+        return type == NRS_MSG_REPORT || type == NRS_MSG_ACK || type == NRS_MSG_GATHER
+                   ? 0
+                   : -NRS_PERR_UNEXPECTED;
     case NRS_ROLE_WATCHER:
     case NRS_ROLE_CLI:
         return type == NRS_MSG_DELTA || type == NRS_MSG_STATUS_REQ ? 0 : -NRS_PERR_UNEXPECTED;

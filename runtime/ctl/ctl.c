@@ -107,6 +107,26 @@ static void drop(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *fmt, ...)
     notify(c, k);
 }
 
+void nrs_ctl_log(nrs_ctl_t *c, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    logf_(c, "%s", line);
+}
+
+void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n)
+{
+    send_frame(c, k, frame, n);
+}
+
+void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why)
+{
+    drop(c, k, code, "%s", why);
+}
+
 static int enc_plan_msg(nrs_ctl_t *c, uint8_t *buf, size_t cap, const nrs_plan_t *p,
                         uint32_t flags, unsigned prev, const int *lost, int nlost)
 {
@@ -445,6 +465,8 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     if (k->slot < 0 || k->slot >= c->nconns || c->conns[k->slot] != k)
         return;
     retire_worker(c, k, "disconnected");
+    if (k->role == NRS_ROLE_WORKER)
+        nrs_ctl_gather_gone(c, k->rank);
     for (int i = 0; i < c->ndq; i++)
         if (c->dq[i].from == k)
             c->dq[i].from = NULL;
@@ -773,6 +795,7 @@ void nrs_ctl_input(nrs_ctl_t *c, nrs_conn_t *k, double now)
         case NRS_MSG_ACK: on_ack(c, k, p, h.length); break;
         case NRS_MSG_DELTA: on_delta(c, k, p, h.length); break;
         case NRS_MSG_STATUS_REQ: on_status_req(c, k, p, h.length); break;
+        case NRS_MSG_GATHER: nrs_ctl_on_gather(c, k, p, h.length); break;
         case NRS_MSG_ERROR: {
             nrs_msg_error_t e;
             char why[128];
@@ -810,6 +833,7 @@ void nrs_ctl_tick(nrs_ctl_t *c, double now)
             notify(c, k);
         }
     }
+    nrs_ctl_gather_tick(c);
     if (c->tr == TR_PREPARE && now > c->tr_deadline) {
         abort_transition(c, "%d of %d ranks did not prepare within %.1f s", c->tr_waiting,
                          c->tr_parts, c->o.transition_timeout_s);
@@ -835,9 +859,12 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
     nrs_ctl_t *c = calloc(1, sizeof(*c));
     *out = NULL;
     if (!c || !(c->by_gpu = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->by_gpu[0]))) ||
-        !(c->gpu_host = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->gpu_host[0])))) {
-        if (c)
+        !(c->gpu_host = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->gpu_host[0]))) ||
+        !(c->rank_gone = calloc(NRS_PROTO_MAX_RANKS, 1))) {
+        if (c) {
             free(c->by_gpu);
+            free(c->gpu_host);
+        }
         free(c);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -867,6 +894,7 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
 fail:
     free(c->by_gpu);
     free(c->gpu_host);
+    free(c->rank_gone);
     free(c);
     return -1;
 }
@@ -877,9 +905,11 @@ void nrs_ctl_free(nrs_ctl_t *c)
         return;
     for (int i = 0; i < c->ndq; i++)
         free(c->dq[i].m);
+    nrs_ctl_gather_free(c);
     free(c->conns);
     free(c->by_gpu);
     free(c->gpu_host);
+    free(c->rank_gone);
     free(c);
 }
 

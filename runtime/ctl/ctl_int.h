@@ -8,6 +8,9 @@
 enum { DEC_MAX = 16, DQ_MAX = 16, CONNS_MAX = 65536 };
 enum { TR_IDLE, TR_PREPARE, TR_COMMIT };
 enum { TRP_NONE, TRP_WAIT, TRP_DONE }; /* nrs_conn_t.tr_state */
+enum { NRS_CTL_GATHER_MAX = 32, NRS_CTL_GATHER_BYTES = 64 << 20 }; /* open at once, held */
+
+typedef struct nrs_gather nrs_gather_t;
 
 typedef struct {
     long step;
@@ -79,7 +82,24 @@ struct nrs_ctl {
     unsigned long tr_started, tr_committed, tr_aborted;
     double tr_total_s, tr_last_s;
     unsigned long reports, frames, dropped;
+
+    /* The ranks' all-gathers in progress (gather.c). */
+    nrs_gather_t *gather[NRS_CTL_GATHER_MAX];
+    int ngather;
+    unsigned long gathers, gathers_short; /* answered; of them without every participant */
+    unsigned char *rank_gone; /* [NRS_PROTO_MAX_RANKS]: a worker of that rank left */
 };
+
+/* ctl.c, for gather.c */
+void nrs_ctl_log(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n);
+void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why);
+
+/* gather.c */
+void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n);
+void nrs_ctl_gather_gone(nrs_ctl_t *c, int rank);
+void nrs_ctl_gather_tick(nrs_ctl_t *c);
+void nrs_ctl_gather_free(nrs_ctl_t *c);
 
 
 extern const char *const nrs_ctl_trigger_names[];

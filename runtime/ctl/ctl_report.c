@@ -122,8 +122,9 @@ static void status_json(nrs_ctl_t *c, double now, FILE *f)
                "\"total_s\":%.6g,\"last_s\":%.6g,\"share_of_uptime\":%.6g}",
             c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
             now > c->t_start ? c->tr_total_s / (now - c->t_start) : 0.0);
-    fprintf(f, ",\"counters\":{\"reports\":%lu,\"frames\":%lu,\"dropped\":%lu}}\n", c->reports,
-            c->frames, c->dropped);
+    fprintf(f, ",\"counters\":{\"reports\":%lu,\"frames\":%lu,\"dropped\":%lu,\"gathers\":%lu,"
+               "\"gathers_short\":%lu}}\n",
+            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short);
 }
 
 static void status_text(nrs_ctl_t *c, double now, FILE *f)
@@ -176,8 +177,9 @@ static void status_text(nrs_ctl_t *c, double now, FILE *f)
                "(last %.3f s, %.4f%% of uptime)\n",
             c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
             now > c->t_start ? 100 * c->tr_total_s / (now - c->t_start) : 0.0);
-    fprintf(f, "counters: %lu reports, %lu frames, %lu peers dropped\n", c->reports, c->frames,
-            c->dropped);
+    fprintf(f, "counters: %lu reports, %lu frames, %lu peers dropped, %lu gathers (%lu without "
+               "every participant)\n",
+            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short);
 }
 
 void nrs_ctl_status(nrs_ctl_t *c, bool json, double now, FILE *out)

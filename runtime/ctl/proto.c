@@ -21,7 +21,7 @@ const char *nrs_perr_name(int code)
 
 static const char *const msg_names[NRS_MSG_MAX + 1] = {
     "?", "HELLO", "PLAN", "REPORT", "DELTA", "DELTA_REPLY", "STATUS_REQ", "STATUS",
-    "PREPARE", "ACK", "COMMIT", "ABORT", "ERROR"};
+    "PREPARE", "ACK", "COMMIT", "ABORT", "ERROR", "GATHER", "GATHERED"};
 
 const char *nrs_msg_name(int type)
 {
@@ -55,7 +55,7 @@ static uint32_t get32(const uint8_t *b)
 /* Allowed header flags per type. */
 static uint32_t type_flags(uint16_t type)
 {
-    return type == NRS_MSG_STATUS ? NRS_FLAG_MORE : 0;
+    return type == NRS_MSG_STATUS || type == NRS_MSG_GATHERED ? NRS_FLAG_MORE : 0;
 }
 
 int nrs_proto_hdr_decode(const uint8_t *b, nrs_hdr_t *h)
@@ -715,4 +715,126 @@ int nrs_dec_error(const uint8_t *b, size_t n, nrs_msg_error_t *m, char *why, siz
         fail(&r, "error code %u unknown", m->code);
     rstr(&r, "text", m->text, sizeof(m->text));
     return rd_finish(&r);
+}
+
+/* ---- GATHER, GATHERED ------------------------------------------------------- */
+
+static void wbytes(wr_t *w, const void *p, size_t n)
+{
+    uint8_t *d = wr_room(w, n);
+    if (d && n)
+        memcpy(d, p, n);
+}
+
+int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m)
+{
+    wr_t w;
+    wr_init(&w, buf, cap);
+    if (m->nout < 0 || m->nout > NRS_GATHER_MAX_OUT || m->len > NRS_GATHER_DATA_MAX)
+        return -1;
+    w64(&w, m->key);
+    wstr(&w, m->name, sizeof(m->name));
+    w32(&w, m->timeout_ms);
+    w32(&w, (uint32_t)m->nranks);
+    w32(&w, (uint32_t)m->nout);
+    for (int i = 0; i < m->nout; i++)
+        w32(&w, (uint32_t)m->out[i]);
+    w32(&w, m->len);
+    wbytes(&w, m->data, m->len);
+    return wr_finish(&w, NRS_MSG_GATHER, 0);
+}
+
+int nrs_dec_gather(const uint8_t *b, size_t n, nrs_msg_gather_t *m, char *why, size_t wl)
+{
+    rd_t r;
+    rd_init(&r, b, n, why, wl);
+    m->key = r64(&r, "key");
+    rstr(&r, "name", m->name, sizeof(m->name));
+    if (!r.bad && !m->name[0])
+        fail(&r, "empty name");
+    m->timeout_ms = r32(&r, "timeout_ms");
+    if (!r.bad && (m->timeout_ms < 1 || m->timeout_ms > NRS_GATHER_TIMEOUT_MAX))
+        fail(&r, "timeout_ms = %u out of range 1..%u", m->timeout_ms, NRS_GATHER_TIMEOUT_MAX);
+    m->nranks = rint_range(&r, "nranks", 1, NRS_PROTO_MAX_RANKS);
+    m->nout = rint_range(&r, "nout", 0, NRS_GATHER_MAX_OUT);
+    uint8_t seen[NRS_PROTO_MAX_RANKS / 8];
+    memset(seen, 0, sizeof(seen));
+    for (int i = 0; !r.bad && i < m->nout; i++) {
+        int32_t o = m->out[i] = rint_range(&r, "out rank", 0, m->nranks - 1);
+        if (!r.bad && (seen[o / 8] >> (o % 8)) & 1)
+            fail(&r, "out rank %d twice", o);
+        if (!r.bad)
+            seen[o / 8] |= (uint8_t)(1u << (o % 8));
+    }
+    m->len = r32(&r, "len");
+    if (!r.bad && m->len > NRS_GATHER_DATA_MAX)
+        fail(&r, "len = %u over %u", m->len, NRS_GATHER_DATA_MAX);
+    m->data = r.bad ? NULL : rd_take(&r, m->len, "data");
+    if (r.bad)
+        m->nout = 0, m->len = 0, m->data = NULL;
+    return rd_finish(&r);
+}
+
+/* key u64, name (u16 + up to 47), len u32, count u32 */
+#define GATHERED_HEAD (8 + 2 + (NRS_GATHER_NAME_MAX - 1) + 4 + 4)
+
+uint32_t nrs_gathered_fit(uint32_t len)
+{
+    uint32_t k = (uint32_t)((NRS_PROTO_MAX_PAYLOAD - GATHERED_HEAD) / (4 + (size_t)len));
+    return k ? k : 1;
+}
+
+int nrs_enc_gathered(uint8_t *buf, size_t cap, const nrs_msg_gathered_t *m,
+                     const int32_t *ranks, const uint8_t *data, uint32_t flags)
+{
+    wr_t w;
+    wr_init(&w, buf, cap);
+    if (m->len > NRS_GATHER_DATA_MAX || (flags & ~(uint32_t)NRS_FLAG_MORE))
+        return -1;
+    w64(&w, m->key);
+    wstr(&w, m->name, sizeof(m->name));
+    w32(&w, m->len);
+    w32(&w, m->count);
+    for (uint32_t i = 0; i < m->count && !w.bad; i++) {
+        w32(&w, (uint32_t)ranks[i]);
+        wbytes(&w, data + (size_t)i * m->len, m->len);
+    }
+    return wr_finish(&w, NRS_MSG_GATHERED, flags);
+}
+
+int nrs_dec_gathered(const uint8_t *b, size_t n, nrs_msg_gathered_t *m, char *why, size_t wl)
+{
+    rd_t r;
+    rd_init(&r, b, n, why, wl);
+    m->key = r64(&r, "key");
+    rstr(&r, "name", m->name, sizeof(m->name));
+    if (!r.bad && !m->name[0])
+        fail(&r, "empty name");
+    m->len = r32(&r, "len");
+    if (!r.bad && m->len > NRS_GATHER_DATA_MAX)
+        fail(&r, "len = %u over %u", m->len, NRS_GATHER_DATA_MAX);
+    m->count = r32(&r, "count");
+    size_t each = 4 + (size_t)m->len;
+    if (!r.bad && m->count > NRS_PROTO_MAX_PAYLOAD / each)
+        fail(&r, "%u entries of %zu bytes: more than a frame", m->count, each);
+    m->entries = r.bad ? NULL : rd_take(&r, (size_t)m->count * each, "entries");
+    int32_t prev = -1;
+    for (uint32_t i = 0; !r.bad && i < m->count; i++) {
+        int32_t rk = (int32_t)get32(m->entries + i * each);
+        if (rk < 0 || rk >= NRS_PROTO_MAX_RANKS || rk <= prev)
+            fail(&r, "entry %u: rank %d not ascending in 0..%d", i, (int)rk,
+                 NRS_PROTO_MAX_RANKS - 1);
+        prev = rk;
+    }
+    if (r.bad)
+        m->count = 0, m->entries = NULL;
+    return rd_finish(&r);
+}
+
+void nrs_gathered_entry(const nrs_msg_gathered_t *m, uint32_t i, int32_t *rank,
+                        const uint8_t **data)
+{
+    const uint8_t *e = m->entries + (size_t)i * (4 + m->len);
+    *rank = (int32_t)get32(e);
+    *data = e + 4;
 }

@@ -38,12 +38,14 @@ typedef enum {
     NRS_MSG_COMMIT = 10,
     NRS_MSG_ABORT = 11,
     NRS_MSG_ERROR = 12,
-    NRS_MSG_MAX = 12
+    NRS_MSG_GATHER = 13,
+    NRS_MSG_GATHERED = 14,
+    NRS_MSG_MAX = 14
 } nrs_msg_type_t;
 
 /* Header flags, per type; any other bit set is malformed. */
 enum {
-    NRS_FLAG_MORE = 1u /* STATUS: more chunks of the same reply follow */
+    NRS_FLAG_MORE = 1u /* STATUS, GATHERED: more chunks of the same reply follow */
 };
 
 /* Error codes of an ERROR message (and of the decoders, negated). */
@@ -157,6 +159,44 @@ typedef struct {
     char text[NRS_PROTO_TEXT_MAX];
 } nrs_msg_error_t;
 
+/* GATHER (rank -> controller): this rank's part of an all-gather among the
+ * ranks of the job but `out` (the collective of a transition's votes and of the
+ * step agreement when the PMIx fences of the launcher cannot be used, e.g.
+ * after Slurm took nodes away). The controller answers with GATHERED once
+ * every participant has contributed or is gone (its channel closed), or
+ * timeout_ms after the first contribution: the same answer to every one. */
+enum {
+    NRS_GATHER_NAME_MAX = 48,    /* with the NUL */
+    NRS_GATHER_DATA_MAX = 32768, /* bytes per rank */
+    NRS_GATHER_MAX_OUT = 4096,   /* ranks left out */
+    NRS_GATHER_TIMEOUT_MAX = 3600000
+};
+
+typedef struct {
+    uint64_t key;                /* the caller's epoch-like key */
+    char name[NRS_GATHER_NAME_MAX];
+    uint32_t timeout_ms;         /* 1 .. NRS_GATHER_TIMEOUT_MAX */
+    int32_t nranks;              /* ranks of the job: 1 .. NRS_PROTO_MAX_RANKS */
+    int32_t nout;
+    int32_t out[NRS_GATHER_MAX_OUT]; /* distinct, < nranks */
+    uint32_t len;                /* <= NRS_GATHER_DATA_MAX */
+    const uint8_t *data;         /* decoder: points into the payload */
+} nrs_msg_gather_t;
+
+/* GATHERED (controller -> ranks): one chunk of the answer, NRS_FLAG_MORE when
+ * more chunks follow; entries are (u32 rank, len bytes), ranks ascending over
+ * the chunks. A rank not listed did not contribute (dead or gone). */
+typedef struct {
+    uint64_t key;
+    char name[NRS_GATHER_NAME_MAX];
+    uint32_t len;                /* bytes per rank */
+    uint32_t count;              /* entries in this chunk */
+    const uint8_t *entries;      /* decoder: count x (4 + len) bytes in the payload */
+} nrs_msg_gathered_t;
+
+/* Entries of len bytes that fit one GATHERED frame (at least 1). */
+uint32_t nrs_gathered_fit(uint32_t len);
+
 /* ---- framing ------------------------------------------------------------- */
 
 /* Decode a header from NRS_PROTO_HDR bytes: 0, or -nrs_perr_t (MAGIC, VERSION,
@@ -178,6 +218,10 @@ int nrs_enc_status(uint8_t *buf, size_t cap, const char *text, size_t len, uint3
 int nrs_enc_epoch(uint8_t *buf, size_t cap, uint16_t type, const nrs_msg_epoch_t *m);
 int nrs_enc_ack(uint8_t *buf, size_t cap, const nrs_msg_ack_t *m);
 int nrs_enc_error(uint8_t *buf, size_t cap, const nrs_msg_error_t *m);
+int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m);
+/* GATHERED chunk: m->count entries, rank ranks[i] with data + i * m->len. */
+int nrs_enc_gathered(uint8_t *buf, size_t cap, const nrs_msg_gathered_t *m,
+                     const int32_t *ranks, const uint8_t *data, uint32_t flags);
 
 /* Decoders take the payload of a frame whose header was accepted: 0, or
  * -NRS_PERR_MALFORMED with why[] saying which field (why may be NULL). */
@@ -195,6 +239,11 @@ int nrs_dec_epoch(uint16_t type, const uint8_t *p, size_t n, nrs_msg_epoch_t *m,
                   size_t wl);
 int nrs_dec_ack(const uint8_t *p, size_t n, nrs_msg_ack_t *m, char *why, size_t wl);
 int nrs_dec_error(const uint8_t *p, size_t n, nrs_msg_error_t *m, char *why, size_t wl);
+int nrs_dec_gather(const uint8_t *p, size_t n, nrs_msg_gather_t *m, char *why, size_t wl);
+int nrs_dec_gathered(const uint8_t *p, size_t n, nrs_msg_gathered_t *m, char *why, size_t wl);
+/* Entry i of a decoded GATHERED chunk. */
+void nrs_gathered_entry(const nrs_msg_gathered_t *m, uint32_t i, int32_t *rank,
+                        const uint8_t **data);
 
 /* Semantic checks of a plan received on the wire (also run by nrs_dec_plan). */
 int nrs_proto_check_plan(const nrs_plan_t *p, char *why, size_t wl);

@@ -609,3 +609,53 @@ fail:
     nrs_rdv_free_blobs(r, b, l);
     return -1;
 }
+
+/* ---- a fixed-size all-gather over the survivors ------------------------------------ */
+
+int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,
+                   const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                   char *err, size_t errlen)
+{
+    int n = r->size, np = 0, *part = calloc((size_t)n + 1, sizeof(int));
+    unsigned char *skip = calloc((size_t)n + 1, 1);
+    int rc = -1;
+    if (!part || !skip) {
+        nrs_seterr(err, errlen, "rdv: out of memory");
+        goto out;
+    }
+    memset(got, 0, (size_t)n);
+    for (int i = 0; i < nout; i++)
+        if (out[i] >= 0 && out[i] < n)
+            skip[out[i]] = 1;
+    int dead = 0;
+    for (int i = 0; i < n; i++)
+        if (!skip[i] && i != (int)r->me.rank && nrs_rdv_peer_failed(r, i))
+            skip[i] = 1, dead++;
+    for (int i = 0; i < n; i++)
+        if (!skip[i])
+            part[np++] = i;
+    /* every rank of the job: the wildcard fence (it completes without the dead) */
+    if (nrs_rdv_put(r, key, name, mine, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
+        nrs_rdv_fence_survivors(r, nout || dead ? part : NULL, np, timeout_s, err, errlen))
+        goto out;
+    for (int k = 0; k < np; k++) {
+        int i = part[k];
+        void *b = NULL;
+        size_t bl = 0;
+        char e2[128];
+        if (i == (int)r->me.rank) {
+            memcpy((char *)all + (size_t)i * len, mine, len);
+            got[i] = 1;
+        } else if (!nrs_rdv_peer_failed(r, i) &&
+                   !nrs_rdv_get(r, i, key, name, &b, &bl, 1.0, e2, sizeof e2) && bl == len) {
+            memcpy((char *)all + (size_t)i * len, b, len);
+            got[i] = 1;
+        }
+        free(b);
+    }
+    rc = 0;
+out:
+    free(part);
+    free(skip);
+    return rc;
+}

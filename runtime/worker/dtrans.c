@@ -36,7 +36,6 @@ typedef struct {
     int window, nfl;
     double stall_end;
     int failed;
-    int *part, npart; /* the ranks taking part when some are out (o->nout); NULL: all */
 } dt_t;
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -83,11 +82,12 @@ static int is_out(const dt_t *D, int rank)
     return 0;
 }
 
+static int peer_dead(const dt_t *D, int i);
+
 static int first_dead(const dt_t *D)
 {
     for (int i = 0; i < D->o->nranks; i++)
-        if (i != D->o->me && !is_out(D, i) && (nrs_rdv_peer_failed(D->r, i) ||
-                              (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i))))
+        if (i != D->o->me && !is_out(D, i) && peer_dead(D, i))
             return i;
     return -1;
 }
@@ -355,45 +355,62 @@ static int run_range(dt_t *D, int64_t from, int64_t to)
 
 /* ---- votes --------------------------------------------------------------------------- */
 
-/* Publish val under (epoch, name), fence with the survivors, read every
- * rank's. 0 when every rank's value came and equals want (want NULL: any
- * value != 0 is a no); -1 with res->msg naming the first rank missing or
- * saying no. */
+static int gather(dt_t *D, uint64_t epoch, const char *name, const void *mine, size_t len,
+                  void *all, unsigned char *got, char *err, size_t errlen)
+{
+    const nrs_dtrans_opts_t *o = D->o;
+    if (o->gather)
+        return o->gather(o->gather_arg, epoch, name, mine, len, o->out_ranks, o->nout, all, got,
+                         o->timeout_s, err, errlen);
+    return nrs_rdv_gather(D->r, epoch, name, mine, len, o->out_ranks, o->nout, all, got,
+                          o->timeout_s, err, errlen);
+}
+
+static int peer_dead(const dt_t *D, int i)
+{
+    return (D->r && nrs_rdv_peer_failed(D->r, i)) ||
+           (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i));
+}
+
+/* Every survivor contributes val under (epoch, name) (the gather). 0 when
+ * every rank's value came and equals want (want NULL: any value != 0 is a
+ * no); -1 with res->msg naming the first rank missing or saying no. */
 static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const int64_t *want)
 {
     char name[48], err[384];
-    nrs_rdv_t *r = D->r;
+    int n = D->o->nranks, rc = -1;
+    int64_t *all = calloc((size_t)n + 1, sizeof(int64_t));
+    unsigned char *got = calloc((size_t)n + 1, 1);
     snprintf(name, sizeof name, "dt%u.%s", D->o->attempt, what);
-    if (nrs_rdv_put(r, epoch, name, &val, sizeof val, err, sizeof err) ||
-        nrs_rdv_commit(r, err, sizeof err) ||
-        nrs_rdv_fence_survivors(r, D->part, D->npart, D->o->timeout_s, err, sizeof err)) {
-        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
-        return -1;
+    if (!all || !got) {
+        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: out of memory", what);
+        goto out;
     }
-    for (int i = 0; i < D->o->nranks; i++) {
-        void *b = NULL;
-        size_t len = 0;
-        int64_t v;
+    if (gather(D, epoch, name, &val, sizeof val, all, got, err, sizeof err)) {
+        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
         if (i == D->o->me || is_out(D, i))
             continue;
-        if (nrs_rdv_peer_failed(r, i) || (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) ||
-            nrs_rdv_get(r, i, epoch, name, &b, &len, 1.0, err, sizeof err) || len != sizeof v) {
-            free(b);
+        if (!got[i] || peer_dead(D, i)) {
             if (D->res->failed_rank < 0)
                 D->res->failed_rank = i;
             snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d did not vote (dead)",
                      what, i);
-            return -1;
+            goto out;
         }
-        memcpy(&v, b, sizeof v);
-        free(b);
-        if (want ? v != *want : v != 0) {
+        if (want ? all[i] != *want : all[i] != 0) {
             snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d says no (%lld)", what, i,
-                     (long long)v);
-            return -1;
+                     (long long)all[i]);
+            goto out;
         }
     }
-    return want && val != *want ? -1 : 0;
+    rc = want && val != *want ? -1 : 0;
+out:
+    free(all);
+    free(got);
+    return rc;
 }
 
 /* ---- past the point of no return: who holds what ---------------------------------- */
@@ -404,37 +421,40 @@ static int same_box(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
            !memcmp(&a->box, &b->box, sizeof a->box);
 }
 
-/* Every survivor publishes a byte per buffer (1 = held here, complete), they
- * fence, and each computes the same census of the new state. */
+/* Every survivor contributes a bit per buffer (1 = held here, complete) in
+ * the gather, and each computes the same census of the new state. */
 static void census(dt_t *D, uint64_t epoch)
 {
     const nrs_emu_graph_t *g = D->g;
     nrs_dtrans_result_t *res = D->res;
-    unsigned char *have = calloc(g->nbuf + 1, 1), *all = calloc(g->nbuf + 1, 1);
+    int n = D->o->nranks;
+    size_t nb = (g->nbuf + 7) / 8;
+    unsigned char *have = calloc(nb + 1, 1), *all = calloc(g->nbuf + 1, 1);
+    unsigned char *every = calloc((size_t)n * nb + 1, 1), *got = calloc((size_t)n + 1, 1);
     char name[48], err[384], lostmsg[256] = "";
-    if (!have || !all) {
+    if (!have || !all || !every || !got) {
         free(have);
         free(all);
+        free(every);
+        free(got);
         return;
     }
     for (size_t i = 0; i < g->nbuf; i++)
-        have[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i];
+        if (D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i])
+            have[i / 8] |= (unsigned char)(1u << (i % 8));
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
-    int ok = !nrs_rdv_put(D->r, epoch, name, have, g->nbuf, err, sizeof err) &&
-             !nrs_rdv_commit(D->r, err, sizeof err) &&
-             !nrs_rdv_fence_survivors(D->r, D->part, D->npart, D->o->timeout_s, err, sizeof err);
-    for (int i = 0; i < D->o->nranks; i++) {
-        void *b = NULL;
-        size_t len = 0;
-        const unsigned char *h = i == D->o->me ? have : NULL;
-        if (!h && ok && !is_out(D, i) && !nrs_rdv_peer_failed(D->r, i) &&
-            !(D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i)) &&
-            !nrs_rdv_get(D->r, i, epoch, name, &b, &len, 1.0, err, sizeof err) && len == g->nbuf)
-            h = b;
-        for (size_t k = 0; h && k < g->nbuf; k++)
-            if (h[k] && rank_of(D, (int32_t)k) == i)
+    if (gather(D, epoch, name, have, nb, every, got, err, sizeof err)) {
+        memset(got, 0, (size_t)n); /* only what this rank holds is known */
+        memcpy(every + (size_t)D->o->me * nb, have, nb);
+        got[D->o->me] = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        const unsigned char *h = every + (size_t)i * nb;
+        if (!got[i] || (i != D->o->me && (is_out(D, i) || peer_dead(D, i))))
+            continue;
+        for (size_t k = 0; k < g->nbuf; k++)
+            if ((h[k / 8] >> (k % 8)) & 1 && rank_of(D, (int32_t)k) == i)
                 all[k] = 1;
-        free(b);
     }
     res->present = res->rebuildable = res->lost = 0;
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
@@ -475,6 +495,8 @@ static void census(dt_t *D, uint64_t epoch)
                        : ": a recover transition from the surviving state can rebuild it");
     free(have);
     free(all);
+    free(every);
+    free(got);
 }
 
 /* ---- the run -------------------------------------------------------------------------- */
@@ -525,12 +547,6 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     D.need = calloc(g->nbuf + 1, sizeof(int32_t));
     D.got = calloc(g->nbuf + 1, sizeof(int32_t));
     D.fl = calloc((size_t)D.window, sizeof(*D.fl));
-    /* Ranks out of the transition (lost GPUs) may still be alive (a node being
-     * removed): the fences are over the others only. */
-    if (o->nout > 0 && (D.part = calloc((size_t)o->nranks + 1, sizeof(int))))
-        for (int i = 0; i < o->nranks; i++)
-            if (!is_out(&D, i))
-                D.part[D.npart++] = i;
     if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
         g->nops >> DT_TAG_OP_BITS) {
         snprintf(res->msg, sizeof res->msg, g->nops >> DT_TAG_OP_BITS ? "graph too large"
@@ -624,6 +640,5 @@ out:
     free(D.need);
     free(D.got);
     free(D.fl);
-    free(D.part);
     return res->outcome;
 }

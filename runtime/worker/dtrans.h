@@ -63,6 +63,13 @@ typedef struct {
      * the controller's COMMIT or ABORT happen here. May be NULL. */
     int (*at_ponr)(void *arg, char *why, size_t whylen);
     void *ponr_arg;
+    /* The collective of the votes and the census (nrs_rdv_gather's contract):
+     * NULL uses the PMIx rendezvous r; the worker passes the controller's
+     * GATHER when it has a control channel. */
+    int (*gather)(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
+                  const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                  char *err, size_t errlen);
+    void *gather_arg;
 } nrs_dtrans_opts_t;
 
 typedef struct {

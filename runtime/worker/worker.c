@@ -78,6 +78,7 @@ struct nrs_worker {
     unsigned prep_epoch;    /* the PREPARE kept, 0: none */
     unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
     unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
+    int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */
     char err[640];
 };
 
@@ -143,6 +144,10 @@ static double env_double(const char *name, double dflt)
     return v && *v ? atof(v) : dflt;
 }
 
+static int ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
+                      const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                      char *err, size_t errlen);
+
 /* Executor options every distributed run of this rank shares (transitions and
  * weight syncs alike). */
 static void dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
@@ -152,6 +157,10 @@ static void dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
     o->owner_arg = w;
     o->timeout_s = w->timeout_s;
     o->window = (int)env_double("NRS_WORKER_WINDOW", 32);
+    if (w->coll_ctl) {
+        o->gather = ctl_gather;
+        o->gather_arg = w;
+    }
 }
 
 static int join(nrs_worker_t *w)
@@ -280,6 +289,12 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     perm_identity(w);
     if (!rc)
         ctl_connect(w);
+    /* Collectives: through the controller when this rank has one (every rank
+     * of a job does or none), since a launcher's PMIx fences may not survive
+     * a resize (Slurm 22.05's pmix plugin fails them once nodes left the
+     * step); NRS_WORKER_COLL=pmix|controller overrides. */
+    const char *coll = getenv("NRS_WORKER_COLL");
+    w->coll_ctl = w->ctl_fd >= 0 && w->n > 1 && !(coll && !strcmp(coll, "pmix"));
     return rc;
 }
 
@@ -1097,6 +1112,119 @@ double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
     }
 }
 
+/* ---- collectives through the controller (GATHER / GATHERED) ------------------------ */
+
+/* nrs_rdv_gather's contract over the control channel: the controller waits for
+ * every participant or its channel's end, and gives all the same answer. */
+static int ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
+                      const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                      char *err, size_t errlen)
+{
+    nrs_worker_t *w = arg;
+    nrs_msg_gather_t *m = calloc(1, sizeof(*m));
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    char why[256];
+    int rc = -1, saved = w->defer;
+    memset(got, 0, (size_t)w->n);
+    if (!m || !buf) {
+        snprintf(err, errlen, "gather %s: out of memory", name);
+        goto out;
+    }
+    if (w->ctl_fd < 0) {
+        snprintf(err, errlen, "gather %s: %s", name, w->ctl_err[0] ? w->ctl_err : "no control channel");
+        goto out;
+    }
+    if (len > NRS_GATHER_DATA_MAX || nout > NRS_GATHER_MAX_OUT) {
+        snprintf(err, errlen, "gather %s: %zu bytes, %d ranks out: too large for the control "
+                 "channel", name, len, nout);
+        goto out;
+    }
+    m->key = key;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->timeout_ms = (uint32_t)(timeout_s > 0 ? timeout_s * 1000 : 30000);
+    m->nranks = w->n;
+    m->nout = nout;
+    memcpy(m->out, out, sizeof(int32_t) * (size_t)nout);
+    m->len = (uint32_t)len;
+    m->data = mine;
+    int n = nrs_enc_gather(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, m);
+    if (n < 0 || nrs_client_send(w->ctl_fd, buf, n, why, sizeof why)) {
+        snprintf(err, errlen, "gather %s: %s", name, n < 0 ? "does not encode" : why);
+        if (n >= 0)
+            ctl_close(w, why);
+        goto out;
+    }
+    /* the controller answers within timeout_s of the first contribution */
+    double end = nrs_now_s() + 2 * (timeout_s > 0 ? timeout_s : 30) + 5;
+    w->defer = 1; /* a PREPARE that comes meanwhile is kept for the step's agreement */
+    for (;;) {
+        nrs_hdr_t h;
+        double left = end - nrs_now_s();
+        int k = left > 0 ? ctl_recv(w, left, &h) : 0;
+        if (k <= 0) {
+            snprintf(err, errlen, "gather %s: %s", name,
+                     k < 0 ? w->ctl_err : "no answer from the controller");
+            goto out;
+        }
+        if (h.type == NRS_MSG_GATHERED) {
+            nrs_msg_gathered_t g;
+            if (nrs_dec_gathered(w->cbuf + NRS_PROTO_HDR, h.length, &g, why, sizeof why)) {
+                ctl_close(w, "malformed GATHERED");
+                snprintf(err, errlen, "gather %s: GATHERED: %s", name, why);
+                goto out;
+            }
+            if (g.key != key || strcmp(g.name, name) || g.len != len)
+                continue; /* an answer to an earlier gather this rank gave up on */
+            for (uint32_t i = 0; i < g.count; i++) {
+                int32_t r;
+                const uint8_t *d;
+                nrs_gathered_entry(&g, i, &r, &d);
+                if (r < w->n) {
+                    got[r] = 1;
+                    if (len)
+                        memcpy((char *)all + (size_t)r * len, d, len);
+                }
+            }
+            if (!(h.flags & NRS_FLAG_MORE))
+                break;
+            continue;
+        }
+        if (h.type == NRS_MSG_ABORT && w->ctl_epoch && key == w->ctl_epoch) {
+            nrs_msg_epoch_t a;
+            if (!nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &a, NULL, 0) &&
+                a.epoch == w->ctl_epoch) {
+                snprintf(err, errlen, "gather %s: the controller aborted epoch %u: %.300s", name,
+                         a.epoch, a.text);
+                goto out;
+            }
+            continue;
+        }
+        if (ctl_frame(w, &h) < 0 && (w->retired || w->ctl_fd < 0)) {
+            snprintf(err, errlen, "gather %s: %s", name, w->ctl_err);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    w->defer = saved;
+    free(m);
+    free(buf);
+    return rc;
+}
+
+/* The collective the worker uses at step boundaries: the controller's, or
+ * the PMIx rendezvous'. */
+static int coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
+                       size_t len, const int *out, int nout, void *all, unsigned char *got,
+                       char *err, size_t errlen)
+{
+    if (w->coll_ctl)
+        return ctl_gather(w, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
+                          errlen);
+    return nrs_rdv_gather(w->r, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
+                          errlen);
+}
+
 /* ---- the step boundary and the per-step weight sync ----------------------------- */
 
 /* Ranks of the current plan (they hold its GPUs) that have not said they leave. */
@@ -1125,47 +1253,43 @@ static int someone_leaving(const nrs_worker_t *w)
 static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
 {
     char name[48], err[384];
-    int *part = calloc((size_t)w->n + 1, sizeof(int));
+    int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
+    unsigned char *in = calloc((size_t)w->n + 1, 1), *got = calloc((size_t)w->n + 1, 1);
+    uint32_t *all = calloc((size_t)w->n + 1, sizeof(uint32_t));
     unsigned best = mine;
-    if (!part)
-        return mine;
+    int nout = 0;
+    if (!part || !out || !in || !got || !all)
+        goto done;
     int np = plan_ranks(w, part);
-    /* every rank of the job: the wildcard fence, which completes without the
-     * dead (as the transitions' votes); a subset: those not known dead */
-    int *fp = np == w->n ? NULL : part, nf = 0;
-    int *alive = fp ? calloc((size_t)np + 1, sizeof(int)) : NULL;
-    for (int i = 0; alive && i < np; i++)
-        if (part[i] == w->me || !nrs_rdv_peer_failed(w->r, part[i]))
-            alive[nf++] = part[i];
-    if (alive)
-        fp = alive;
+    for (int i = 0; i < np; i++)
+        in[part[i]] = 1;
+    for (int i = 0; i < w->n; i++)
+        if (!in[i] || (w->gone[i] && i != w->me))
+            out[nout++] = i;
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
     uint32_t v = mine;
-    if (!nrs_rdv_put(w->r, key, name, &v, sizeof v, err, sizeof err) &&
-        !nrs_rdv_commit(w->r, err, sizeof err) &&
-        !nrs_rdv_fence_survivors(w->r, fp, fp ? nf : 0, w->timeout_s, err, sizeof err))
-        for (int i = 0; i < np; i++) {
-            void *b = NULL;
-            size_t len = 0;
-            if (part[i] == w->me || w->gone[part[i]])
-                continue;
-            if (nrs_rdv_peer_failed(w->r, part[i]) ||
-                nrs_rdv_get(w->r, part[i], key, name, &b, &len, 1.0, err, sizeof err) ||
-                len != sizeof v) {
-                free(b);
-                w->gone[part[i]] = 1; /* the same on every rank: the fence collected it or not */
-                continue;
-            }
-            memcpy(&v, b, sizeof v);
-            free(b);
-            if (v & AGREE_LEAVING)
-                w->leaving[part[i]] = 1;
-            else if (v > best)
-                best = v;
+    if (coll_gather(w, key, name, &v, sizeof v, out, nout, all, got, err, sizeof err))
+        goto done;
+    for (int i = 0; i < np; i++) {
+        int r = part[i];
+        if (r == w->me || w->gone[r])
+            continue;
+        if (!got[r]) {
+            w->gone[r] = 1; /* the same on every rank: the gather collected it or not */
+            continue;
         }
-    free(alive);
+        if (all[r] & AGREE_LEAVING)
+            w->leaving[r] = 1;
+        else if (all[r] > best)
+            best = all[r];
+    }
+done:
     free(part);
+    free(out);
+    free(in);
+    free(got);
+    free(all);
     return best & AGREE_LEAVING ? 0 : best;
 }
 
@@ -1438,6 +1562,28 @@ int nrs_worker_verify_generation(nrs_worker_t *w, long long *verified, long long
 
 /* ---- finalize ----------------------------------------------------------------------- */
 
+/* Every rank still in the job (not retired, not known dead) is done. */
+static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
+{
+    if (!w->coll_ctl)
+        return nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, errlen);
+    if (w->ctl_fd < 0)
+        return 0; /* retired (or the controller is gone): nobody to wait for */
+    int *out = calloc((size_t)w->n + 1, sizeof(int)), nout = 0;
+    unsigned char *got = calloc((size_t)w->n + 1, 1), none = 0;
+    int rc = -1;
+    if (out && got) {
+        for (int i = 0; i < w->n; i++)
+            if (i != w->me && (w->leaving[i] || w->gone[i]))
+                out[nout++] = i;
+        rc = ctl_gather(w, 3ULL << 32, "fini", &none, 0, out, nout, &none, got, w->timeout_s,
+                        err, errlen);
+    }
+    free(out);
+    free(got);
+    return rc;
+}
+
 int nrs_worker_finalize(nrs_worker_t *w)
 {
     char err[512];
@@ -1450,7 +1596,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     if (w->u) {
         nrs_ucx_disconnect(w->u, 2.0);
         /* nobody tears down an endpoint another still reads from */
-        if (w->r && nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, sizeof err))
+        if (w->r && fini_barrier(w, err, sizeof err))
             rc = seterr(w, NRS_ERR_RDV, "%s", err);
         nrs_ucx_fini(w->u);
     }

@@ -68,6 +68,19 @@ static void decoders(const uint8_t *p, size_t n)
             CHECK(nrs_dec_epoch(ty, p, n, &em, why, sizeof(why)), nrs_enc_epoch(out, sizeof(out), ty, &em));
     CHECK(nrs_dec_ack(p, n, &ack, why, sizeof(why)), nrs_enc_ack(out, sizeof(out), &ack));
     CHECK(nrs_dec_error(p, n, &er, why, sizeof(why)), nrs_enc_error(out, sizeof(out), &er));
+    static nrs_msg_gather_t ga;
+    CHECK(nrs_dec_gather(p, n, &ga, why, sizeof(why)), nrs_enc_gather(out, sizeof(out), &ga));
+    nrs_msg_gathered_t gd;
+    rc = nrs_dec_gathered(p, n, &gd, why, sizeof(why));
+    if (rc != 0 && rc != -NRS_PERR_MALFORMED)
+        abort();
+    for (uint32_t i = 0; rc == 0 && i < gd.count; i++) {
+        int32_t rk;
+        const uint8_t *d;
+        nrs_gathered_entry(&gd, i, &rk, &d);
+        if (rk < 0 || d < p || d + gd.len > p + n)
+            abort(); /* entries stay inside the payload */
+    }
 #undef CHECK
 }
 

@@ -1,7 +1,7 @@
 /* pmix_srv: the multi-process tests' own PMIx server (DESIGN §9).
  *
  *   pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify]
- *            [--kill-on-fail SECONDS] -- PROG ARGS...
+ *            [--kill-on-fail SECONDS] [--break-fences] -- PROG ARGS...
  *
  * Registers one namespace of N ranks, all local, forks N clients running PROG
  * with the PMIx environment (plus NRS_MP_RANK / NRS_MP_SIZE for convenience),
@@ -12,7 +12,9 @@
  * (default 120) every child still running is SIGKILLed and the exit is 124.
  * With --kill-on-fail S, as Slurm's --kill-on-bad-exit, the children still
  * running S seconds after the first abnormal exit are SIGKILLed; their own
- * status then does not count.
+ * status then does not count. With --break-fences, as Slurm 22.05's pmix
+ * plugin once nodes left a step, every fence after the first abnormal exit
+ * fails (the ranks must agree some other way: the controller's GATHER).
  *
  * Fence: this is a single-node server, so the PMIx server library has
  * already collected the contributions of all (local) participants when it
@@ -54,6 +56,8 @@ static struct {
     bool quiet;
     bool notify;
     double kill_on_fail; /* < 0: never; else seconds after the first failure */
+    bool break_fences;
+    volatile int failed; /* a child exited abnormally (read by the PMIx thread) */
     char nspace[PMIX_MAX_NSLEN + 1];
     char tmpdir[256];
     pid_t pids[SRV_MAX_PROCS];
@@ -153,6 +157,10 @@ static pmix_status_t m_fence_nb(const pmix_proc_t procs[], size_t nprocs, const 
                                 pmix_modex_cbfunc_t cbfunc, void *cbdata)
 {
     (void)procs, (void)info, (void)ninfo;
+    if (srv.break_fences && __atomic_load_n(&srv.failed, __ATOMIC_SEQ_CST)) {
+        srv_log("fence over %zu proc entries refused (--break-fences)", nprocs);
+        return PMIX_ERR_NOT_SUPPORTED;
+    }
     srv_log("fence over %zu proc entries, %zu bytes", nprocs, ndata);
     cbfunc(PMIX_SUCCESS, data, ndata, cbdata, fence_release, data);
     return PMIX_SUCCESS;
@@ -426,6 +434,8 @@ static int reap_children(int nspawned)
             continue;
         if (code > worst)
             worst = code;
+        if (code)
+            __atomic_store_n(&srv.failed, 1, __ATOMIC_SEQ_CST);
         if (code && left > 0)
             notify_death(r, status);
         if (code && srv.kill_on_fail >= 0 && kill_at < 0)
@@ -443,7 +453,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify] [--kill-on-fail S] -- PROG ARGS...\n");
+    fprintf(stderr, "usage: pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify] [--kill-on-fail S] [--break-fences] -- PROG ARGS...\n");
 }
 
 static int parse_args(int argc, char **argv)
@@ -468,6 +478,8 @@ static int parse_args(int argc, char **argv)
             srv.kill_on_fail = atof(argv[++i]);
         } else if (!strcmp(argv[i], "-q")) {
             srv.quiet = true;
+        } else if (!strcmp(argv[i], "--break-fences")) {
+            srv.break_fences = true;
         } else if (!strcmp(argv[i], "--no-notify")) {
             srv.notify = false;
         } else if (argv[i][0] != '-') {

@@ -94,6 +94,9 @@ check "growth: the controller admitted a workload-triggered transition" \
     "$(grep -c ADMITTED "$tmp/c1.log") admissions"
 check "growth: status says epoch >= 2, one commit, no abort" \
     "jq_ok '$D' '.epoch >= 2 and .transitions.committed >= 1 and .transitions.aborted == 0'"
+check "growth: the ranks' step agreements and votes went through the controller" \
+    "jq_ok '$D' '.counters.gathers >= 24 and .counters.gathers_short == 0'" \
+    "$(status_json "$D" | jq -c .counters)"
 stop_ctl "growth"
 grep -q 'ADMITTED' "$tmp/c1.log" || show "$tmp/c1.log"
 
@@ -101,8 +104,10 @@ grep -q 'ADMITTED' "$tmp/c1.log" || show "$tmp/c1.log"
 D="$tmp/s2"
 start_ctl "$D" "$tmp/c2.log"
 export NEREUS_SOCKET_DIR="$D"
-echo "[ RUN      ] lost node: 8 ranks, node0's 4 ranks SIGKILLed, delta --lost node0"
-"$SRV" -q -n 8 -t 50 -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 --gpus-per-host 4 \
+echo "[ RUN      ] lost node: 8 ranks, node0's 4 ranks SIGKILLed, delta --lost node0, PMIx fences broken after"
+# --break-fences: every PMIx fence fails once a rank died, as under Slurm 22.05
+# after a shrink; the survivors agree through the controller alone
+"$SRV" -q -n 8 -t 50 --break-fences -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 --gpus-per-host 4 \
     --response-len 32 --max-response-len 256 >"$tmp/w2.log" 2>&1 &
 spid=$!
 # after the growth transition (epoch 2), while the job runs
@@ -139,6 +144,8 @@ check "lost node: status: 4 GPUs, >= 2 commits" \
     "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4 and .transitions.committed >= 2'"
 check "lost node: no sanitizer report from a survivor" \
     "! grep -q 'Sanitizer' '$tmp/w2.log'" "$(grep -m1 Sanitizer "$tmp/w2.log")"
+check "lost node: the survivors' gathers went on without the dead ranks" \
+    "jq_ok '$D' '.counters.gathers_short >= 1'" "$(status_json "$D" | jq -c .counters)"
 check "bad peers were dropped, the controller stayed up" \
     "kill -0 $cpid && jq_ok '$D' '.counters.dropped >= 2'"
 if [ "$mp_fail" -gt 0 ]; then show "$tmp/w2.log" 40; grep -v 'report' "$tmp/c2.log" | show /dev/stdin 30; fi

@@ -427,6 +427,155 @@ static void test_status_chunks(void **st)
     assert_memory_equal(p, "{\"job\":\"77\"", 11);
 }
 
+/* ---- the ranks' all-gather (GATHER -> GATHERED) ---------------------------- */
+
+static void gather(nrs_conn_t *k, uint64_t key, const char *name, uint32_t val, const int *out,
+                   int nout, uint32_t timeout_ms)
+{
+    static nrs_msg_gather_t m;
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    memset(&m, 0, sizeof(m));
+    m.key = key;
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    m.timeout_ms = timeout_ms;
+    m.nranks = N;
+    m.nout = nout;
+    for (int i = 0; i < nout; i++)
+        m.out[i] = out[i];
+    m.len = sizeof(val);
+    m.data = (const uint8_t *)&val;
+    feed(k, b, nrs_enc_gather(b, sizeof(b), &m));
+}
+
+/* The answer k got: ranks present into got[N] with their values; chunks. */
+static int gathered(nrs_conn_t *k, const char *name, unsigned char *got, uint32_t *vals)
+{
+    const uint8_t *p;
+    nrs_hdr_t h;
+    int chunks = 0;
+    memset(got, 0, N);
+    do {
+        expect(k, NRS_MSG_GATHERED, &p, &h);
+        nrs_msg_gathered_t g;
+        assert_int_equal(nrs_dec_gathered(p, h.length, &g, NULL, 0), 0);
+        assert_string_equal(g.name, name);
+        for (uint32_t i = 0; i < g.count; i++) {
+            int32_t r;
+            const uint8_t *d;
+            nrs_gathered_entry(&g, i, &r, &d);
+            assert_true(r >= 0 && r < N);
+            got[r] = 1;
+            memcpy(&vals[r], d, sizeof(vals[r]));
+        }
+        chunks++;
+    } while (h.flags & NRS_FLAG_MORE);
+    return chunks;
+}
+
+static void test_gather(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    unsigned char got[N];
+    uint32_t vals[N];
+    int out[2] = {14, 15};
+    drain_all();
+    /* every rank but 14 and 15: nobody hears anything before the last one */
+    for (int i = 0; i < N - 2; i++) {
+        gather(w[i], 7, "ag0", 100u + (unsigned)i, out, 2, 5000);
+        if (i < N - 3)
+            assert_int_equal(next(w[i], &p, &h), 0);
+    }
+    for (int i = 0; i < N - 2; i++) {
+        gathered(w[i], "ag0", got, vals);
+        for (int r = 0; r < N; r++) {
+            assert_int_equal(got[r], r < N - 2);
+            if (r < N - 2)
+                assert_int_equal(vals[r], 100u + (unsigned)r);
+        }
+    }
+    assert_int_equal(next(w[14], &p, &h), 0); /* left out: no answer */
+    /* a rank whose channel closes is not waited for */
+    for (int i = 1; i < N; i++)
+        gather(w[i], 7, "ag1", 1, NULL, 0, 5000);
+    assert_int_equal(next(w[1], &p, &h), 0);
+    gone(w[0]);
+    w[0] = NULL;
+    for (int i = 1; i < N; i++) {
+        gathered(w[i], "ag1", got, vals);
+        assert_int_equal(got[0], 0);
+        assert_int_equal(got[i], 1);
+    }
+    /* ... nor later: rank 0 is known gone */
+    for (int i = 1; i < N; i++)
+        gather(w[i], 8, "ag2", 2, NULL, 0, 5000);
+    gathered(w[3], "ag2", got, vals);
+    assert_int_equal(got[0], 0);
+    assert_int_equal(got[15], 1);
+    drain_all();
+    /* a silent rank: the gather completes at its deadline, without it */
+    for (int i = 1; i < N - 1; i++)
+        gather(w[i], 9, "ag3", 3, NULL, 0, 2000);
+    nrs_ctl_tick(ctl, now + 1);
+    assert_int_equal(next(w[1], &p, &h), 0);
+    nrs_ctl_tick(ctl, now + 2.5);
+    gathered(w[1], "ag3", got, vals);
+    assert_int_equal(got[15], 0);
+    assert_int_equal(got[14], 1);
+    drain_all();
+    /* refusals: twice, a disagreement on who takes part, left out of it */
+    gather(w[1], 10, "ag4", 4, NULL, 0, 2000);
+    gather(w[1], 10, "ag4", 4, NULL, 0, 2000);
+    expect(w[1], NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(w[1]->state, NRS_CONN_CLOSING);
+    gather(w[2], 10, "ag4", 4, out, 2, 2000);
+    expect(w[2], NRS_MSG_ERROR, &p, &h);
+    gather(w[14], 11, "ag5", 4, out, 2, 2000);
+    expect(w[14], NRS_MSG_ERROR, &p, &h);
+}
+
+/* An answer larger than a frame comes in chunks, ranks ascending. */
+static void test_gather_chunks(void **st)
+{
+    (void)st;
+    static nrs_msg_gather_t m;
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD], data[20000];
+    const uint8_t *p;
+    nrs_hdr_t h;
+    drain_all();
+    for (int i = 0; i < N; i++) {
+        memset(&m, 0, sizeof(m));
+        m.key = 3;
+        snprintf(m.name, sizeof(m.name), "census");
+        m.timeout_ms = 1000;
+        m.nranks = N;
+        m.len = sizeof(data);
+        memset(data, i + 1, sizeof(data));
+        m.data = data;
+        feed(w[i], b, nrs_enc_gather(b, sizeof(b), &m));
+    }
+    int chunks = 0, seen = 0;
+    do {
+        expect(w[5], NRS_MSG_GATHERED, &p, &h);
+        nrs_msg_gathered_t g;
+        assert_int_equal(nrs_dec_gathered(p, h.length, &g, NULL, 0), 0);
+        assert_true(g.count >= 1 && g.count <= nrs_gathered_fit(sizeof(data)));
+        for (uint32_t i = 0; i < g.count; i++) {
+            int32_t r;
+            const uint8_t *d;
+            nrs_gathered_entry(&g, i, &r, &d);
+            assert_int_equal(r, seen);
+            assert_int_equal(d[0], seen + 1);
+            assert_int_equal(d[sizeof(data) - 1], seen + 1);
+            seen++;
+        }
+        chunks++;
+    } while (h.flags & NRS_FLAG_MORE);
+    assert_int_equal(seen, N);
+    assert_true(chunks >= N / 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +586,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prepare_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_peers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_chunks, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -599,15 +599,83 @@ static void test_framing(void **st)
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WORKER, NRS_MSG_HELLO), -NRS_PERR_UNEXPECTED);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WORKER, NRS_MSG_REPORT), 0);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WORKER, NRS_MSG_ACK), 0);
+    assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WORKER, NRS_MSG_GATHER), 0);
+    assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_CLI, NRS_MSG_GATHER), -NRS_PERR_UNEXPECTED);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WORKER, NRS_MSG_DELTA), -NRS_PERR_UNEXPECTED);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_CLI, NRS_MSG_DELTA), 0);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_WATCHER, NRS_MSG_STATUS_REQ), 0);
     assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, NRS_ROLE_CLI, NRS_MSG_REPORT), -NRS_PERR_UNEXPECTED);
     for (int t = NRS_MSG_PLAN; t <= NRS_MSG_MAX; t++) /* controller-to-peer messages never come in */
         if (t == NRS_MSG_PLAN || t == NRS_MSG_PREPARE || t == NRS_MSG_COMMIT ||
-            t == NRS_MSG_ABORT || t == NRS_MSG_STATUS || t == NRS_MSG_DELTA_REPLY)
+            t == NRS_MSG_ABORT || t == NRS_MSG_STATUS || t == NRS_MSG_DELTA_REPLY ||
+            t == NRS_MSG_GATHERED)
             for (int r = NRS_ROLE_WORKER; r <= NRS_ROLE_CLI; r++)
                 assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, r, t), -NRS_PERR_UNEXPECTED);
+}
+
+static void test_gather_msgs(void **st)
+{
+    (void)st;
+    static nrs_msg_gather_t m, d;
+    uint8_t data[5] = {1, 2, 3, 4, 5};
+    memset(&m, 0, sizeof(m));
+    m.key = 0x123456789ull;
+    snprintf(m.name, sizeof(m.name), "dt3.ponr");
+    m.timeout_ms = 15000;
+    m.nranks = 8;
+    m.nout = 2;
+    m.out[0] = 7;
+    m.out[1] = 3;
+    m.len = sizeof(data);
+    m.data = data;
+    int n = nrs_enc_gather(buf, CAP, &m);
+    nrs_hdr_t h = hdr_of(n);
+    assert_int_equal(h.type, NRS_MSG_GATHER);
+    assert_int_equal(nrs_dec_gather(pl(), h.length, &d, why, sizeof(why)), 0);
+    assert_true(d.key == m.key && d.timeout_ms == 15000 && d.nranks == 8 && d.nout == 2);
+    assert_true(d.out[0] == 7 && d.out[1] == 3 && d.len == 5);
+    assert_memory_equal(d.data, data, 5);
+    assert_string_equal(d.name, "dt3.ponr");
+    truncations((dec_fn)nrs_dec_gather, &d, h.length);
+    /* out of range: a rank out twice, beyond nranks, a zero time-out, no name */
+    m.out[1] = 7;
+    assert_int_equal(nrs_dec_gather(pl(), hdr_of(nrs_enc_gather(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    assert_non_null(strstr(why, "twice"));
+    m.out[1] = 8;
+    assert_int_equal(nrs_dec_gather(pl(), hdr_of(nrs_enc_gather(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    m.out[1] = 3;
+    m.timeout_ms = 0;
+    assert_int_equal(nrs_dec_gather(pl(), hdr_of(nrs_enc_gather(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    m.timeout_ms = 1;
+    m.name[0] = 0;
+    assert_int_equal(nrs_dec_gather(pl(), hdr_of(nrs_enc_gather(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    m.len = NRS_GATHER_DATA_MAX + 1;
+    assert_int_equal(nrs_enc_gather(buf, CAP, &m), -1);
+
+    /* GATHERED: entries ascending, sizes exact; MORE allowed on it */
+    nrs_msg_gathered_t g = {.key = 9, .len = 3, .count = 3}, gd;
+    snprintf(g.name, sizeof(g.name), "ag1");
+    int32_t ranks[3] = {0, 4, 6};
+    uint8_t vals[9] = {0, 0, 0, 4, 4, 4, 6, 6, 6};
+    n = nrs_enc_gathered(buf, CAP, &g, ranks, vals, NRS_FLAG_MORE);
+    h = hdr_of(n);
+    assert_int_equal(h.type, NRS_MSG_GATHERED);
+    assert_int_equal(h.flags, NRS_FLAG_MORE);
+    assert_int_equal(nrs_dec_gathered(pl(), h.length, &gd, why, sizeof(why)), 0);
+    assert_true(gd.key == 9 && gd.len == 3 && gd.count == 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        int32_t r;
+        const uint8_t *e;
+        nrs_gathered_entry(&gd, i, &r, &e);
+        assert_int_equal(r, ranks[i]);
+        assert_int_equal(e[2], ranks[i]);
+    }
+    truncations((dec_fn)nrs_dec_gathered, &gd, h.length);
+    ranks[2] = 4; /* not ascending */
+    n = nrs_enc_gathered(buf, CAP, &g, ranks, vals, 0);
+    assert_int_equal(nrs_dec_gathered(pl(), hdr_of(n).length, &gd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    assert_true(nrs_gathered_fit(0) > 1000 && nrs_gathered_fit(NRS_GATHER_DATA_MAX) == 1);
+    assert_int_equal(nrs_enc_gathered(buf, CAP, &g, ranks, vals, 2), -1); /* unknown flag */
 }
 
 int main(void)
@@ -617,7 +685,7 @@ int main(void)
         cmocka_unit_test(test_plan),    cmocka_unit_test(test_plan_real),
         cmocka_unit_test(test_report),  cmocka_unit_test(test_delta),
         cmocka_unit_test(test_status),  cmocka_unit_test(test_epoch_msgs),
-        cmocka_unit_test(test_framing),
+        cmocka_unit_test(test_framing), cmocka_unit_test(test_gather_msgs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
