@@ -125,30 +125,6 @@ static void src_key(const nrs_emu_buf_t *b, int32_t id, skey_t *k)
                   id}};
 }
 
-/* Keep-in-place matching: identical box, kind and GPU. */
-static void keep_key(const nrs_emu_buf_t *b, int32_t id, skey_t *k)
-{
-    *k = (skey_t){{b->role, b->tensor, b->kind, b->gpu, b->box.r0, b->box.r1, b->box.c0,
-                  b->box.c1, id}};
-}
-
-/* First index in keys[0, n) whose first m keys are >= want's. */
-static size_t lower_bound(const skey_t *keys, size_t n, const skey_t *want, int m)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        int c = 0;
-        for (int i = 0; i < m && !c; i++)
-            c = keys[mid].k[i] < want->k[i] ? -1 : keys[mid].k[i] > want->k[i];
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* --- uncovered regions ----------------------------------------------------- */
 
 typedef struct {
@@ -224,6 +200,7 @@ typedef struct {
     size_t ordercap;
     size_t *bynode;  /* per class [leader, leader + ncls): its runs by (node, run) */
     int32_t *stamp;  /* per run: last destination it was tried for, + 1 */
+    nrs_emu_dmemo_t dm;
 } sel_t;
 
 static int touch(sel_t *S, int r, int64_t add)
@@ -236,7 +213,7 @@ static int touch(sel_t *S, int r, int64_t add)
     return 0;
 }
 
-static int64_t move_cost(const sel_t *S, int32_t src, int32_t dst, int64_t bytes)
+static int64_t move_cost(sel_t *S, int32_t src, int32_t dst, int64_t bytes)
 {
     const nrs_emu_graph_t *g = S->g;
     int r[2];
@@ -244,7 +221,7 @@ static int64_t move_cost(const sel_t *S, int32_t src, int32_t dst, int64_t bytes
     nrs_emu_resources(g, g->buf[src].b.gpu, g->buf[dst].b.gpu, -1, r);
     for (int k = 0; k < 2; k++)
         if (r[k] >= 0) {
-            int64_t v = S->load[r[k]] + nrs_emu_duration(g, r[k], bytes);
+            int64_t v = S->load[r[k]] + nrs_emu_duration_m(g, &S->dm, r[k], bytes);
             c = v > c ? v : c;
         }
     return c;
@@ -296,7 +273,7 @@ static int cover_from(sel_t *S, int32_t dst, const int32_t *cand, size_t n, int 
             nrs_emu_resources(g, g->buf[src].b.gpu, g->buf[dst].b.gpu, -1, r);
             for (int k = 0; k < 2; k++)
                 if (r[k] >= 0) {
-                    int64_t d = nrs_emu_duration(g, r[k], bytes);
+                    int64_t d = nrs_emu_duration_m(g, &S->dm, r[k], bytes);
                     if (dry ? touch(S, r[k], d) : (S->load[r[k]] += d, 0))
                         return -1;
                     if (S->load[r[k]] > *cost)
@@ -554,83 +531,200 @@ static int select_sources(sel_t *S, int32_t dst)
 
 /* --- buffers, keeps, chunks ------------------------------------------------ */
 
-static int gpu_lost(const nrs_emu_opts_t *o, int gpu)
-{
-    for (int i = 0; o && i < o->nlost; i++)
-        if (o->lost[i] == gpu)
-            return 1;
-    return 0;
-}
-
 static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, size_t errlen)
 {
+    size_t np = (size_t)g->nphys;
+    unsigned char *lost = calloc(np + 1, 1); /* per physical GPU */
+    if (!lost)
+        return -1;
+    for (int i = 0; o && i < o->nlost; i++)
+        if (o->lost[i] >= 0 && (size_t)o->lost[i] < np)
+            lost[o->lost[i]] = 1;
+#define LOST(gpu) ((gpu) >= 0 && (size_t)(gpu) < np && lost[gpu])
     GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
-    for (size_t i = 0; i < g->from.nbuf; i++) {
-        nrs_emu_gbuf_t b = {g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
-                            (int8_t)gpu_lost(o, g->from.buf[i].gpu)};
-        if (nrs_emu_push_buf(g, &b))
-            return -1;
-    }
+    for (size_t i = 0; i < g->from.nbuf; i++)
+        g->buf[i] = (nrs_emu_gbuf_t){g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
+                                     (int8_t)LOST(g->from.buf[i].gpu)};
+    g->nbuf = g->from.nbuf;
     g->nold = (int32_t)g->nbuf;
     for (size_t i = 0; i < g->to.nbuf; i++) {
-        nrs_emu_gbuf_t b = {g->to.buf[i], -1, -1, NRS_EMU_ORIGIN_NEW, 0};
-        if (gpu_lost(o, b.b.gpu)) {
+        const nrs_emu_buf_t *b = &g->to.buf[i];
+        if (LOST(b->gpu)) {
             snprintf(err, errlen, "new plan places %s state on lost GPU %d",
-                     nrs_ms_name(g->to.eng[b.b.engine].ms), b.b.gpu);
+                     nrs_ms_name(g->to.eng[b->engine].ms), b->gpu);
+            free(lost);
             return -2;
         }
-        if (nrs_emu_push_buf(g, &b))
-            return -1;
+        g->buf[g->nbuf++] = (nrs_emu_gbuf_t){*b, -1, -1, NRS_EMU_ORIGIN_NEW, 0};
     }
+#undef LOST
+    free(lost);
     g->nnew = (int32_t)(g->nbuf - (size_t)g->nold);
     return 0;
 }
 
-/* Sorted keys of the surviving old buffers. */
-static skey_t *old_keys(const nrs_emu_graph_t *g, void (*fn)(const nrs_emu_buf_t *, int32_t, skey_t *),
-                       size_t *n)
+/* Insertion sort of k[0, n) by key_cmp (short, nearly sorted segments). */
+static void isort_keys(skey_t *k, size_t n)
 {
+    for (size_t i = 1; i < n; i++) {
+        skey_t x = k[i];
+        size_t j = i;
+        while (j > 0 && key_cmp(&k[j - 1], &x) > 0) {
+            k[j] = k[j - 1];
+            j--;
+        }
+        k[j] = x;
+    }
+}
+
+/* Source keys of the surviving old buffers, sorted by key_cmp. The result is
+ * the one total order; the work is cut by its structure: a stable counting
+ * sort on (role, tensor, kind, engine) first, then each run of one replica
+ * group (set) is sorted on its own (a handful of boxes, or one ZeRO-1 kind). */
+static skey_t *src_keys(const nrs_emu_graph_t *g, size_t *n)
+{
+    int32_t nt = 1, ne = 1;
+    for (int r = 0; r < NRS_ROLE_COUNT; r++)
+        if (g->models[r].present && nrs_emu_tensor_count(&g->models[r]) > nt)
+            nt = nrs_emu_tensor_count(&g->models[r]);
+    for (int32_t i = 0; i < g->nold; i++) {
+        const nrs_emu_buf_t *b = &g->buf[i].b;
+        if (b->tensor >= nt)
+            nt = b->tensor + 1;
+        if (b->engine >= ne)
+            ne = b->engine + 1;
+    }
+    size_t nb = (size_t)NRS_ROLE_COUNT * (size_t)nt * NRS_EMU_KIND_COUNT * (size_t)ne;
     skey_t *k = malloc(sizeof(*k) * ((size_t)g->nold + 1));
+    size_t *off = calloc(nb + 2, sizeof(size_t));
     *n = 0;
-    if (!k)
+    if (!k || !off) {
+        free(k);
+        free(off);
         return NULL;
+    }
+#define BUCKET(b) ((((size_t)(b)->role * (size_t)nt + (size_t)(b)->tensor) * NRS_EMU_KIND_COUNT + \
+                    (b)->kind) * (size_t)ne + (size_t)(b)->engine)
     for (int32_t i = 0; i < g->nold; i++)
         if (!g->buf[i].lost)
-            fn(&g->buf[i].b, i, &k[(*n)++]);
-    qsort(k, *n, sizeof(*k), key_cmp);
+            off[BUCKET(&g->buf[i].b) + 1]++;
+    for (size_t i = 0; i < nb; i++)
+        off[i + 1] += off[i];
+    for (int32_t i = 0; i < g->nold; i++)
+        if (!g->buf[i].lost)
+            src_key(&g->buf[i].b, i, &k[off[BUCKET(&g->buf[i].b)]++]);
+#undef BUCKET
+    *n = off[nb];
+    free(off);
+    for (size_t i = 0; i < *n;) { /* runs of equal (role, tensor, kind, engine, set) */
+        size_t j = i + 1;
+        while (j < *n && !memcmp(k[j].k, k[i].k, 5 * sizeof(int32_t)))
+            j++;
+        if (j - i <= 64)
+            isort_keys(k + i, j - i);
+        else
+            qsort(k + i, j - i, sizeof(*k), key_cmp);
+        i = j;
+    }
     return k;
 }
 
-/* A new buffer identical to an old one on the same GPU is the old one. */
+/* A new buffer identical to an old one on the same GPU (same role, tensor,
+ * kind, box) is the old one: the lowest-id such old buffer not yet taken.
+ * Buffers are matched GPU by GPU through a small open-addressing table of
+ * that GPU's old buffers, inserted in id order, so equal keys lie along a
+ * probe sequence in id order and the first untaken one found is the lowest.
+ * The table is only an index: the result does not depend on it. */
+static uint32_t keep_hash(const nrs_emu_buf_t *b)
+{
+    uint64_t h = (uint64_t)(uint32_t)b->tensor * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uint16_t)b->role << 8 | b->kind) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    h ^= ((uint64_t)(uint32_t)b->box.r0 << 32 | (uint32_t)b->box.r1) * 0xff51afd7ed558ccdull;
+    h ^= ((uint64_t)(uint32_t)b->box.c0 << 32 | (uint32_t)b->box.c1) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    return (uint32_t)h;
+}
+
+static int keep_same(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
+{
+    return a->tensor == b->tensor && a->role == b->role && a->kind == b->kind &&
+           a->box.r0 == b->box.r0 && a->box.r1 == b->box.r1 && a->box.c0 == b->box.c0 &&
+           a->box.c1 == b->box.c1;
+}
+
 static int find_keeps(nrs_emu_graph_t *g)
 {
-    size_t n;
-    skey_t *k = old_keys(g, keep_key, &n);
-    unsigned char *taken = calloc((size_t)g->nold + 1, 1);
+    size_t np = (size_t)g->nphys;
+    int32_t nb = g->nold + g->nnew;
+    size_t *off = calloc(np + 2, sizeof(size_t)), *noff = calloc(np + 2, sizeof(size_t));
+    int32_t *ids = malloc(sizeof(int32_t) * ((size_t)nb + 1));
+    int32_t *tab = NULL;
+    size_t tabcap = 0;
     int rc = -1;
 
-    if (!k || !taken)
+    if (!off || !noff || !ids)
         goto fail;
-    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
-        skey_t want;
-        keep_key(&g->buf[j].b, 0, &want);
-        for (size_t i = lower_bound(k, n, &want, 8); i < n; i++) {
-            int c = 0;
-            for (int f = 0; f < 8 && !c; f++)
-                c = k[i].k[f] != want.k[f];
-            if (c)
-                break;
-            if (!taken[k[i].k[8]]) {
-                taken[k[i].k[8]] = 1;
-                g->buf[j].alias = k[i].k[8];
-                break;
-            }
+    for (int32_t i = 0; i < g->nold; i++) /* by GPU, in id order (old, then new) */
+        if (!g->buf[i].lost)
+            off[g->buf[i].b.gpu + 1]++;
+    for (int32_t j = g->nold; j < nb; j++)
+        noff[g->buf[j].b.gpu + 1]++;
+    for (size_t p = 0; p < np; p++) {
+        off[p + 1] += off[p];
+        noff[p + 1] += noff[p];
+    }
+    size_t nold = off[np];
+    for (size_t p = 0; p <= np; p++)
+        noff[p] += nold;
+    {
+        size_t *co = malloc(sizeof(size_t) * (2 * np + 2));
+        if (!co)
+            goto fail;
+        memcpy(co, off, sizeof(size_t) * np);
+        memcpy(co + np, noff, sizeof(size_t) * np);
+        for (int32_t i = 0; i < g->nold; i++)
+            if (!g->buf[i].lost)
+                ids[co[g->buf[i].b.gpu]++] = i;
+        for (int32_t j = g->nold; j < nb; j++)
+            ids[co[np + (size_t)g->buf[j].b.gpu]++] = j;
+        free(co);
+    }
+    for (size_t p = 0; p < np; p++) {
+        size_t no = off[p + 1] - off[p], nn = noff[p + 1] - noff[p], cap = 16;
+        if (!no || !nn)
+            continue;
+        while (cap < 2 * no)
+            cap *= 2;
+        if (cap > tabcap) {
+            free(tab);
+            if (!(tab = malloc(sizeof(int32_t) * cap)))
+                goto fail;
+            tabcap = cap;
+        }
+        memset(tab, 0, sizeof(int32_t) * cap); /* 0: empty; id + 1; taken: -(id + 1) */
+        for (size_t k = off[p]; k < off[p + 1]; k++) {
+            size_t h = keep_hash(&g->buf[ids[k]].b) & (cap - 1);
+            while (tab[h] != 0)
+                h = (h + 1) & (cap - 1);
+            tab[h] = ids[k] + 1;
+        }
+        for (size_t k = noff[p]; k < noff[p + 1]; k++) {
+            int32_t j = ids[k];
+            const nrs_emu_buf_t *b = &g->buf[j].b;
+            for (size_t h = keep_hash(b) & (cap - 1); tab[h] != 0; h = (h + 1) & (cap - 1))
+                if (tab[h] > 0 && keep_same(&g->buf[tab[h] - 1].b, b)) {
+                    g->buf[j].alias = tab[h] - 1;
+                    tab[h] = -tab[h];
+                    break;
+                }
         }
     }
     rc = 0;
 fail:
-    free(k);
-    free(taken);
+    free(off);
+    free(noff);
+    free(ids);
+    free(tab);
     return rc;
 }
 
@@ -707,6 +801,8 @@ static void lower_bound_of(nrs_emu_graph_t *g)
 {
     size_t nres = (size_t)g->nphys * NRS_EMU_RES_KINDS;
     int64_t *load = calloc(nres + 1, sizeof(int64_t));
+    nrs_emu_dmemo_t dm;
+    nrs_emu_dmemo_init(&dm);
     g->lower_bound = 0;
     memset(g->link_bytes, 0, sizeof(g->link_bytes));
     for (size_t i = 0; i < g->nchunks; i++) {
@@ -716,7 +812,7 @@ static void lower_bound_of(nrs_emu_graph_t *g)
         g->link_bytes[nrs_emu_resources(g, c->src_gpu, c->dst_gpu, -1, r)] += bytes;
         for (int k = 0; k < 2 && load; k++)
             if (r[k] >= 0) {
-                load[r[k]] += nrs_emu_duration(g, r[k], bytes);
+                load[r[k]] += nrs_emu_duration_m(g, &dm, r[k], bytes);
                 if (load[r[k]] > g->lower_bound)
                     g->lower_bound = load[r[k]];
             }
@@ -749,13 +845,20 @@ static int choose_sources(nrs_emu_graph_t *g)
 {
     sel_t S = {.g = g};
     size_t nkeys;
-    skey_t *keys = old_keys(g, src_key, &nkeys);
+    int32_t first = g->nold; /* first new buffer that needs sources */
+    while (first < g->nold + g->nnew &&
+           (g->buf[first].alias >= 0 || g->buf[first].b.kind == NRS_EMU_GRAD))
+        first++;
+    if (first == g->nold + g->nnew) /* all kept or zero-filled: nothing to index */
+        return 0;
+    nrs_emu_dmemo_init(&S.dm);
+    skey_t *keys = src_keys(g, &nkeys);
     int rc = -1;
 
     S.load = calloc((size_t)g->nphys * NRS_EMU_RES_KINDS + 1, sizeof(int64_t));
     if (!keys || !S.load || build_index(&S, keys, nkeys))
         goto fail;
-    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+    for (int32_t j = first; j < g->nold + g->nnew; j++) {
         if (g->buf[j].alias >= 0 || g->buf[j].b.kind == NRS_EMU_GRAD)
             continue;
         if (select_sources(&S, j))

@@ -105,6 +105,30 @@ int nrs_emu_resources(const nrs_emu_graph_t *g, int src_gpu, int dst_gpu, int vi
  * machine: one IEEE division per duration, no accumulated rounding. */
 int64_t nrs_emu_duration(const nrs_emu_graph_t *g, int res, int64_t bytes);
 
+/* The last duration computed per resource kind: consecutive chunks of a move
+ * mostly have the same size, so most calls skip the division and rounding.
+ * Initialize with nrs_emu_dmemo_init; the values are nrs_emu_duration's. */
+typedef struct {
+    int64_t bytes[NRS_EMU_RES_KINDS], ps[NRS_EMU_RES_KINDS];
+} nrs_emu_dmemo_t;
+
+static inline void nrs_emu_dmemo_init(nrs_emu_dmemo_t *m)
+{
+    for (int k = 0; k < NRS_EMU_RES_KINDS; k++)
+        m->bytes[k] = -1;
+}
+
+static inline int64_t nrs_emu_duration_m(const nrs_emu_graph_t *g, nrs_emu_dmemo_t *m, int res,
+                                         int64_t bytes)
+{
+    int k = res % NRS_EMU_RES_KINDS;
+    if (m->bytes[k] != bytes) {
+        m->bytes[k] = bytes;
+        m->ps[k] = nrs_emu_duration(g, k, bytes);
+    }
+    return m->ps[k];
+}
+
 /* Build buffers, moves (sources balanced over replicas) and chunks.
  * 0, NRS_EMU_ELOST (g->lost filled), or -1 with err. */
 int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_opts_t *o,

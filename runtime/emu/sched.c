@@ -33,11 +33,13 @@ typedef struct {
 } ev_t;
 
 typedef struct {
-    size_t c0, n, next; /* its chunks in g->chunks */
-    int32_t src;        /* current source (host after staging) */
+    uint32_t c0, n, next; /* its chunks in g->chunks */
+    int32_t src;          /* current source (host after staging) */
     int r[2];
-    int running;        /* chunks in flight (a burst) */
-    int32_t pair;       /* the pair of resources it waits on */
+    int32_t running;      /* chunks in flight (a burst) */
+    int32_t pair;         /* the pair of resources it waits on */
+    int32_t dst, dgpu;    /* its destination buffer and that buffer's GPU (copied here: */
+    int64_t dbytes;       /* the hot start test touches only this line) */
     int64_t rem; /* remaining picoseconds on its resources */
     int64_t key; /* its order inside the pair: initial picoseconds */
 } smove_t;
@@ -93,6 +95,7 @@ typedef struct {
     size_t nheap, heapcap;
     char *err;
     size_t errlen;
+    nrs_emu_dmemo_t dm;
 } sched_t;
 
 static int ivec_push(ivec_t *v, int32_t x)
@@ -255,13 +258,11 @@ static int alloc_buf(sched_t *S, int32_t id)
 
 static int startable(const sched_t *S, const smove_t *m)
 {
-    const nrs_emu_graph_t *g = S->g;
-    int32_t dst = g->moves[m - S->mv].dst;
     if (m->running || m->next == m->n || S->staging[m->src])
         return 0;
     if (S->busy[m->r[0]] || (m->r[1] >= 0 && S->busy[m->r[1]]))
         return 0;
-    return S->live[dst] || fits(S, g->buf[dst].b.gpu, g->buf[dst].b.bytes);
+    return S->live[m->dst] || fits(S, m->dgpu, m->dbytes);
 }
 
 /* Start move mi: up to BURST of its chunks back to back on its resources,
@@ -278,7 +279,7 @@ static int start_chunk(sched_t *S, int32_t mi)
         return -1;
     for (size_t c = 0; c < k; c++) {
         nrs_emu_op_t op = g->chunks[m->c0 + m->next + c];
-        int64_t d = nrs_emu_duration(g, m->r[0], op.row_bytes * op.rows);
+        int64_t d = nrs_emu_duration_m(g, &S->dm, m->r[0], op.row_bytes * op.rows);
         if (m->src != op.src_buf) { /* staged to host */
             op.src_buf = m->src;
             op.src_gpu = g->buf[m->src].b.gpu;
@@ -455,7 +456,7 @@ static void move_resources(sched_t *S, int32_t mi)
     m->rem = 0;
     for (size_t c = m->next; c < m->n; c++) {
         const nrs_emu_op_t *op = &g->chunks[m->c0 + c];
-        m->rem += nrs_emu_duration(g, m->r[0], op->row_bytes * op->rows);
+        m->rem += nrs_emu_duration_m(g, &S->dm, m->r[0], op->row_bytes * op->rows);
     }
     for (int k = 0; k < 2; k++)
         if (m->r[k] >= 0)
@@ -664,6 +665,9 @@ static int init_pairs(sched_t *S)
     for (size_t i = 0; i < g->nmoves; i++) {
         smove_t *m = &S->mv[i];
         m->src = g->moves[i].src;
+        m->dst = g->moves[i].dst;
+        m->dgpu = g->buf[m->dst].b.gpu;
+        m->dbytes = g->buf[m->dst].b.bytes;
         m->pair = -1;
         move_resources(S, (int32_t)i);
         m->key = m->rem;
@@ -739,8 +743,8 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
         size_t e = c;
         while (e < g->nchunks && g->chunks[e].move == mi)
             e++;
-        S->mv[mi].c0 = c;
-        S->mv[mi].n = e - c;
+        S->mv[mi].c0 = (uint32_t)c;
+        S->mv[mi].n = (uint32_t)(e - c);
         c = e;
     }
     /* moves by source (counting sort, stable): staging re-sources them */
@@ -798,9 +802,17 @@ static void sched_fini(sched_t *S)
 /* GPUs of engine e of st, rank-major (replica, stage, tensor rank). */
 static int engine_gpus(const nrs_emu_state_t *st, int e, int *gpus, int n)
 {
+    size_t lo = 0, hi = st->nbuf;
     for (int i = 0; i < n; i++)
         gpus[i] = -1;
-    for (size_t i = 0; i < st->nbuf; i++) {
+    while (lo < hi) { /* engines push their buffers in engine order: its first one */
+        size_t mid = (lo + hi) / 2;
+        if (st->buf[mid].engine < e)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i < st->nbuf && st->buf[i].engine == e; i++) {
         const nrs_emu_buf_t *b = &st->buf[i];
         const nrs_layout_t *l = &st->eng[b->engine].lay;
         if (b->engine == e)
@@ -899,6 +911,7 @@ int nrs_emu_schedule(nrs_emu_graph_t *g, char *err, size_t errlen)
     sched_t S = {.err = err, .errlen = errlen};
     int rc = -1;
 
+    nrs_emu_dmemo_init(&S.dm);
     g->ponr = -1;
     g->nops = 0;
     g->makespan = 0;
@@ -911,6 +924,10 @@ int nrs_emu_schedule(nrs_emu_graph_t *g, char *err, size_t errlen)
                 g->opcap = want;
             }
         }
+    }
+    if (g->nchunks >= UINT32_MAX || g->nmoves >= INT32_MAX) {
+        snprintf(err, errlen, "transition graph too large to schedule (%zu chunks)", g->nchunks);
+        goto out;
     }
     if (sched_init(&S, g)) {
         snprintf(err, errlen, "out of memory scheduling the transition");
