@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 2
+#define NRS_WORKER_API_VERSION 3
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -49,8 +49,9 @@ enum {
                                * rebuildable or lost; only finalize is allowed */
     NRS_ERR_VERIFY = -9,      /* a checksum did not match */
     NRS_ERR_UNSUPPORTED = -10, /* not built in (e.g. CUDA memory without CUDA) */
-    NRS_ERR_RETIRED = -11     /* the controller retired this rank (its node left the
+    NRS_ERR_RETIRED = -11,    /* the controller retired this rank (its node left the
                                * job) or refused it: only finalize is allowed (API 2) */
+    NRS_ERR_CHECKPOINT = -12  /* a checkpoint could not be written or read (API 3) */
 };
 
 /* Memory the state lives in. AUTO: CUDA when built with CUDA and a GPU is
@@ -75,7 +76,9 @@ enum {
     NRS_TS_PRESENT = 10,    /* after NRS_ERR_PARTIAL: new-state buffers present, */
     NRS_TS_REBUILDABLE = 11,/*   rebuildable from survivors, */
     NRS_TS_LOST = 12,       /*   lost (a checkpoint is needed) */
-    NRS_TS_COUNT = 13
+    NRS_TS_RESTORED_STEP = 13, /* the state was restored from the checkpoint of this
+                                * step (-1: not a restore; API 3) */
+    NRS_TS_COUNT = 14
 };
 
 int nrs_worker_api_version(void);
@@ -161,6 +164,21 @@ int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len);
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next);
 /* Figures of the last transition (NRS_TS_*): the value, 0 when unknown. */
 double nrs_worker_transition_stat(const nrs_worker_t *w, int which);
+
+/* ---- checkpoints (API 3, docs/worker-api.md §6) ------------------------------ */
+
+/* Where checkpoints go: a directory every rank can read and write (a shared
+ * file system on a real cluster); NULL turns them off. Default
+ * $NEREUS_CHECKPOINT_DIR. */
+int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir);
+/* A collective at a step boundary (every rank of the job, the same step):
+ * write this rank's part of the state as the checkpoint of `step`, and once
+ * every rank of the plan has, publish it. A transition whose state survives
+ * nowhere (a node lost with every replica of some box) then restores the
+ * new plan's state from the newest checkpoint instead of failing: the state
+ * goes back to that step (nrs_worker_transition_stat NRS_TS_RESTORED_STEP).
+ * NRS_OK, or NRS_ERR_CHECKPOINT (nothing published; the old one stays). */
+int nrs_worker_checkpoint(nrs_worker_t *w, long step);
 
 /* ---- the controller drives the epochs (API 2, docs/worker-api.md §3) --------- */
 

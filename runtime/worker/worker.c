@@ -22,6 +22,7 @@
 #include "emu/xport.h"
 #include "rdv/rdv.h"
 #include "util/util.h"
+#include "worker/ckpt.h"
 #include "worker/dtrans.h"
 #include "worker/worker.h"
 #include "xfer/ucx.h"
@@ -79,6 +80,8 @@ struct nrs_worker {
     unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
     unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
     int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */
+    char *ckpt_dir;         /* checkpoints (ckpt.h), NULL: none */
+    long restored_step;     /* the last transition restored this step's checkpoint; -1 */
     char err[640];
 };
 
@@ -109,6 +112,7 @@ const char *nrs_worker_strerror(int rc)
     case NRS_ERR_VERIFY: return "checksum mismatch";
     case NRS_ERR_UNSUPPORTED: return "not supported by this build";
     case NRS_ERR_RETIRED: return "retired by the controller";
+    case NRS_ERR_CHECKPOINT: return "checkpoint failed";
     default: return "unknown error";
     }
 }
@@ -280,6 +284,10 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
         w->spec = *spec;
     w->timeout_s = env_double("NRS_WORKER_TIMEOUT", 30);
     w->ctl_fd = -1;
+    w->restored_step = -1;
+    const char *ck = getenv("NEREUS_CHECKPOINT_DIR");
+    if (ck && *ck && !(w->ckpt_dir = strdup(ck)))
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
     w->my_gpu = -1;
     int rc = join(w);
     if (!rc && (!(w->perm = calloc((size_t)w->n + 1, sizeof(int))) ||
@@ -715,6 +723,9 @@ static int64_t kill_hook(const nrs_worker_t *w)
  * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
 static int ctl_ponr(void *arg, char *why, size_t whylen);
 
+static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
+                   int nout);
+
 static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu_map,
                          const int *lost, int nlost, int ctl)
 {
@@ -777,6 +788,13 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     free(used);
     nrs_emu_graph_t *g = NULL;
     int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
+    w->restored_step = -1;
+    if (grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) {
+        nrs_emu_graph_free(g);
+        rc = restore(w, next, nperm, out_ranks, nout);
+        free(nperm);
+        return rc;
+    }
     if (grc) {
         nrs_emu_graph_free(g);
         free(nperm);
@@ -869,6 +887,208 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
     return do_transition(w, next, NULL, NULL, 0, 0);
 }
 
+
+/* ---- checkpoints: write at a step boundary, restore when state is lost ------------- */
+
+static int coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
+                       size_t len, const int *out, int nout, void *all, unsigned char *got,
+                       char *err, size_t errlen);
+static int plan_ranks(const nrs_worker_t *w, int *part);
+static int someone_leaving(const nrs_worker_t *w);
+
+int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
+{
+    if (!w)
+        return NRS_ERR_INVAL;
+    char *d = dir && *dir ? strdup(dir) : NULL;
+    if (dir && *dir && !d)
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    free(w->ckpt_dir);
+    w->ckpt_dir = d;
+    return NRS_OK;
+}
+
+/* Every rank votes ok (0) or not under (key, name) among all ranks but out;
+ * 0 when every participant's vote came and is 0. */
+static int vote_all(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine, const int *out,
+                    int nout, char *why, size_t whylen)
+{
+    int32_t *all = calloc((size_t)w->n + 1, sizeof(int32_t));
+    unsigned char *got = calloc((size_t)w->n + 1, 1), *skip = calloc((size_t)w->n + 1, 1);
+    char err[384];
+    int rc = -1;
+    if (!all || !got || !skip) {
+        snprintf(why, whylen, "out of memory");
+        goto out;
+    }
+    if (coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err, sizeof err)) {
+        snprintf(why, whylen, "%s", err);
+        goto out;
+    }
+    for (int i = 0; i < nout; i++)
+        skip[out[i]] = 1;
+    for (int i = 0; i < w->n; i++)
+        if (!skip[i] && (!got[i] || all[i])) {
+            snprintf(why, whylen, "rank %d %s", i, got[i] ? "failed" : "did not vote (dead)");
+            goto out;
+        }
+    rc = 0;
+out:
+    free(all);
+    free(got);
+    free(skip);
+    return rc;
+}
+
+int nrs_worker_checkpoint(nrs_worker_t *w, long step)
+{
+    char err[512], name[48];
+    if (!w || step < 0)
+        return NRS_ERR_INVAL;
+    if (!w->ckpt_dir)
+        return seterr(w, NRS_ERR_INVAL, "no checkpoint directory ($NEREUS_CHECKPOINT_DIR)");
+    if (!w->have_plan || !w->allocated || w->broken)
+        return seterr(w, NRS_ERR_INVAL, "no plan or no state");
+    /* every rank of the plan takes part: a checkpoint without one is not one */
+    int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
+    unsigned char *in = calloc((size_t)w->n + 1, 1);
+    void **bytes = calloc((size_t)w->nmine + 1, sizeof(void *));
+    int nout = 0, rc = NRS_OK;
+    if (!part || !out || !in || !bytes) {
+        rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (someone_leaving(w)) {
+        rc = seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld skipped: ranks of the plan "
+                    "are retired or dead (the last one stays)", step);
+        goto done;
+    }
+    int np = plan_ranks(w, part);
+    for (int i = 0; i < np; i++)
+        in[part[i]] = 1;
+    for (int i = 0; i < w->n; i++)
+        if (!in[i])
+            out[nout++] = i;
+    if (w->n > 1 && !in[w->me])
+        goto done; /* holds nothing of the plan */
+    int32_t ok = 0;
+    if ((rc = sync_host(w, 'd')))
+        ok = 1;
+    for (int k = 0; k < w->nmine; k++)
+        bytes[k] = w->mem[w->mine[k]].ptr;
+    if (!ok && nrs_ckpt_write(w->ckpt_dir, step, &w->st, w->mine, w->nmine, bytes, err, sizeof err))
+        ok = 1;
+    char why[512] = "";
+    snprintf(name, sizeof name, "ck%ld", step);
+    if (vote_all(w, (4ULL << 32) | w->plan.epoch, name, ok, out, nout, why, sizeof why)) {
+        rc = seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld not published: %s", step,
+                    ok ? err : why);
+        goto done;
+    }
+    int lowest = -1; /* the lowest rank of the plan publishes */
+    for (int i = 0; i < w->n && lowest < 0; i++)
+        if (in[i])
+            lowest = i;
+    if (lowest == w->me && nrs_ckpt_publish(w->ckpt_dir, step, err, sizeof err))
+        rc = seterr(w, NRS_ERR_CHECKPOINT, "%s", err);
+done:
+    free(part);
+    free(out);
+    free(in);
+    free(bytes);
+    return rc;
+}
+
+/* A transition whose state survives nowhere: the new plan's buffers from the
+ * newest checkpoint. Prepare (read everything), vote, the controller's PONR,
+ * then the old state goes. Before the PONR an abort leaves it intact. */
+static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
+                   int nout)
+{
+    char err[512], why[512] = "", name[48];
+    double t0 = nrs_now_s();
+    long step = nrs_ckpt_latest(w->ckpt_dir);
+    nrs_ckpt_t *ck = NULL;
+    nrs_emu_state_t st2;
+    memset(&st2, 0, sizeof st2);
+    st2.max_gpu = -1;
+    int g2 = -1, n2 = 0, rc = NRS_OK;
+    int32_t ok = 0;
+    for (int i = 0; i < next->total_gpus && w->n > 1; i++)
+        if (nperm[i] == w->me)
+            g2 = i;
+    if (w->n == 1)
+        g2 = 0;
+    if (step < 0) {
+        snprintf(err, sizeof err, "no checkpoint in %s", w->ckpt_dir);
+        ok = 1;
+    } else if (nrs_ckpt_open(&ck, w->ckpt_dir, step, err, sizeof err) ||
+               nrs_emu_state_build(&w->spec, next, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st2, err,
+                                   sizeof err)) {
+        ok = 1;
+    }
+    nrs_xmem_t *nm = calloc(st2.nbuf + 1, sizeof(*nm));
+    long long nbytes = 0;
+    if (!nm)
+        ok = 1;
+    for (size_t i = 0; !ok && i < st2.nbuf; i++) {
+        const nrs_emu_buf_t *b = &st2.buf[i];
+        if (b->gpu != g2)
+            continue;
+        if (w->x.ops->mem_alloc(w->x.ctx, b->gpu, (size_t)b->bytes, &nm[i])) {
+            snprintf(err, sizeof err, "%lld bytes for buffer %zu", (long long)b->bytes, i);
+            ok = 1;
+        } else if (nrs_ckpt_fill(ck, b, nm[i].ptr, err, sizeof err)) {
+            ok = 1;
+        }
+        n2++;
+        nbytes += b->bytes;
+    }
+    nrs_ckpt_close(ck);
+    snprintf(name, sizeof name, "rs%u", w->attempt++);
+    if (vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ||
+        ctl_ponr(w, why, sizeof why)) {
+        for (size_t i = 0; nm && i < st2.nbuf; i++)
+            if (nm[i].ptr)
+                w->x.ops->mem_free(w->x.ctx, &nm[i]);
+        rc = seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: state lost on every replica; "
+                    "restore from %s%s: %s; aborted before the point of no return: old state "
+                    "intact", w->plan.epoch, next->epoch, w->ckpt_dir,
+                    step >= 0 ? "" : " (none)", ok ? err : why);
+        goto out;
+    }
+    /* past the point of no return: the new state is the checkpoint's */
+    int mk = w->mem_kind;
+    free_state(w);
+    w->plan = *next;
+    w->rep.epoch = next->epoch;
+    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    w->my_gpu = g2;
+    if ((rc = index_state(w)))
+        goto out;
+    if (w->st.nbuf != st2.nbuf) {
+        rc = seterr(w, NRS_ERR_PLAN, "restored state has %zu buffers, the plan %zu", st2.nbuf,
+                    w->st.nbuf);
+        goto out;
+    }
+    memcpy(w->mem, nm, sizeof(*nm) * st2.nbuf);
+    memset(nm, 0, sizeof(*nm) * st2.nbuf);
+    w->allocated = 1;
+    w->mem_kind = mk;
+    w->restored_step = step;
+    memset(&w->last, 0, sizeof w->last);
+    w->last.failed_rank = -1;
+    w->last.total_s = nrs_now_s() - t0;
+    w->have_last = 1;
+    snprintf(w->last.msg, sizeof w->last.msg, "restored epoch %u from the checkpoint of step "
+             "%ld: %d buffer(s), %lld bytes here", next->epoch, step, n2, nbytes);
+    snprintf(w->err, sizeof w->err, "transition: %s", w->last.msg);
+    rc = sync_host(w, 'h');
+out:
+    free(nm);
+    nrs_emu_state_free(&st2);
+    return rc;
+}
 
 /* ---- the control channel: plans, PREPARE / COMMIT / ABORT ------------------------ */
 
@@ -1108,6 +1328,7 @@ double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
     case NRS_TS_PRESENT: return (double)r->present;
     case NRS_TS_REBUILDABLE: return (double)r->rebuildable;
     case NRS_TS_LOST: return (double)r->lost;
+    case NRS_TS_RESTORED_STEP: return (double)w->restored_step;
     default: return 0;
     }
 }
@@ -1608,6 +1829,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->gone);
     free(w->cbuf);
     free(w->pend);
+    free(w->ckpt_dir);
     free(w);
     return rc;
 }

@@ -26,6 +26,7 @@ static void usage(FILE *f)
 "SYNOPSIS\n"
 "    nereus-worker [--spec FILE] [--steps N] [--step-ms M] [--response-len A]\n"
 "                  [--max-response-len B] [--gpus-per-host G] [--quiet-s S]\n"
+"                  [--checkpoint-dir DIR] [--checkpoint-every K]\n"
 "\n"
 "DESCRIPTION\n"
 "    One rank of a job (start one per GPU: srun, or tests/mp/pmix_srv). Each rank\n"
@@ -58,6 +59,12 @@ static void usage(FILE *f)
 "                          multi-node jobs\n"
 "    --quiet-s S           after the last step, keep following the controller\n"
 "                          until it is quiet for S s (default 2)\n"
+"    --checkpoint-dir DIR  where checkpoints go (default $NEREUS_CHECKPOINT_DIR);\n"
+"                          a transition whose state survives on no replica\n"
+"                          restores the newest one (prints 'restored ... from\n"
+"                          the checkpoint of step S')\n"
+"    --checkpoint-every K  a checkpoint every K steps (default 0: none; needs a\n"
+"                          directory)\n"
 "    -h, --help            this text\n"
 "\n"
 "ENVIRONMENT\n"
@@ -128,9 +135,12 @@ int main(int argc, char **argv)
                                        {"step-ms", 1, 0, 'm'},    {"response-len", 1, 0, 'a'},
                                        {"max-response-len", 1, 0, 'b'},
                                        {"gpus-per-host", 1, 0, 'g'}, {"quiet-s", 1, 0, 'q'},
+                                       {"checkpoint-dir", 1, 0, 'd'},
+                                       {"checkpoint-every", 1, 0, 'k'},
                                        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     const char *spec_path = getenv("NEREUS_SPEC");
-    int steps = -1, gph = 0, c;
+    int steps = -1, gph = 0, c, ck_every = 0;
+    const char *ck_dir = getenv("NEREUS_CHECKPOINT_DIR");
     double step_ms = 30, r0 = -1, r1 = -1, quiet = 2;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -141,13 +151,18 @@ int main(int argc, char **argv)
         case 'b': r1 = atof(optarg); break;
         case 'g': gph = atoi(optarg); break;
         case 'q': quiet = atof(optarg); break;
+        case 'd': ck_dir = optarg; break;
+        case 'k': ck_every = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc || !spec_path || step_ms <= 0 || quiet < 0) {
+    if (optind < argc || !spec_path || step_ms <= 0 || quiet < 0 || ck_every < 0 ||
+        (ck_every > 0 && !(ck_dir && *ck_dir))) {
         fprintf(stderr, "nereus-worker: %s\n", !spec_path ? "no spec: --spec FILE or NEREUS_SPEC"
-                                                          : "bad arguments (--help)");
+                : ck_every > 0 && !(ck_dir && *ck_dir)
+                    ? "--checkpoint-every needs --checkpoint-dir (or $NEREUS_CHECKPOINT_DIR)"
+                    : "bad arguments (--help)");
         return 2;
     }
     nrs_spec_t spec, small;
@@ -178,6 +193,8 @@ int main(int argc, char **argv)
         nrs_worker_finalize(w);
         return 1;
     }
+    if (ck_dir && *ck_dir)
+        nrs_worker_set_checkpoint_dir(w, ck_dir);
     int me = nrs_worker_rank(w), n = nrs_worker_size(w);
     int controlled = !strcmp(nrs_worker_control(w), "connected");
     if (controlled) {
@@ -233,6 +250,8 @@ int main(int argc, char **argv)
             printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
                    nrs_worker_epoch(w), nrs_worker_gpu(w), nrs_worker_nbuffers(w),
                    nrs_worker_transition_stat(w, NRS_TS_SECONDS));
+            if (nrs_worker_transition_stat(w, NRS_TS_RESTORED_STEP) >= 0)
+                printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_ABORTED) {
             printf("rank %d: step %d: transition aborted, staying on epoch %d: %s\n", me, s,
                    nrs_worker_epoch(w), nrs_worker_last_error(w));
@@ -261,6 +280,10 @@ int main(int argc, char **argv)
                        nrs_worker_sync_stat(w, NRS_SS_LAST_S),
                        nrs_worker_sync_stat(w, NRS_SS_LAST_BYTES));
         }
+        if (!exitc && ck_every > 0 && (s + 1) % ck_every == 0 && s + 1 < steps &&
+            (rc = nrs_worker_checkpoint(w, s + 1)))
+            printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),
+                   nrs_worker_last_error(w));
         fflush(stdout);
     }
     /* follow the controller until it is quiet: a transition decided on the last

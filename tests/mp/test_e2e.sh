@@ -13,7 +13,11 @@
 #      epoch 1 with every survivor's checksums intact;
 #   5. `nereus delta --remove node1` with node1's ranks alive: they are told
 #      "rank retired" and leave, the survivors transition without waiting for
-#      them (fences over the participants only).
+#      them (fences over the participants only);
+#   6. ZeRO-1 on (optimizer state split over dp: a lost node's shards survive
+#      nowhere), a checkpoint every 5 steps: node0's ranks SIGKILLed, delta
+#      --lost node0 -> the forced epoch restores the new plan's state from the
+#      newest checkpoint, the survivors verify every shard.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -210,4 +214,45 @@ check "remove: the 4-GPU epoch's sync moved bytes iff generate and train layouts
     "{ [ '$differ' = true ] && [ $b -gt 0 ]; } || { [ '$differ' = false ] && [ $b -eq 0 ]; }" "$b bytes, layouts differ: ${differ:-unknown}"
 [ "$mp_fail" -gt 0 ] && show "$tmp/w4.log" 30
 stop_ctl "remove"
+
+# --- 6. state that survives nowhere: restore from the checkpoint ------------------------
+D="$tmp/s6"
+SPEC6="$tmp/e2e-zero1.yaml"
+sed 's/^  zero1: false .*/  zero1: true/' "$SPEC" >"$SPEC6"
+SPEC_SAVED="$SPEC" SPEC="$SPEC6"
+start_ctl "$D" "$tmp/c6.log"
+SPEC="$SPEC_SAVED"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] restore: zero1, checkpoints every 5 steps, node0's 4 ranks SIGKILLed, delta --lost node0"
+"$SRV" -q -n 8 -t 60 --break-fences -- "$WK" --spec "$SPEC6" --steps 100 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 256 --checkpoint-dir "$tmp/ck6" \
+    --checkpoint-every 5 >"$tmp/w6.log" 2>&1 &
+spid=$!
+wait_for 30 test -s "$tmp/ck6/LATEST"
+check "restore: a checkpoint was published" "[ -s '$tmp/ck6/LATEST' ] && [ -d '$tmp/ck6/step-'\$(cat '$tmp/ck6/LATEST') ]"
+pids=$(for r in 0 1 2 3; do sed -n "s/^rank $r of 8: pid \([0-9]*\),.*/\1/p" "$tmp/w6.log"; done)
+kill -KILL $pids 2>/dev/null
+wait_for 10 jq_ok "$D" '.nworkers == 4'
+timeout 10 "$NRS" delta --lost node0 --socket-dir "$D" >"$tmp/delta6.out" 2>&1
+drc=$?
+rc=124
+for _ in $(seq 550); do
+    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+spid=""
+check "restore: delta accepted, the job ended (server exit 137: the 4 killed ranks)" \
+    "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc, server exit $rc"
+check "restore: the controller saw the state lost on every replica" \
+    "grep -q 'STATE LOST: checkpoint needed' '$tmp/c6.log'"
+n=$(grep -cE '^rank [4-7]: step [0-9]+: transition: restored epoch [0-9]+ from the checkpoint of step [0-9]+' "$tmp/w6.log")
+check "restore: the 4 survivors restored the forced epoch from the checkpoint" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE '^rank [4-7]: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w6.log")
+check "restore: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
+check "restore: status: 4 GPUs, the restore committed" \
+    "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4 and .transitions.committed >= 1'"
+check "restore: no sanitizer report from a survivor" \
+    "! grep -q 'Sanitizer' '$tmp/w6.log'" "$(grep -m1 Sanitizer "$tmp/w6.log")"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/w6.log" 30; grep -v report "$tmp/c6.log" | show /dev/stdin 20; }
+stop_ctl "restore"
 mp_done

@@ -1,0 +1,302 @@
+/* Checkpoints of the EMU state in global coordinates (ckpt.h). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "emu/pattern.h"
+#include "util/util.h"
+#include "worker/ckpt.h"
+
+#define CK_MAGIC "NRSCKPT1"
+enum { CK_HEAD = 32 }; /* magic[8], u32 esize, u32 0, u64 bytes, u64 checksum */
+
+typedef struct {
+    int role, tensor, kind;
+    nrs_emu_rect_t box;
+    char name[96];
+} ck_file_t;
+
+struct nrs_ckpt {
+    char dir[4096];
+    long step;
+    ck_file_t *f;
+    size_t n;
+};
+
+static int source_engine(const nrs_emu_state_t *st, int role)
+{
+    int first = -1;
+    for (int e = 0; e < st->nengines; e++)
+        if (st->eng[e].role == role) {
+            if (st->eng[e].trained)
+                return e;
+            if (first < 0)
+                first = e;
+        }
+    return first;
+}
+
+int nrs_ckpt_wanted(const nrs_emu_state_t *st, const nrs_emu_buf_t *b)
+{
+    return b->kind != NRS_EMU_GRAD && b->engine == source_engine(st, b->role) &&
+           (b->set < 0 || b->replica == 0);
+}
+
+static void file_name(char *buf, size_t n, int role, int tensor, int kind, const nrs_emu_rect_t *r)
+{
+    snprintf(buf, n, "m%d-t%d-k%d-%d_%d_%d_%d.bin", role, tensor, kind, r->r0, r->r1, r->c0,
+             r->c1);
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = write(fd, c, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int nrs_ckpt_write(const char *dir, long step, const nrs_emu_state_t *st, const int *idx, int n,
+                   void *const *bytes, char *err, size_t errlen)
+{
+    char tmp[4200], path[4400], part[4500], name[96];
+    snprintf(tmp, sizeof tmp, "%s/step-%ld.tmp", dir, step);
+    if ((mkdir(dir, 0755) && errno != EEXIST) || (mkdir(tmp, 0755) && errno != EEXIST)) {
+        nrs_seterr(err, errlen, "checkpoint: mkdir %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    for (int k = 0; k < n; k++) {
+        const nrs_emu_buf_t *b = &st->buf[idx[k]];
+        if (!nrs_ckpt_wanted(st, b))
+            continue;
+        unsigned char head[CK_HEAD];
+        memset(head, 0, sizeof head);
+        memcpy(head, CK_MAGIC, 8);
+        head[8] = b->esize;
+        put64(head + 16, (uint64_t)b->bytes);
+        put64(head + 24, nrs_emu_checksum(bytes[k], (size_t)b->bytes));
+        file_name(name, sizeof name, b->role, b->tensor, b->kind, &b->box);
+        snprintf(path, sizeof path, "%s/%s", tmp, name);
+        snprintf(part, sizeof part, "%s.%d.part", path, (int)getpid());
+        int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || write_all(fd, head, sizeof head) ||
+            write_all(fd, bytes[k], (size_t)b->bytes) || close(fd) || rename(part, path)) {
+            nrs_seterr(err, errlen, "checkpoint: %s: %s", path, strerror(errno));
+            if (fd >= 0)
+                unlink(part);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int rm_tree(const char *d)
+{
+    DIR *dp = opendir(d);
+    struct dirent *e;
+    if (!dp)
+        return -1;
+    while ((e = readdir(dp)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dirfd(dp), e->d_name, 0);
+    closedir(dp);
+    return rmdir(d);
+}
+
+int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen)
+{
+    char tmp[4200], fin[4200], latest[4200], ltmp[4200];
+    long prev = nrs_ckpt_latest(dir);
+    snprintf(tmp, sizeof tmp, "%s/step-%ld.tmp", dir, step);
+    snprintf(fin, sizeof fin, "%s/step-%ld", dir, step);
+    snprintf(latest, sizeof latest, "%s/LATEST", dir);
+    snprintf(ltmp, sizeof ltmp, "%s/LATEST.%d.tmp", dir, (int)getpid());
+    if (rename(tmp, fin)) {
+        nrs_seterr(err, errlen, "checkpoint: rename %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    FILE *f = fopen(ltmp, "w");
+    if (!f || fprintf(f, "%ld\n", step) < 0 || fclose(f) || rename(ltmp, latest)) {
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", latest, strerror(errno));
+        return -1;
+    }
+    /* keep this one and the previous; drop older ones and stale partial ones */
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        long s;
+        char rest[16] = "";
+        if (sscanf(e->d_name, "step-%ld%15s", &s, rest) < 1 || s >= step)
+            continue;
+        if ((!rest[0] && s != prev) || !strcmp(rest, ".tmp")) {
+            char p[4400];
+            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+                rm_tree(p);
+        }
+    }
+    if (dp)
+        closedir(dp);
+    return 0;
+}
+
+long nrs_ckpt_latest(const char *dir)
+{
+    char p[4200];
+    long s = -1;
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/LATEST", dir);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    if (fscanf(f, "%ld", &s) != 1)
+        s = -1;
+    fclose(f);
+    snprintf(p, sizeof p, "%s/step-%ld", dir, s);
+    return s >= 0 && !stat(p, &sb) && S_ISDIR(sb.st_mode) ? s : -1;
+}
+
+int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_t errlen)
+{
+    nrs_ckpt_t *c = calloc(1, sizeof(*c));
+    size_t cap = 0;
+    *out = NULL;
+    if (!c) {
+        nrs_seterr(err, errlen, "checkpoint: out of memory");
+        return -1;
+    }
+    snprintf(c->dir, sizeof c->dir, "%s/step-%ld", dir, step);
+    c->step = step;
+    DIR *dp = opendir(c->dir);
+    if (!dp) {
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", c->dir, strerror(errno));
+        free(c);
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        ck_file_t f;
+        int used = 0;
+        if (sscanf(e->d_name, "m%d-t%d-k%d-%d_%d_%d_%d.bin%n", &f.role, &f.tensor, &f.kind,
+                   &f.box.r0, &f.box.r1, &f.box.c0, &f.box.c1, &used) != 7 ||
+            e->d_name[used] != '\0')
+            continue;
+        if (c->n == cap) {
+            cap = cap ? 2 * cap : 256;
+            ck_file_t *nf = realloc(c->f, cap * sizeof(*nf));
+            if (!nf) {
+                closedir(dp);
+                nrs_ckpt_close(c);
+                nrs_seterr(err, errlen, "checkpoint: out of memory");
+                return -1;
+            }
+            c->f = nf;
+        }
+        size_t nl = strlen(e->d_name);
+        if (nl >= sizeof f.name)
+            continue;
+        memcpy(f.name, e->d_name, nl + 1);
+        c->f[c->n++] = f;
+    }
+    closedir(dp);
+    *out = c;
+    return 0;
+}
+
+/* The payload of file f, checked (magic, element size, length, checksum). */
+static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, char *err,
+                           size_t errlen)
+{
+    char p[4200];
+    unsigned char head[CK_HEAD];
+    int64_t want = nrs_emu_rect_area(&f->box) * esize;
+    snprintf(p, sizeof p, "%s/%s", c->dir, f->name);
+    FILE *fp = fopen(p, "rb");
+    unsigned char *d = NULL;
+    if (!fp || fread(head, 1, sizeof head, fp) != sizeof head || memcmp(head, CK_MAGIC, 8) ||
+        head[8] != esize || (int64_t)get64(head + 16) != want ||
+        !(d = malloc((size_t)want + 1)) || fread(d, 1, (size_t)want, fp) != (size_t)want ||
+        fgetc(fp) != EOF || nrs_emu_checksum(d, (size_t)want) != get64(head + 24)) {
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", p,
+                   !fp ? strerror(errno) : "corrupt (header, size or checksum)");
+        free(d);
+        d = NULL;
+    }
+    if (fp)
+        fclose(fp);
+    return d;
+}
+
+int nrs_ckpt_fill(const nrs_ckpt_t *c, const nrs_emu_buf_t *b, void *dst, char *err,
+                  size_t errlen)
+{
+    int64_t area = nrs_emu_rect_area(&b->box), covered = 0;
+    int es = b->esize, bw = b->box.c1 - b->box.c0;
+    if (b->kind == NRS_EMU_GRAD) {
+        memset(dst, 0, (size_t)b->bytes);
+        return 0;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        const ck_file_t *f = &c->f[i];
+        nrs_emu_rect_t m;
+        if (f->role != b->role || f->tensor != b->tensor || f->kind != b->kind ||
+            !nrs_emu_rect_meet(&f->box, &b->box, &m))
+            continue;
+        unsigned char *src = load(c, f, es, err, errlen);
+        if (!src)
+            return -1;
+        int fw = f->box.c1 - f->box.c0;
+        for (int r = m.r0; r < m.r1; r++)
+            memcpy((char *)dst + ((int64_t)(r - b->box.r0) * bw + (m.c0 - b->box.c0)) * es,
+                   src + ((int64_t)(r - f->box.r0) * fw + (m.c0 - f->box.c0)) * es,
+                   (size_t)(m.c1 - m.c0) * (size_t)es);
+        free(src);
+        covered += nrs_emu_rect_area(&m);
+    }
+    if (covered != area) {
+        nrs_seterr(err, errlen, "checkpoint step %ld: %lld of %lld elements of model %d tensor "
+                   "%d %s [%d,%d)x[%d,%d)", c->step, (long long)covered, (long long)area,
+                   b->role, b->tensor, nrs_emu_kind_name(b->kind), b->box.r0, b->box.r1,
+                   b->box.c0, b->box.c1);
+        return -1;
+    }
+    return 0;
+}
+
+long nrs_ckpt_step(const nrs_ckpt_t *c) { return c->step; }
+
+void nrs_ckpt_close(nrs_ckpt_t *c)
+{
+    if (!c)
+        return;
+    free(c->f);
+    free(c);
+}
