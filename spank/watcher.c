@@ -19,8 +19,12 @@
  * Hosts are sent by name first; a controller that knows no rank on them (no
  * workers connected, or workers that name their host differently) refuses
  * with "unknown host", and we resend the same release as GPU indices: the
- * node's position in the node list the controller was started with, times
- * gpus_per_node (srun's block layout). */
+ * node's position in the node order of the controller's committed epoch,
+ * times gpus_per_node (srun's block layout). That order is the node list the
+ * controller was started with (epoch 1); the controller renumbers its GPUs
+ * only when a new epoch commits (survivors keep their order, new GPUs come
+ * last), so we keep the order each announced epoch will have and adopt it
+ * once a reply shows that epoch committed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -55,7 +59,11 @@ typedef struct {
     double interval;
     int gpus_per_node;
     pid_t ctl;
-    nrw_hosts_t base;    /* node order the controller's GPU indices follow */
+    nrw_hosts_t base;    /* node order the controller's GPU indices follow: */
+    unsigned base_epoch; /* ... those of its committed epoch base_epoch */
+    nrw_hosts_t order;   /* node order after every delta sent so far */
+    nrw_hosts_t next;    /* the order of epoch next_epoch, announced, */
+    unsigned next_epoch; /* not yet committed (0: none) */
     nrw_hosts_t current; /* the allocation as last seen */
     time_t resize_time;
 } nrw_t;
@@ -233,9 +241,51 @@ static void nrw_stop_controller(nrw_t *w)
     w->ctl = 0;
 }
 
+static void nrw_hosts_drop(nrw_hosts_t *h, const char *name)
+{
+    int at = nrw_hosts_find(h, name);
+
+    if (at < 0)
+        return;
+    memmove(h->names[at], h->names[at + 1], (size_t)(h->n - at - 1) * sizeof(h->names[0]));
+    h->n--;
+}
+
+/* A reply says the controller's committed epoch is `epoch`: if that is the
+ * epoch announced last, its node order is now the one GPU indices follow. */
+static void nrw_sync_epoch(nrw_t *w, unsigned epoch)
+{
+    if (w->next_epoch != 0 && epoch >= w->next_epoch) {
+        w->base = w->next;
+        w->base_epoch = epoch;
+        w->next_epoch = 0;
+    }
+}
+
+/* The controller applied a delta (w->order already includes it) and
+ * answered: committed epoch `epoch`, announced `new_epoch` (0: none). */
+static void nrw_applied(nrw_t *w, unsigned epoch, unsigned new_epoch)
+{
+    unsigned known = w->next_epoch > w->base_epoch ? w->next_epoch : w->base_epoch;
+
+    if (new_epoch != 0) { /* it takes effect when that epoch commits */
+        nrw_sync_epoch(w, epoch);
+        w->next = w->order;
+        w->next_epoch = new_epoch;
+    } else if (epoch > known) { /* decided and committed at once */
+        w->base = w->order;
+        w->base_epoch = epoch;
+        w->next_epoch = 0;
+    } else { /* plan kept: the numbering stays */
+        nrw_sync_epoch(w, epoch);
+    }
+}
+
 /* One DELTA and its reply; 0 when the controller applied it. text gets the
- * controller's answer or why there was none. */
-static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, size_t tl)
+ * controller's answer or why there was none; *r (if not NULL) the reply, its
+ * epoch 0 when there was none. */
+static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, size_t tl,
+                          nrs_msg_delta_reply_t *reply)
 {
     uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
     const size_t cap = NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD;
@@ -244,6 +294,8 @@ static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, 
     nrs_hdr_t h;
     int fd = -1, rc = -1;
 
+    if (reply != NULL)
+        memset(reply, 0, sizeof(*reply));
     if (buf == NULL) {
         snprintf(text, tl, "out of memory");
         return -1;
@@ -271,6 +323,8 @@ static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, 
              r.accepted ? "accepted" : "rejected", (unsigned long long)r.generation, r.epoch,
              r.new_epoch ? " -> " : "", r.new_epoch, r.text);
     rc = r.accepted ? 0 : -1;
+    if (reply != NULL)
+        *reply = r;
 out:
     if (fd >= 0)
         close(fd);
@@ -302,6 +356,7 @@ static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_
     const char *what = kind == NRS_DELTA_LOST ? "LOST" : "REMOVE";
     nrs_msg_delta_t *m = calloc(1, sizeof(*m));
     char names[1024] = "", text[NRS_PROTO_TEXT_MAX + 128];
+    nrs_msg_delta_reply_t r;
     size_t used = 0;
 
     if (m == NULL)
@@ -314,21 +369,37 @@ static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_
             used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
                                      i > off ? "," : "", gone->names[i]);
     }
-    int rc = nrw_send_delta(w, m, text, sizeof(text));
+    int rc = nrw_send_delta(w, m, text, sizeof(text), &r);
+    bool by_name = rc == 0;
     nrw_log("delta %s hosts %s: %s", what, names, text);
+    if (r.epoch != 0)
+        nrw_sync_epoch(w, r.epoch);
     if (rc != 0 && strstr(text, "unknown host") != NULL && w->gpus_per_node > 0) {
+        /* Indices of the committed epoch; rz_lost-style: the controller
+         * counts them in that epoch's numbering until the next commits. */
         m->nhosts = 0;
         for (int i = off; i < end; i++) {
             int at = nrw_hosts_find(&w->base, gone->names[i]);
             for (int g = 0; at >= 0 && g < w->gpus_per_node && m->ngpus < NRS_PROTO_MAX_LOST; g++)
                 m->gpus[m->ngpus++] = at * w->gpus_per_node + g;
+            if (at < 0)
+                nrw_log("delta %s: %s has no GPU index in epoch %u (added since)", what,
+                        gone->names[i], w->base_epoch);
         }
         if (m->ngpus > 0) {
-            nrw_send_delta(w, m, text, sizeof(text));
+            rc = nrw_send_delta(w, m, text, sizeof(text), &r);
             nrw_log("delta %s as %d GPU index(es) from %d (the place of %s in the node "
-                    "order): %s",
-                    what, m->ngpus, (int)m->gpus[0], names, text);
+                    "order of epoch %u): %s",
+                    what, m->ngpus, (int)m->gpus[0], names, w->base_epoch, text);
         }
+    }
+    if (rc == 0) { /* the controller no longer counts them */
+        for (int i = off; i < end; i++)
+            if (by_name || nrw_hosts_find(&w->base, gone->names[i]) >= 0)
+                nrw_hosts_drop(&w->order, gone->names[i]);
+        nrw_applied(w, r.epoch, r.new_epoch);
+    } else if (r.epoch != 0) {
+        nrw_sync_epoch(w, r.epoch);
     }
     free(m);
 }
@@ -336,17 +407,23 @@ static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_
 static void nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
 {
     nrs_msg_delta_t m;
+    nrs_msg_delta_reply_t r;
     char text[NRS_PROTO_TEXT_MAX + 128];
 
     memset(&m, 0, sizeof(m));
     m.kind = NRS_DELTA_ADD;
     m.add_nodes = (uint32_t)added->n;
-    nrw_send_delta(w, &m, text, sizeof(text));
+    int rc = nrw_send_delta(w, &m, text, sizeof(text), &r);
     nrw_log("delta ADD %d node(s) (%s%s): %s", added->n, added->names[0],
             added->n > 1 ? ", ..." : "", text);
-    for (int i = 0; i < added->n && w->base.n < NRW_MAX_NODES; i++)
-        if (nrw_hosts_find(&w->base, added->names[i]) < 0)
-            snprintf(w->base.names[w->base.n++], NRW_HOST_MAX, "%s", added->names[i]);
+    /* New GPUs come after the survivors' in the next epoch's numbering. */
+    for (int i = 0; i < added->n && w->order.n < NRW_MAX_NODES; i++)
+        if (nrw_hosts_find(&w->order, added->names[i]) < 0)
+            snprintf(w->order.names[w->order.n++], NRW_HOST_MAX, "%s", added->names[i]);
+    if (rc == 0)
+        nrw_applied(w, r.epoch, r.new_epoch);
+    else if (r.epoch != 0)
+        nrw_sync_epoch(w, r.epoch);
 }
 
 /* The allocation changed from w->current to now: tell the controller. */
@@ -411,6 +488,8 @@ static int nrw_run(nrw_t *w)
         nrw_log("job %u: %d node(s), resize_time %ld", w->job_id, w->current.n,
                 (long)w->resize_time);
     w->base = w->current;
+    w->order = w->current;
+    w->base_epoch = 1;
     int gpus = js == NRW_JOB_RUNNING ? w->current.n * w->gpus_per_node : 0;
     if (gpus > NRS_PROTO_MAX_GPUS)
         gpus = NRS_PROTO_MAX_GPUS;
@@ -430,6 +509,7 @@ static int nrw_run(nrw_t *w)
         if (w->current.n == 0) { /* no first snapshot: this is it */
             w->current = now;
             w->base = now;
+            w->order = now;
             continue;
         }
         bool same = now.n == w->current.n;
