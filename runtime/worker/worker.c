@@ -79,6 +79,8 @@ struct nrs_worker {
     unsigned prep_epoch;    /* the PREPARE kept, 0: none */
     unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
     unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
+    unsigned char *dead;    /* [n]: ranks out of the job for good (lost GPUs of a committed
+                             * epoch, or gone): never waited for again */
     int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */
     char *ckpt_dir;         /* checkpoints (ckpt.h), NULL: none */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
@@ -292,7 +294,8 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     int rc = join(w);
     if (!rc && (!(w->perm = calloc((size_t)w->n + 1, sizeof(int))) ||
                 !(w->leaving = calloc((size_t)w->n + 1, 1)) ||
-                !(w->gone = calloc((size_t)w->n + 1, 1))))
+                !(w->gone = calloc((size_t)w->n + 1, 1)) ||
+                !(w->dead = calloc((size_t)w->n + 1, 1))))
         rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
     perm_identity(w);
     if (!rc)
@@ -778,6 +781,15 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         if (r >= 0 && nout < NRS_PROTO_MAX_LOST)
             out_ranks[nout++] = r;
     }
+    /* and the ranks the step agreement found dead or leaving (they hold no GPU of
+     * the current plan any more: e.g. killed by a shrink two epochs ago) */
+    for (int r = 0; used && w->n > 1 && r < w->n; r++) {
+        int dup = r == w->me || used[r] || !(w->gone[r] || w->leaving[r] || w->dead[r]);
+        for (int i = 0; !dup && i < nout; i++)
+            dup = out_ranks[i] == r;
+        if (!dup && nout < NRS_PROTO_MAX_LOST)
+            out_ranks[nout++] = r;
+    }
     for (int r = 0; used && r < w->n && w->n > 1; r++)
         if (!used[r])
             nperm[np++] = r;
@@ -846,6 +858,8 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         free(nperm);
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
+    for (int i = 0; i < nout; i++) /* out of the job for good */
+        w->dead[out_ranks[i]] = 1;
     /* committed or partial: the new state is what we hold now */
     for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
         if (w->mem[i].ptr)
@@ -1058,6 +1072,8 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
         goto out;
     }
     /* past the point of no return: the new state is the checkpoint's */
+    for (int i = 0; i < nout; i++) /* out of the job for good */
+        w->dead[out[i]] = 1;
     int mk = w->mem_kind;
     free_state(w);
     w->plan = *next;
@@ -1497,7 +1513,7 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
         if (r == w->me || w->gone[r])
             continue;
         if (!got[r]) {
-            w->gone[r] = 1; /* the same on every rank: the gather collected it or not */
+            w->gone[r] = w->dead[r] = 1; /* the same on every rank: the gather collected it or not */
             continue;
         }
         if (all[r] & AGREE_LEAVING)
@@ -1795,7 +1811,7 @@ static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
     int rc = -1;
     if (out && got) {
         for (int i = 0; i < w->n; i++)
-            if (i != w->me && (w->leaving[i] || w->gone[i]))
+            if (i != w->me && (w->leaving[i] || w->gone[i] || w->dead[i]))
                 out[nout++] = i;
         rc = ctl_gather(w, 3ULL << 32, "fini", &none, 0, out, nout, &none, got, w->timeout_s,
                         err, errlen);
@@ -1827,6 +1843,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->perm);
     free(w->leaving);
     free(w->gone);
+    free(w->dead);
     free(w->cbuf);
     free(w->pend);
     free(w->ckpt_dir);
