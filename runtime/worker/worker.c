@@ -734,9 +734,13 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
 {
     char err[512];
     int rc;
-    if (!w || !w->have_plan || !w->allocated || w->broken)
+    /* after a failure past the point of no return only a restore from a checkpoint
+     * (a controller's transition) can make the state whole again */
+    int recover = w && w->broken && ctl && w->ckpt_dir;
+    if (!w || !w->have_plan || !w->allocated || (w->broken && !recover))
         return w ? seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past its "
-                          "point of no return" : "no plan or no state") : NRS_ERR_INVAL;
+                          "point of no return (no checkpoint to restore)" : "no plan or no state")
+                 : NRS_ERR_INVAL;
     if ((rc = plan_ok(w, next)))
         return rc;
     if (next->epoch <= w->plan.epoch)
@@ -801,7 +805,7 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     nrs_emu_graph_t *g = NULL;
     int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
     w->restored_step = -1;
-    if (grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) {
+    if ((grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) || recover) {
         nrs_emu_graph_free(g);
         rc = restore(w, next, nperm, out_ranks, nout);
         free(nperm);
@@ -1092,6 +1096,7 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     w->allocated = 1;
     w->mem_kind = mk;
     w->restored_step = step;
+    w->broken = 0;
     memset(&w->last, 0, sizeof w->last);
     w->last.failed_rank = -1;
     w->last.total_s = nrs_now_s() - t0;

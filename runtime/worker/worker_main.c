@@ -229,7 +229,7 @@ int main(int argc, char **argv)
     factors(f);
     /* wall seconds per true second: the first step takes step_ms */
     double scale = -1;
-    int ntrans = 0, exitc = 0, sync_err = 0;
+    int ntrans = 0, exitc = 0, sync_err = 0, partial = 0;
     int trace_sync = getenv("NEREUS_TRACE_SYNC") && atoi(getenv("NEREUS_TRACE_SYNC"));
     for (int s = 0; s < steps && !exitc; s++) {
         double rl = steps > 1 ? r0 + (r1 - r0) * s / (steps - 1) : r0;
@@ -247,6 +247,7 @@ int main(int argc, char **argv)
         rc = nrs_worker_control_step(w);
         if (rc == 1) {
             ntrans++;
+            partial = 0;
             printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
                    nrs_worker_epoch(w), nrs_worker_gpu(w), nrs_worker_nbuffers(w),
                    nrs_worker_transition_stat(w, NRS_TS_SECONDS));
@@ -257,7 +258,12 @@ int main(int argc, char **argv)
                    nrs_worker_epoch(w), nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_PARTIAL) {
             printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
-            exitc = 3;
+            if (ck_dir && *ck_dir && controlled) { /* the controller's next epoch restores it */
+                printf("rank %d: step %d: waiting for the recovery from the checkpoint\n", me, s);
+                partial = 1;
+            } else {
+                exitc = 3;
+            }
         } else if (rc == NRS_ERR_RETIRED) {
             printf("rank %d: step %d: retired: %s\n", me, s, nrs_worker_last_error(w));
             exitc = 4;
@@ -303,6 +309,11 @@ int main(int argc, char **argv)
         } else if (rc == NRS_ERR_ABORTED) {
             end = quiet;
         }
+    }
+    if (!exitc && partial) {
+        printf("rank %d: epoch %d: the state is still partial: no recovery came\n", me,
+               nrs_worker_epoch(w));
+        exitc = 3;
     }
     if (!exitc) {
         long long ver = 0, bad = 0;

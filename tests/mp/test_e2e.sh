@@ -17,7 +17,12 @@
 #   6. ZeRO-1 on (optimizer state split over dp: a lost node's shards survive
 #      nowhere), a checkpoint every 5 steps: node0's ranks SIGKILLed, delta
 #      --lost node0 -> the forced epoch restores the new plan's state from the
-#      newest checkpoint, the survivors verify every shard.
+#      newest checkpoint, the survivors verify every shard;
+#   7. a rank SIGKILLed right after the point-of-no-return vote of the first
+#      transition: the survivors' state is partial (the census says what is
+#      missing); `delta --lost node1` (its node: the planner takes whole
+#      nodes) -> node1's other ranks are retired, the forced epoch restores
+#      from the checkpoint, the 4 survivors verify every shard.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -255,4 +260,39 @@ check "restore: no sanitizer report from a survivor" \
     "! grep -q 'Sanitizer' '$tmp/w6.log'" "$(grep -m1 Sanitizer "$tmp/w6.log")"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/w6.log" 30; grep -v report "$tmp/c6.log" | show /dev/stdin 20; }
 stop_ctl "restore"
+
+# --- 7. a rank lost past the point of no return: recovery from the checkpoint ---------------
+D="$tmp/s7"
+start_ctl "$D" "$tmp/c7.log"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] past the PONR: rank 5 SIGKILLed right after the PONR vote, checkpoints every 5 steps"
+NRS_WORKER_KILL=5:ponr "$SRV" -q -n 8 -t 70 --break-fences -- "$WK" --spec "$SPEC" --steps 90 \
+    --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 256 \
+    --checkpoint-dir "$tmp/ck7" --checkpoint-every 5 >"$tmp/w7.log" 2>&1 &
+spid=$!
+partial() { [ "$(grep -c 'waiting for the recovery from the checkpoint' "$tmp/w7.log")" -eq 7 ]; }
+wait_for 40 partial
+check "past the PONR: the 7 survivors hold a partial state and wait for the recovery" partial \
+    "$(grep -c 'waiting for the recovery' "$tmp/w7.log") of 7"
+wait_for 20 jq_ok "$D" '.nworkers == 7 and .transition_phase == "idle"'
+g=$(status_json "$D" | jq -r '.epoch')
+timeout 10 "$NRS" delta --lost node1 --socket-dir "$D" >"$tmp/delta7.out" 2>&1
+drc=$?
+rc=124
+for _ in $(seq 550); do
+    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+spid=""
+check "past the PONR: delta --lost node1 accepted (epoch $g), the job ended (exit 137: rank 5)" \
+    "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc: $(cat "$tmp/delta7.out"), server exit $rc"
+n=$(grep -cE '^rank [0-3]: step [0-9]+: transition: restored epoch [0-9]+ from the checkpoint of step [0-9]+' "$tmp/w7.log")
+check "past the PONR: the 4 survivors on node0 restored the forced epoch from the checkpoint" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w7.log")
+check "past the PONR: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE '^rank [4-7]: .*retired' "$tmp/w7.log")
+check "past the PONR: node1's 3 live ranks were retired" "[ $n -eq 3 ]" "$n of 3"
+check "past the PONR: status: 4 GPUs" "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/w7.log" 30; grep -v report "$tmp/c7.log" | show /dev/stdin 20; }
+stop_ctl "past the PONR"
 mp_done
