@@ -1,13 +1,21 @@
-/* bench_transfer: our UCX path (runtime/xfer/ucx) between two ranks, one
- * direction, for the message sizes given; run under tests/mp/pmix_srv -n 2
- * (bench/transfer.sh does, next to ucx_perftest with the same sizes).
+/* bench_transfer: our UCX path (runtime/xfer/ucx: nrs_ucx_isend/irecv, the
+ * chunked tag transport the distributed transitions use) between two ranks,
+ * one direction (rank 0 sends, rank 1 receives), for the message sizes
+ * given; run under tests/mp/pmix_srv -n 2. bench/transfer.sh runs it
+ * interleaved with `ucx_perftest -t tag_bw` on the same transport, sizes,
+ * iteration and warm-up counts and outstanding window, and prints medians.
  *
- *   bench_transfer [--chunk N] [--window N] [--min-bytes TOTAL] SIZE...
+ *   bench_transfer [--iters N] [--warmup W] [--outstanding K] [--min-bytes TOTAL]
+ *                  [--chunk BYTES] [--window N] [--spin-us US] SIZE...
  *
- * For each size: 2 warm-up messages, then ITERS = max(5, TOTAL / SIZE)
- * messages back to back, rank 1 acknowledging the last; rank 0 prints
- *   ours SIZE ITERS MB/s
- * (MB = 1e6 bytes, as ucx_perftest counts).
+ * For each size: W warm-up messages (default ceil(ITERS/10), as
+ * ucx_perftest's), a fence, then ITERS messages (default
+ * max(5, TOTAL / SIZE), TOTAL default 1 GiB) with at most K of them posted
+ * at a time (default 1, like `ucx_perftest -O 1`), the same buffer every
+ * time, rank 1 acknowledging the last with one byte, as ucx_perftest's
+ * tag_bw does. Rank 1 then checks that every byte arrived. Rank 0 prints
+ *   ours SIZE ITERS WARMUP K MiB/s
+ * where MiB/s = 2^20 bytes per second: ucx_perftest's "MB/s" is 2^20 too.
  *
  *   bench_transfer --local [--reps N] SIZE...
  *
@@ -28,22 +36,104 @@
 #include "emu/xport.h"
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
+#include "xfer/xport_ucx.h"
 
-static int one(nrs_ucx_t *u, int me, char *buf, size_t size, int iters, uint64_t tag,
+/* One byte from rank 1 to rank 0: the end of a timed run. */
+static int ack(nrs_ucx_t *u, int me, uint64_t tag, char *err, size_t errlen)
+{
+    char a = 1;
+    nrs_ucx_op_t *op;
+    int rc = me == 1 ? nrs_ucx_isend(u, 0, &a, 1, tag, &op, err, errlen)
+                     : nrs_ucx_irecv(u, 1, &a, 1, tag, &op, err, errlen);
+    return rc || nrs_ucx_waitall(u, &op, 1, err, errlen) ? -1 : 0;
+}
+
+/* n messages of size bytes from rank 0 to rank 1 (tags tag, tag+1, ...), at
+ * most k posted at a time. */
+static int run(nrs_ucx_t *u, int me, char *buf, size_t size, int n, int k, uint64_t tag,
                char *err, size_t errlen)
 {
-    for (int i = 0; i < iters; i++) {
-        nrs_ucx_op_t *op;
-        int rc = me == 0 ? nrs_ucx_isend(u, 1, buf, size, tag, &op, err, errlen)
-                         : nrs_ucx_irecv(u, 0, buf, size, tag, &op, err, errlen);
-        if (rc || nrs_ucx_waitall(u, &op, 1, err, errlen))
-            return -1;
+    nrs_ucx_op_t *ops[NRS_UCX_MAX_WINDOW * 4] = {0};
+    int posted = 0, head = 0;
+    if (k < 1)
+        k = 1;
+    if (k > (int)(sizeof ops / sizeof ops[0]))
+        k = (int)(sizeof ops / sizeof ops[0]);
+    for (int done = 0; done < n;) {
+        if (posted < n && posted - done < k) {
+            int rc = me == 0 ? nrs_ucx_isend(u, 1, buf, size, tag + (uint64_t)posted,
+                                             &ops[posted % k], err, errlen)
+                             : nrs_ucx_irecv(u, 0, buf, size, tag + (uint64_t)posted,
+                                             &ops[posted % k], err, errlen);
+            if (rc)
+                goto fail;
+            posted++;
+            continue;
+        }
+        head = done % k; /* the oldest; waitall progresses all of them */
+        if (nrs_ucx_waitall(u, &ops[head], 1, err, errlen))
+            goto fail;
+        done++;
     }
-    char ack = 1;
-    nrs_ucx_op_t *op;
-    int rc = me == 1 ? nrs_ucx_isend(u, 0, &ack, 1, tag + 1, &op, err, errlen)
-                     : nrs_ucx_irecv(u, 1, &ack, 1, tag + 1, &op, err, errlen);
-    return rc || nrs_ucx_waitall(u, &op, 1, err, errlen) ? -1 : 0;
+    return 0;
+fail:
+    for (int i = 0; i < k; i++)
+        nrs_ucx_op_free(ops[i]);
+    return -1;
+}
+
+static int identity(void *arg, int owner)
+{
+    (void)arg;
+    return owner;
+}
+
+/* The same through the executor's transport table (xport_ucx), waiting as
+ * runtime/worker/dtrans.c does: progress, and a 20 us nap when it reported
+ * nothing completed. */
+static int run_xport(nrs_xport_t *x, int me, nrs_xmem_t *m, size_t size, int n, int k,
+                     uint64_t tag, char *err, size_t errlen)
+{
+    nrs_xreq_t reqs[NRS_UCX_MAX_WINDOW * 4];
+    nrs_xregion_t reg = {m, 0, size, 1, size};
+    int posted = 0;
+    if (k < 1)
+        k = 1;
+    if (k > (int)(sizeof reqs / sizeof reqs[0]))
+        k = (int)(sizeof reqs / sizeof reqs[0]);
+    for (int done = 0; done < n;) {
+        if (posted < n && posted - done < k) {
+            nrs_xreq_t *q = &reqs[posted % k];
+            int rc = me == 0 ? x->ops->send(x->ctx, 1, &reg, tag + (uint64_t)posted, q)
+                             : x->ops->recv(x->ctx, 0, &reg, tag + (uint64_t)posted, q);
+            if (rc)
+                goto fail;
+            posted++;
+            continue;
+        }
+        if (reqs[done % k].done) {
+            done++;
+            continue;
+        }
+        int got = x->ops->progress(x->ctx);
+        if (got < 0)
+            goto fail;
+        if (!got)
+            nrs_nap_us(20);
+    }
+    return 0;
+fail:
+    snprintf(err, errlen, "%s", nrs_xport_ucx_error(x));
+    return -1;
+}
+
+/* n messages and the acknowledgement, through ucx.h or through xport_ucx */
+static int measure(nrs_ucx_t *u, nrs_xport_t *x, int use_xport, int me, nrs_xmem_t *m, int n,
+                   int k, uint64_t tag, char *err, size_t errlen)
+{
+    int rc = use_xport ? run_xport(x, me, m, m->bytes, n, k, tag, err, errlen)
+                       : run(u, me, m->ptr, m->bytes, n, k, tag, err, errlen);
+    return rc || ack(u, me, tag + (uint64_t)n, err, errlen) ? -1 : 0;
 }
 
 static double xport_once(nrs_xport_t *x, nrs_xregion_t *dst, nrs_xregion_t *src)
@@ -111,13 +201,22 @@ static int bench_local(int argc, char **argv)
     return 0;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_transfer [--iters N] [--warmup W] [--outstanding K]\n"
+               "                      [--min-bytes TOTAL] [--chunk BYTES] [--window N]\n"
+               "                      [--spin-us US] SIZE...\n"
+               "         (two ranks: run under tests/mp/pmix_srv -n 2; see bench/transfer.sh)\n"
+               "       bench_transfer --local [--reps N] SIZE...\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--local"))
         return bench_local(argc, argv);
     nrs_ucx_opts_t uo;
     size_t total = 1u << 30, sizes[32];
-    int nsizes = 0, rc = 1;
+    int nsizes = 0, rc = 1, fixed_iters = 0, warmup = -1, k = 1, use_xport = 0;
     char err[512];
     nrs_rdv_t *r = NULL;
     nrs_ucx_t *u = NULL;
@@ -126,14 +225,36 @@ int main(int argc, char **argv)
 
     nrs_ucx_opts_init(&uo);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--chunk") && i + 1 < argc)
+        int more = i + 1 < argc;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--chunk") && more)
             uo.chunk_bytes = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--window") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--window") && more)
             uo.window = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--min-bytes") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--min-bytes") && more)
             total = strtoull(argv[++i], NULL, 0);
-        else if (nsizes < 32)
+        else if (!strcmp(argv[i], "--iters") && more)
+            fixed_iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && more)
+            warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--xport"))
+            use_xport = 1;
+        else if (!strcmp(argv[i], "--spin-us") && more)
+            uo.spin_s = atof(argv[++i]) * 1e-6; /* < 0: nap as soon as idle */
+        else if (!strcmp(argv[i], "--outstanding") && more)
+            k = atoi(argv[++i]);
+        else if (argv[i][0] >= '0' && argv[i][0] <= '9' && nsizes < 32)
             sizes[nsizes++] = strtoull(argv[i], NULL, 0);
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!nsizes) {
+        usage(stderr);
+        return 2;
     }
     if (nrs_rdv_init(&r, err, sizeof err))
         goto fail;
@@ -151,31 +272,50 @@ int main(int argc, char **argv)
     if (nrs_rdv_allgather(r, 0, "ucx", addr, alen, &addrs, &lens, 30, err, sizeof err) ||
         nrs_ucx_connect(u, addrs, lens, err, sizeof err))
         goto fail;
-    for (int k = 0; k < nsizes; k++) {
-        size_t size = sizes[k];
-        int iters = (int)(total / size) < 5 ? 5 : (int)(total / size);
-        char *buf = malloc(size);
-        if (!buf) {
+    nrs_xport_t x = {0};
+    if (use_xport && nrs_xport_ucx_open(&x, u, identity, NULL)) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    for (int s = 0; s < nsizes; s++) {
+        size_t size = sizes[s];
+        int iters = fixed_iters > 0 ? fixed_iters
+                    : size && total / size > 5 ? (int)(total / size) : 5;
+        int warm = warmup >= 0 ? warmup : (iters + 9) / 10;
+        nrs_xmem_t m = {0};
+        m.bytes = size;
+        if (use_xport ? x.ops->mem_alloc(x.ctx, me, size, &m) : !(m.ptr = malloc(size ? size : 1))) {
             snprintf(err, sizeof err, "out of memory");
             goto fail;
         }
-        memset(buf, me + 1, size);
-        uint64_t tag = 16 * (uint64_t)k;
-        if (one(u, me, buf, size, 2, tag, err, sizeof err) ||
-            nrs_rdv_fence(r, (uint64_t)k + 1, NULL, 30, err, sizeof err)) {
+        char *buf = m.ptr;
+        memset(buf, me == 0 ? 0x5a : 0, size);
+        uint64_t tag = (uint64_t)s << 24;
+        if ((warm && measure(u, &x, use_xport, me, &m, warm, k, tag, err, sizeof err)) ||
+            nrs_rdv_fence(r, (uint64_t)s + 1, NULL, 30, err, sizeof err)) {
             free(buf);
             goto fail;
         }
+        if (me == 1)
+            memset(buf, 0, size); /* the timed messages must fill it again */
         double t0 = nrs_now_s();
-        int bad = one(u, me, buf, size, iters, tag + 4, err, sizeof err);
+        int bad = measure(u, &x, use_xport, me, &m, iters, k, tag + (1u << 23), err, sizeof err);
         double dt = nrs_now_s() - t0;
+        for (size_t i = 0; !bad && me == 1 && i < size; i++)
+            if (buf[i] != 0x5a) {
+                snprintf(err, sizeof err, "size %zu: byte %zu did not arrive", size, i);
+                bad = 1;
+            }
         free(buf);
         if (bad)
             goto fail;
         if (me == 0)
-            printf("ours %zu %d %.1f\n", size, iters, (double)size * iters / dt / 1e6);
+            printf("%s %zu %d %d %d %.2f\n", use_xport ? "xport" : "ours", size, iters, warm, k,
+                   (double)size * iters / dt / 1048576.0);
         fflush(stdout);
     }
+    if (use_xport)
+        nrs_xport_close(&x);
     nrs_ucx_disconnect(u, 5);
     rc = nrs_rdv_fence(r, 1000, NULL, 30, err, sizeof err) ? 1 : 0;
     goto out;

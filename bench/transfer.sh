@@ -1,45 +1,135 @@
 #!/usr/bin/env bash
-# Our UCX path (bench/bench_transfer) against ucx_perftest -t tag_bw, same
-# transport, same sizes, same run, one direction between two processes on
-# this machine; prints MB/s of both and the ratio. Then the in-process path
-# (runtime/emu's local transport) against memcpy of the same bytes, same run
-# (bench_transfer --local; target >= 0.8x).
-#   bench/transfer.sh [BUILD_DIR] [SIZES_MIB...]     (default 1 4 16 64 256)
-#   NRS_BENCH_TLS="sm tcp"   NRS_BENCH_MIN_BYTES=1073741824 (per size)
+# bench/transfer.sh: our UCX path (bench/bench_transfer, i.e. runtime/xfer/ucx)
+# against ucx_perftest -t tag_bw on this machine, then the in-process path
+# against memcpy. See --help and docs/protocol-dataplane.md §6.
 set -u
-B="${1:-$(pwd)}"; shift || true
-sizes_mib="${*:-1 4 16 64 256}"
-tls_list="${NRS_BENCH_TLS:-sm tcp}"
-total="${NRS_BENCH_MIN_BYTES:-1073741824}"
+usage() {
+    cat <<'EOF'
+usage: bench/transfer.sh [options] [BUILD_DIR [SIZE_MIB...]]
+
+Two processes on this machine, one direction, host memory. For each UCX
+transport (UCX_TLS) and message size, REPS pairs of runs, interleaved and
+alternating which goes first (ours, perftest, perftest, ours, ...), each run
+a fresh pair of processes:
+  ours:     tests/mp/pmix_srv -n 2 -- bench/bench_transfer --iters N --warmup W
+              --outstanding K SIZE   (nrs_ucx_isend/irecv: chunked tag messages)
+  perftest: ucx_perftest -t tag_bw -s SIZE -n N -w W -O K  (server + client)
+both with UCX_TLS=<tls> UCX_NET_DEVICES=lo, the same N, W, K, the same buffer
+reused for every message and one ack at the end. N = max(5, BYTES / SIZE),
+W = ceil(N / 10) (ucx_perftest's own default rule). Bandwidth is MiB/s
+(2^20 B/s, what ucx_perftest calls MB/s: its "overall" column). Prints per
+size the median of each side, the ratio of the medians and the median,
+min and max of the per-pair ratios. Target: ratio >= 0.9.
+
+options:
+  -b, --build DIR     build directory (default: $PWD, or the first argument)
+  -t, --tls "LIST"    UCX transports, each run separately (default "sm tcp")
+  -s, --sizes "LIST"  message sizes in MiB (default "1 4 16 64 256")
+  -r, --reps N        pairs of runs per size (default 5)
+  -B, --bytes N       bytes per run at least (default 1073741824)
+  -O, --outstanding K messages posted at a time, both sides (default 1)
+  -x, --extra "ARGS"  more bench_transfer options, e.g. "--chunk 4194304",
+                      "--spin-us -1" (nap at once, as before), "--xport" (through
+                      the executor's transport table, waiting as dtrans does)
+      --no-local      skip the in-process vs memcpy part
+  -v, --verbose       print every run's figure
+  -h, --help          this text
+environment: NRS_BENCH_TLS, NRS_BENCH_MIN_BYTES, NRS_BENCH_REPS set the
+defaults of -t, -B and -r.
+Needs: make bench/bench_transfer tests/mp/pmix_srv in BUILD_DIR; ucx_perftest
+(Debian: apt install ucx-utils).
+EOF
+}
+B=$(pwd); sizes_mib="1 4 16 64 256"; tls_list="${NRS_BENCH_TLS:-sm tcp}"
+total="${NRS_BENCH_MIN_BYTES:-1073741824}"; reps="${NRS_BENCH_REPS:-5}"; K=1
+extra=""; local_part=1; verbose=0; pos=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -h|--help) usage; exit 0 ;;
+    -b|--build) B="$2"; shift ;;
+    -t|--tls) tls_list="$2"; shift ;;
+    -s|--sizes) sizes_mib="$2"; shift ;;
+    -r|--reps) reps="$2"; shift ;;
+    -B|--bytes) total="$2"; shift ;;
+    -O|--outstanding) K="$2"; shift ;;
+    -x|--extra) extra="$2"; shift ;;
+    --no-local) local_part=0 ;;
+    -v|--verbose) verbose=1 ;;
+    -*) echo "transfer.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) pos+=("$1") ;;
+    esac
+    shift
+done
+if [ ${#pos[@]} -gt 0 ]; then B="${pos[0]}"; fi
+if [ ${#pos[@]} -gt 1 ]; then sizes_mib="${pos[*]:1}"; fi
 SRV="$B/tests/mp/pmix_srv"; BT="$B/bench/bench_transfer"
 for f in "$SRV" "$BT"; do
-    [ -x "$f" ] || { echo "missing $f: run 'make check TESTS= && make bench' in $B"; exit 1; }
+    [ -x "$f" ] || { echo "missing $f: run 'make bench/bench_transfer tests/mp/pmix_srv' in $B" >&2; exit 1; }
 done
-command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt install ucx-utils)"; exit 1; }
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt install ucx-utils)" >&2; exit 1; }
 export UCX_NET_DEVICES=lo
 port=$((20000 + $$ % 20000))
-perftest() { # tls size iters -> MB/s
-    local out
-    UCX_TLS=$1 timeout 120 ucx_perftest -t tag_bw -s "$2" -n "$3" -p "$port" >/dev/null 2>&1 &
-    local spid=$!
-    sleep 0.3
-    out=$(UCX_TLS=$1 timeout 120 ucx_perftest 127.0.0.1 -t tag_bw -s "$2" -n "$3" -p "$port" 2>&1)
-    wait "$spid" 2>/dev/null
-    port=$((port + 1))
-    echo "$out" | awk '/^Final:/ {print $(NF-3)}'
+
+ours() { # tls size iters warmup -> MiB/s
+    UCX_TLS=$1 timeout 300 "$SRV" -q -n 2 -t 290 -- "$BT" --iters "$3" --warmup "$4" \
+        --outstanding "$K" $extra "$2" | awk '$1 == "ours" || $1 == "xport" {print $6}'
 }
-printf '%-4s %10s %6s %12s %12s %7s\n' tls bytes iters "ours MB/s" "perftest" ratio
+perftest() { # tls size iters warmup -> MiB/s
+    local out spid i
+    port=$((port + 1)); [ $port -gt 60000 ] && port=20000
+    UCX_TLS=$1 timeout 300 ucx_perftest -t tag_bw -s "$2" -n "$3" -w "$4" -O "$K" \
+        -p "$port" >/dev/null 2>&1 &
+    spid=$!
+    for i in $(seq 100); do # until the server listens (5 s at most)
+        ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+        sleep 0.05
+    done
+    out=$(UCX_TLS=$1 timeout 300 ucx_perftest 127.0.0.1 -t tag_bw -s "$2" -n "$3" -w "$4" \
+        -O "$K" -p "$port" 2>&1)
+    wait "$spid" 2>/dev/null
+    echo "$out" | awk '/^Final:/ {print $(NF-2)}'
+}
+# median, min, max of the numbers on stdin, printed with format $1
+stats() { sort -g | awk -v f="$1" '{v[NR] = $1} END {
+    if (!NR) { print "n/a n/a n/a"; exit }
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf f " " f " " f "\n", m, v[1], v[NR] }'; }
+ratios() { awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
+
+echo "ours:     pmix_srv -n 2 -- bench_transfer --iters N --warmup W --outstanding $K $extra SIZE"
+echo "perftest: ucx_perftest -t tag_bw -s SIZE -n N -w W -O $K  (client 127.0.0.1)"
+echo "env: UCX_TLS=<tls> UCX_NET_DEVICES=lo; $reps pairs per size, interleaved; MiB/s"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for tls in $tls_list; do
-    bytes=""; for m in $sizes_mib; do bytes="$bytes $((m * 1048576))"; done
-    ours=$(UCX_TLS=$tls "$SRV" -q -n 2 -t 600 -- "$BT" --min-bytes "$total" $bytes)
-    for s in $bytes; do
-        line=$(echo "$ours" | awk -v s="$s" '$1 == "ours" && $2 == s')
-        iters=$(echo "$line" | awk '{print $3}'); o=$(echo "$line" | awk '{print $4}')
-        p=$(perftest "$tls" "$s" "${iters:-5}")
-        r=$(awk -v o="${o:-0}" -v p="${p:-0}" 'BEGIN { if (p > 0) printf "%.2f", o / p; else print "n/a" }')
-        printf '%-4s %10s %6s %12s %12s %7s\n' "$tls" "$s" "${iters:-?}" "${o:-fail}" "${p:-fail}" "$r"
+    for r in $(seq "$reps"); do
+        for m in $sizes_mib; do
+            s=$((m * 1048576)); n=$((total / s)); [ $n -lt 5 ] && n=5; w=$(((n + 9) / 10))
+            if [ $((r % 2)) -eq 1 ]; then o=$(ours $tls $s $n $w); p=$(perftest $tls $s $n $w)
+            else p=$(perftest $tls $s $n $w); o=$(ours $tls $s $n $w); fi
+            echo "${o:-0} ${p:-0}" >>"$tmp/$tls.$m"
+            [ $verbose = 1 ] && echo "  $tls ${m}MiB rep $r: ours ${o:-fail} perftest ${p:-fail}"
+        done
     done
 done
 echo
-sizes_b=""; for m in $sizes_mib; do sizes_b="$sizes_b $((m * 1048576))"; done
-"$BT" --local $sizes_b
+printf '%-4s %8s %6s %4s %4s %22s %22s %7s %20s\n' tls MiB iters warm reps \
+    "ours med [min-max]" "perftest med [min-max]" ratio "pair ratio med [min-max]"
+for tls in $tls_list; do
+    for m in $sizes_mib; do
+        s=$((m * 1048576)); n=$((total / s)); [ $n -lt 5 ] && n=5; w=$(((n + 9) / 10))
+        f="$tmp/$tls.$m"
+        read -r om omin omax < <(awk '$1 > 0 {print $1}' "$f" | stats %.0f)
+        read -r pm pmin pmax < <(awk '$2 > 0 {print $2}' "$f" | stats %.0f)
+        read -r rm rmin rmax < <(awk '$1 > 0 && $2 > 0' "$f" | ratios | stats %.2f)
+        ratio=$(awk -v o="$om" -v p="$pm" 'BEGIN { if (p + 0 > 0 && o + 0 > 0) printf "%.2f", o / p; else print "n/a" }')
+        fails=$(awk '$1 <= 0 || $2 <= 0' "$f" | wc -l)
+        printf '%-4s %8s %6s %4s %4s %22s %22s %7s %20s%s\n' "$tls" "$m" "$n" "$w" "$reps" \
+            "$om [$omin-$omax]" "$pm [$pmin-$pmax]" "$ratio" "$rm [$rmin-$rmax]" \
+            "$([ "$fails" -gt 0 ] && echo " ($fails failed)")"
+    done
+done
+if [ $local_part = 1 ]; then
+    echo
+    sizes_b=""; for m in $sizes_mib; do sizes_b="$sizes_b $((m * 1048576))"; done
+    "$BT" --local $sizes_b
+fi

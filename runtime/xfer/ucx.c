@@ -1,6 +1,7 @@
 /* UCX transport (ucx.h, docs/protocol-dataplane.md §2). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,6 +79,9 @@ struct nrs_ucx {
     void *probe_arg;
     nrs_ucx_op_t **orphans; /* freed ops whose requests UCX still holds */
     size_t norphans, orphcap;
+    double last_event; /* nrs_ucx_spin */
+    int nlocal, ncpus;  /* ranks on this host (connected so far), CPUs we may use */
+    uint64_t ops_posted, ops_since_idle;
 };
 
 void nrs_ucx_opts_init(nrs_ucx_opts_t *o)
@@ -86,6 +90,7 @@ void nrs_ucx_opts_init(nrs_ucx_opts_t *o)
     o->window = 4;
     o->op_timeout_s = 30;
     o->keepalive_s = 1;
+    o->spin_s = 1e-3;
 }
 
 /* ---- context ------------------------------------------------------------------------- */
@@ -178,7 +183,14 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
             u->o.op_timeout_s = o->op_timeout_s;
         if (o->keepalive_s > 0)
             u->o.keepalive_s = o->keepalive_s;
+        if (o->spin_s > 0)
+            u->o.spin_s = o->spin_s;
+        else if (o->spin_s < 0)
+            u->o.spin_s = 0;
     }
+    cpu_set_t cpus;
+    u->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) ? (int)sysconf(_SC_NPROCESSORS_ONLN)
+                                                        : CPU_COUNT(&cpus);
     if (!(u->peers = calloc((size_t)size, sizeof(*u->peers)))) {
         nrs_seterr(err, errlen, "ucx: out of memory");
         goto fail;
@@ -301,6 +313,7 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
         return -1;
     }
     p->watch = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE && i != u->rank;
+    u->nlocal += same_host;
     p->pid = h.pid;
     p->start = h.start;
     return 0;
@@ -603,6 +616,7 @@ static int post_op(nrs_ucx_t *u, int is_send, int peer, void *buf, size_t len, u
     if (u->ops)
         u->ops->prev = op;
     u->ops = op;
+    u->ops_posted++;
     advance(op, nrs_now_s());
     *out = op;
     return 0;
@@ -762,6 +776,21 @@ int nrs_ucx_progress(void *arg)
     return events;
 }
 
+bool nrs_ucx_spin(nrs_ucx_t *u, int events)
+{
+    double now = nrs_now_s();
+    if (events != 0 || u->ops_since_idle != u->ops_posted) {
+        u->last_event = now;
+        u->ops_since_idle = u->ops_posted;
+        return true;
+    }
+    if (!u->ops || now - u->last_event >= u->o.spin_s)
+        return false;
+    if (u->nlocal > u->ncpus) /* oversubscribed: a peer may be waiting for this core */
+        sched_yield();
+    return true;
+}
+
 int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_t errlen)
 {
     int rc = 0;
@@ -783,7 +812,7 @@ int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_
         }
         if (!pending)
             break;
-        if (nrs_ucx_progress(u) == 0)
+        if (!nrs_ucx_spin(u, nrs_ucx_progress(u)))
             nrs_nap_us(20);
     }
     for (size_t i = 0; i < n; i++) {

@@ -37,6 +37,8 @@ typedef struct {
     double op_timeout_s;    /* stall time-out; 0 = 30 s */
     double keepalive_s;     /* UCX keep-alive (dead-peer detection); 0 = 1 s,
                              * unless UCX_KEEPALIVE_INTERVAL is set */
+    double spin_s;          /* waits poll without napping this long after the
+                             * last event (nrs_ucx_spin); 0 = 1 ms, < 0 = never */
 } nrs_ucx_opts_t;
 
 /* Second opinion on peer liveness (e.g. nrs_rdv_peer_failed). */
@@ -87,6 +89,15 @@ int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_
 /* Advance the worker and every posted op: the count of events, or -1 when
  * some op has failed since the last call. Signature of nrs_rdv_progress_fn. */
 int nrs_ucx_progress(void *u);
+
+/* For wait loops, after nrs_ucx_progress returned events: true = poll again
+ * at once (something happened, or an op was posted, less than spin_s ago;
+ * when this host runs more ranks than we have CPUs it has called sched_yield,
+ * so a peer waiting for this core goes first), false = idle for spin_s or no
+ * op posted: nap before polling again. A nap costs its timer slack (~50 us on Linux) on top: a 1 MiB
+ * message over shared memory takes ~70 us, so naps between the events of a
+ * transfer in flight used to halve its throughput. */
+bool nrs_ucx_spin(nrs_ucx_t *u, int events);
 
 bool nrs_ucx_peer_failed(const nrs_ucx_t *u, int rank);
 

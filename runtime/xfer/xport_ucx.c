@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/util.h"
 #include "xfer/xport_ucx.h"
 
 typedef struct post {
@@ -142,11 +143,10 @@ static void release(post_t *p)
     free(p);
 }
 
-static int u_progress(void *ctx)
+/* Completed posts are reported and released; failed ones kept (see below). */
+static int harvest(xu_t *X)
 {
-    xu_t *X = ctx;
     int done = 0;
-    nrs_ucx_progress(X->u);
     for (post_t **pp = &X->posts; *pp;) {
         post_t *p = *pp;
         if (!p->ended) {
@@ -168,6 +168,27 @@ static int u_progress(void *ctx)
         }
         *pp = p->next;
         release(p);
+    }
+    return done;
+}
+
+/* The executor naps when progress reports nothing completed; a nap between
+ * the chunks of a transfer in flight costs more than the chunk (timer slack),
+ * so while UCX is busy this keeps polling until a post completes, UCX has
+ * been quiet for its spin time (nrs_ucx_spin), a failure, or POLL_MAX_S. */
+#define POLL_MAX_S 0.005
+
+static int u_progress(void *ctx)
+{
+    xu_t *X = ctx;
+    double end = nrs_now_s() + POLL_MAX_S;
+    int done;
+    for (;;) {
+        int ev = nrs_ucx_progress(X->u);
+        done = harvest(X);
+        if (done || X->failed || ev < 0 || !X->posts || !nrs_ucx_spin(X->u, ev) ||
+            nrs_now_s() > end)
+            break;
     }
     return X->failed ? -1 : done;
 }
