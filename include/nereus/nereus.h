@@ -180,6 +180,17 @@ int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir);
  * NRS_OK, or NRS_ERR_CHECKPOINT (nothing published; the old one stays). */
 int nrs_worker_checkpoint(nrs_worker_t *w, long step);
 
+/* ---- joining a running job (API 3, docs/worker-api.md §7) ------------------ */
+
+/* A rank started with $NEREUS_JOIN=1 belongs to a join step: ranks launched
+ * on nodes an expansion added (srun on the new nodes). nrs_worker_init then
+ * connects to the job's controller as a joiner, waits until every rank of its
+ * step has, joins the job's world (rank and size: nrs_worker_rank/size) and
+ * takes the committed plan holding no GPU; the controller's next epoch gives
+ * it GPUs (dp grows). This returns the step the job was at when it joined
+ * (start the step loop there), -1 for a rank that started with the job. */
+int nrs_worker_joined_at(const nrs_worker_t *w);
+
 /* ---- the controller drives the epochs (API 2, docs/worker-api.md §3) --------- */
 
 /* Wait up to timeout_s for the controller's plan of the committed epoch (its

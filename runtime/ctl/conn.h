@@ -46,6 +46,7 @@ typedef struct nrs_conn {
     long last_step;  /* -1: none yet */
     unsigned long nreports;
     int tr_state;    /* transition participation (ctl.c) */
+    int joiner;      /* 1: a joining rank without a GPU yet; 2: its world is connected */
     double tr_seconds;
     bool dirty;      /* queued output not yet handed to the socket (loop.c) */
     unsigned ev;     /* epoll events armed (loop.c) */

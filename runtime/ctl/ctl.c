@@ -198,12 +198,21 @@ static void record(nrs_ctl_t *c, const decision_t *d)
 
 static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved);
 
+/* GPUs a plan may use: the allocation's, but only those with a rank: the
+ * committed plan's that are not lost, and the joiners whose world is
+ * connected (an expansion's GPUs count once its join step's ranks are in). */
+static int plan_gpus(const nrs_ctl_t *c)
+{
+    int usable = committed(c)->total_gpus - c->rz_nlost + c->join_ready;
+    return c->alloc_gpus < usable ? c->alloc_gpus : usable;
+}
+
 /* One decision point: conditions now (allocation, reported workload, GPUs
  * lost since the committed plan) through nrs_adapt_step. */
 static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs_adapt_out_t *out,
                   char *err, size_t errlen)
 {
-    nrs_cond_t cond = {c->alloc_gpus, c->work};
+    nrs_cond_t cond = {plan_gpus(c), c->work};
     nrs_resize_t rz = {c->rz_lost, c->rz_nlost};
     nrs_adapt_t saved = c->a;
     decision_t d;
@@ -273,17 +282,18 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
                                 NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
                                 saved->plan.epoch, c->tr_lost, c->tr_nlost)
                  : -1;
-    logf_(c, "epoch %u: announcing to %d workers (%s%d GPUs lost), prepare", c->tr_epoch,
-          c->nworkers, c->tr_forced ? "forced, " : "", c->tr_nlost);
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
-        if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->gpu < 0)
+        if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY ||
+            (k->gpu < 0 && k->joiner != 2))
             continue;
         k->tr_state = TRP_WAIT;
         k->tr_seconds = 0;
         c->tr_parts++;
         c->tr_waiting++;
     }
+    logf_(c, "epoch %u: announcing to %d workers (%s%d GPUs lost), prepare", c->tr_epoch,
+          c->tr_parts, c->tr_forced ? "forced, " : "", c->tr_nlost);
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->tr_state != TRP_WAIT)
@@ -383,6 +393,16 @@ static void finish_commit(nrs_ctl_t *c)
         c->gpu_host[o][0] = 0;
     memset(c->by_gpu, 0, sizeof(c->by_gpu[0]) * NRS_PROTO_MAX_GPUS);
     c->nworkers = 0;
+    for (int i = 0; i < c->nconns; i++) { /* joiners: the GPUs after the survivors */
+        nrs_conn_t *k = c->conns[i];
+        if (k->role != NRS_ROLE_WORKER || k->joiner != 2 || k->tr_state == TRP_NONE)
+            continue;
+        int g = old_total + (k->rank - c->join_base) - c->tr_nlost;
+        if (g < p->total_gpus) {
+            k->gpu = g + c->tr_nlost; /* renumbered below like the others */
+            k->joiner = 0;
+        }
+    }
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->role != NRS_ROLE_WORKER || k->gpu < 0)
@@ -400,12 +420,24 @@ static void finish_commit(nrs_ctl_t *c)
         k->gpu = g;
         c->by_gpu[g] = k;
         c->nworkers++;
+        if (!c->gpu_host[g][0])
+            snprintf(c->gpu_host[g], sizeof(c->gpu_host[0]), "%s", k->host);
         if (!part) /* joined while the transition ran: take the new plan as it is */
             send_plan(c, k, p);
+    }
+    bool joined = false;
+    for (int i = 0; i < c->nconns; i++)
+        joined |= c->conns[i]->joiner != 0;
+    if (!joined && c->join_m) { /* every joiner has its GPU: the join is done */
+        c->join_m = c->join_have = c->join_ready = 0;
     }
     c->rz_nlost = 0;
     c->retry = false;
     c->retry_backoff_s = 0;
+    if (c->join_ready > 0 && plan_gpus(c) > p->total_gpus) { /* joined during it: grow next */
+        c->retry = true;
+        c->retry_at = c->now;
+    }
     c->step_n = 0;
     c->step_cur = -1;
     if (worst > 0)
@@ -483,6 +515,91 @@ static bool in_list(const int *v, int n, int x)
     return false;
 }
 
+/* Every world rank connected now hears of the world's new generation. */
+static void send_world(nrs_ctl_t *c)
+{
+    nrs_msg_world_t *w = calloc(1, sizeof(*w));
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    if (!w || !buf) {
+        free(w);
+        free(buf);
+        return;
+    }
+    w->gen = c->world_gen;
+    w->size = c->world;
+    w->base = c->join_base;
+    w->count = c->join_m;
+    for (int r = 0; r < c->join_base && w->nout < NRS_GATHER_MAX_OUT; r++)
+        if (c->rank_gone[r])
+            w->out[w->nout++] = r;
+    logf_(c, "world %u: %d rank(s) joined as %d..%d (%d gone before): %d ranks", w->gen,
+          w->count, w->base, w->size - 1, w->nout, w->size);
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->rank < 0 ||
+            (k->gpu < 0 && !k->joiner))
+            continue;
+        w->rank = k->rank;
+        send_frame(c, k, buf, nrs_enc_world(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, w));
+    }
+    free(w);
+    free(buf);
+}
+
+/* A rank of a join step: world rank join_base + its step rank. */
+static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
+{
+    if (c->join_m && c->join_have == c->join_m)
+        return drop(c, k, NRS_PERR_REFUSED, "a join of %d ranks is in progress", c->join_m);
+    if (c->join_m && m->nranks != c->join_m)
+        return drop(c, k, NRS_PERR_REFUSED, "join step of %d ranks, %d are joining", m->nranks,
+                    c->join_m);
+    if (c->world + m->nranks > NRS_PROTO_MAX_RANKS)
+        return drop(c, k, NRS_PERR_REFUSED, "the world would exceed %d ranks", NRS_PROTO_MAX_RANKS);
+    if (!c->join_m) {
+        c->join_base = c->world;
+        c->join_m = m->nranks;
+        c->join_have = 0;
+    }
+    int r = c->join_base + m->rank;
+    for (int i = 0; i < c->nconns; i++)
+        if (c->conns[i] != k && c->conns[i]->role == NRS_ROLE_WORKER && c->conns[i]->rank == r)
+            return drop(c, k, NRS_PERR_REFUSED, "join rank %d is already connected", m->rank);
+    k->role = NRS_ROLE_WORKER;
+    k->rank = r;
+    k->gpu = -1;
+    k->joiner = 1;
+    snprintf(k->host, sizeof(k->host), "%s", m->host);
+    k->state = NRS_CONN_READY;
+    c->rank_gone[r] = 0;
+    send_plan(c, k, committed(c));
+    if (++c->join_have == c->join_m) {
+        c->world = c->join_base + c->join_m;
+        c->world_gen++;
+        send_world(c);
+    }
+}
+
+void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen)
+{
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX];
+    if (gen != c->world_gen || !c->join_m)
+        return;
+    c->join_ready = 0;
+    for (int i = 0; i < c->nconns; i++)
+        if (c->conns[i]->joiner && c->conns[i]->state == NRS_CONN_READY) {
+            c->conns[i]->joiner = 2;
+            c->join_ready++;
+        }
+    logf_(c, "world %u connected: %d joined rank(s) can take GPUs (allocation %d GPUs)", gen,
+          c->join_ready, c->alloc_gpus);
+    if (c->tr == TR_IDLE)
+        decide(c, "join", c->step_closed, false, &out, err, sizeof(err));
+}
+
+static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m);
+
 static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_hello_t m;
@@ -508,6 +625,8 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         c->nworkers++;
         snprintf(c->gpu_host[m.rank], sizeof(c->gpu_host[0]), "%s", m.host);
     }
+    if (m.role == NRS_ROLE_JOINER)
+        return on_joiner(c, k, &m);
     k->role = (int)m.role;
     k->rank = m.rank;
     snprintf(k->host, sizeof(k->host), "%s", m.host);
@@ -519,7 +638,7 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 /* Close the gathered step: measurements into the calibration, then a decision. */
 static void close_step(nrs_ctl_t *c)
 {
-    nrs_cond_t cond = {c->alloc_gpus, c->work};
+    nrs_cond_t cond = {plan_gpus(c), c->work};
     nrs_adapt_out_t out;
     char err[NRS_ERR_MAX], src[32];
     if (c->step_n == 0)
@@ -620,6 +739,19 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Who sent a delta, for the log: "#7 watcher@n3" (the host of its HELLO). */
+static const char *delta_source(const nrs_conn_t *k, char *buf, size_t n)
+{
+    char nm[96];
+    if (!k)
+        snprintf(buf, n, "a peer now gone");
+    else if (k->role != NRS_ROLE_WORKER && k->host[0])
+        snprintf(buf, n, "%s@%s", peer_name(k, nm, sizeof(nm)), k->host);
+    else
+        snprintf(buf, n, "%s", peer_name(k, nm, sizeof(nm)));
+    return buf;
+}
+
 /* Apply one delta to the allocation and decide; reply to `from` (may be NULL). */
 static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
 {
@@ -645,11 +777,12 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
             for (int g = 0; g < cur->total_gpus; g++) {
                 nrs_conn_t *k = c->by_gpu[g];
                 const char *host = k ? k->host : c->gpu_host[g]; /* its rank may be gone */
-                if (host[0] && !strcmp(host, m->hosts[h]) && !in_list(gone, ngone, g) &&
-                    !in_list(c->rz_lost, c->rz_nlost, g) && ngone < NRS_PROTO_MAX_LOST) {
+                if (!host[0] || strcmp(host, m->hosts[h]) != 0)
+                    continue;
+                found++; /* already removed (rz_lost) or named twice: known, no change */
+                if (!in_list(gone, ngone, g) && !in_list(c->rz_lost, c->rz_nlost, g) &&
+                    ngone < NRS_PROTO_MAX_LOST)
                     gone[ngone++] = g;
-                    found++;
-                }
             }
             if (!found) {
                 snprintf(text, sizeof(text), "unknown host '%s' (no rank of epoch %u runs there)",
@@ -666,6 +799,18 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
             }
             if (!in_list(gone, ngone, g) && !in_list(c->rz_lost, c->rz_nlost, g))
                 gone[ngone++] = g;
+        }
+        if (ngone == 0) {
+            /* Every host and GPU named is already out of the allocation: the
+             * same release from a second source (a released node's hint, then
+             * the watcher's poll). Applied once: no generation, no decision,
+             * an announced transition goes on. */
+            snprintf(text, sizeof(text), "already applied: %d GPUs; nothing left to remove",
+                     c->alloc_gpus);
+            logf_(c, "resource delta (%s): %s of GPUs already removed: no change (generation %llu)",
+                  delta_source(from, err, sizeof(err)),
+                  m->kind == NRS_DELTA_LOST ? "lost" : "remove", (unsigned long long)c->generation);
+            return send_delta_reply(c, from, c->generation, true, c->a.plan.epoch, text);
         }
         if (c->alloc_gpus - ngone < 1)
             return send_delta_reply(c, from, gen, false, 0, "that would leave no GPU");
@@ -688,10 +833,10 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
         c->alloc_gpus -= ngone;
     }
-    logf_(c, "resource delta %llu: %s -> %d GPUs (%d lost since epoch %u)",
+    logf_(c, "resource delta %llu: %s -> %d GPUs (%d lost since epoch %u) from %s",
           (unsigned long long)gen,
           m->kind == NRS_DELTA_ADD ? "add" : m->kind == NRS_DELTA_LOST ? "lost" : "remove",
-          c->alloc_gpus, c->rz_nlost, cur->epoch);
+          c->alloc_gpus, c->rz_nlost, cur->epoch, delta_source(from, err, sizeof(err)));
     char src[48];
     snprintf(src, sizeof(src), "delta %llu at step %ld", (unsigned long long)gen, c->step_closed);
     c->retry = false;
@@ -846,7 +991,7 @@ void nrs_ctl_tick(nrs_ctl_t *c, double now)
         nrs_adapt_out_t out;
         char err[NRS_ERR_MAX];
         c->retry = false;
-        if (c->alloc_gpus != c->a.plan.total_gpus || c->rz_nlost)
+        if (plan_gpus(c) != c->a.plan.total_gpus || c->rz_nlost)
             if (decide(c, "retry", c->step_closed, false, &out, err, sizeof(err)) != 0)
                 c->retry = false; /* no plan: wait for the next delta */
     }
@@ -878,6 +1023,7 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
     }
     const nrs_spec_t *s = o->spec;
     c->alloc_gpus = o->gpus > 0 ? o->gpus : s->cluster.nodes * s->cluster.gpus_per_node;
+    c->world = c->alloc_gpus;
     if (c->alloc_gpus > NRS_PROTO_MAX_GPUS) {
         snprintf(err, errlen, "%d GPUs: at most %d", c->alloc_gpus, NRS_PROTO_MAX_GPUS);
         goto fail;

@@ -83,6 +83,13 @@ struct nrs_ctl {
     double tr_total_s, tr_last_s;
     unsigned long reports, frames, dropped;
 
+    /* The job's world of ranks: the first step's, then joiners (an expansion's
+     * join step) at world ranks join_base .. join_base + join_m - 1. */
+    int world;
+    unsigned world_gen;
+    int join_base, join_m, join_have;
+    int join_ready; /* joiners whose world gather completed: GPUs to plan with */
+
     /* The ranks' all-gathers in progress (gather.c). */
     nrs_gather_t *gather[NRS_CTL_GATHER_MAX];
     int ngather;
@@ -94,6 +101,9 @@ struct nrs_ctl {
 void nrs_ctl_log(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n);
 void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why);
+
+/* The world gather of generation gen completed (gather.c -> ctl.c). */
+void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen);
 
 /* gather.c */
 void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n);

@@ -5,6 +5,7 @@
  * complete when each participant has contributed or is gone (its channel
  * closed), or at its deadline; every contributor still connected then gets
  * the same answer. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,8 +85,12 @@ static void complete(nrs_ctl_t *c, int at)
     }
     free(ranks);
     free(buf);
+    unsigned gen = 0;
+    bool world = (g->key & ~0xffffffffULL) == NRS_WORLD_KEY && sscanf(g->name, "world%u", &gen) == 1;
     gather_free(g);
     c->gather[at] = c->gather[--c->ngather];
+    if (world)
+        nrs_ctl_world_ready(c, gen);
 }
 
 static int find(const nrs_ctl_t *c, uint64_t key, const char *name)

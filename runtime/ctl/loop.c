@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -338,7 +339,15 @@ static void on_signal(loop_t *L)
 {
     struct signalfd_siginfo si;
     while (read(L->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-        lg(L, "signal %u: shutting down", si.ssi_signo);
+        char comm[64] = "?", path[64];
+        snprintf(path, sizeof(path), "/proc/%u/comm", si.ssi_pid);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fgets(comm, sizeof(comm), f))
+                comm[strcspn(comm, "\n")] = 0;
+            fclose(f);
+        }
+        lg(L, "signal %u from pid %u (%s): shutting down", si.ssi_signo, si.ssi_pid, comm);
         L->stopping = true;
     }
 }

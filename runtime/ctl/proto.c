@@ -21,7 +21,7 @@ const char *nrs_perr_name(int code)
 
 static const char *const msg_names[NRS_MSG_MAX + 1] = {
     "?", "HELLO", "PLAN", "REPORT", "DELTA", "DELTA_REPLY", "STATUS_REQ", "STATUS",
-    "PREPARE", "ACK", "COMMIT", "ABORT", "ERROR", "GATHER", "GATHERED"};
+    "PREPARE", "ACK", "COMMIT", "ABORT", "ERROR", "GATHER", "GATHERED", "WORLD"};
 
 const char *nrs_msg_name(int type)
 {
@@ -296,19 +296,20 @@ int nrs_dec_hello(const uint8_t *p, size_t n, nrs_msg_hello_t *m, char *why, siz
     rd_init(&r, p, n, why, wl);
     memset(m, 0, sizeof(*m));
     m->role = r32(&r, "role");
-    if (!r.bad && (m->role < NRS_ROLE_WORKER || m->role > NRS_ROLE_CLI))
+    if (!r.bad && (m->role < NRS_ROLE_WORKER || m->role > NRS_ROLE_JOINER))
         fail(&r, "role %u unknown", m->role);
+    bool rank_role = m->role == NRS_ROLE_WORKER || m->role == NRS_ROLE_JOINER;
     rstr(&r, "job", m->job, sizeof(m->job));
     m->rank = (int32_t)r32(&r, "rank");
     m->nranks = (int32_t)r32(&r, "nranks");
-    if (!r.bad && m->role == NRS_ROLE_WORKER &&
+    if (!r.bad && rank_role &&
         !(m->nranks >= 1 && m->nranks <= NRS_PROTO_MAX_RANKS && m->rank >= 0 && m->rank < m->nranks))
         fail(&r, "rank %d of %d out of range", (int)m->rank, (int)m->nranks);
-    if (!r.bad && m->role != NRS_ROLE_WORKER && (m->rank != 0 || m->nranks != 0))
+    if (!r.bad && !rank_role && (m->rank != 0 || m->nranks != 0))
         fail(&r, "rank and nranks must be 0 for a non-worker");
     rstr(&r, "host", m->host, sizeof(m->host));
     rstr(&r, "token", m->token, sizeof(m->token));
-    if (!r.bad && m->role == NRS_ROLE_WORKER && !m->host[0])
+    if (!r.bad && rank_role && !m->host[0])
         fail(&r, "worker without a host name");
     return rd_finish(&r);
 }
@@ -837,4 +838,44 @@ void nrs_gathered_entry(const nrs_msg_gathered_t *m, uint32_t i, int32_t *rank,
     const uint8_t *e = m->entries + (size_t)i * (4 + m->len);
     *rank = (int32_t)get32(e);
     *data = e + 4;
+}
+
+/* ---- WORLD ------------------------------------------------------------------------ */
+
+int nrs_enc_world(uint8_t *buf, size_t cap, const nrs_msg_world_t *m)
+{
+    wr_t w;
+    wr_init(&w, buf, cap);
+    if (m->nout < 0 || m->nout > NRS_GATHER_MAX_OUT)
+        return -1;
+    w32(&w, m->gen);
+    w32(&w, (uint32_t)m->size);
+    w32(&w, (uint32_t)m->rank);
+    w32(&w, (uint32_t)m->base);
+    w32(&w, (uint32_t)m->count);
+    w32(&w, (uint32_t)m->nout);
+    for (int i = 0; i < m->nout; i++)
+        w32(&w, (uint32_t)m->out[i]);
+    return wr_finish(&w, NRS_MSG_WORLD, 0);
+}
+
+int nrs_dec_world(const uint8_t *b, size_t n, nrs_msg_world_t *m, char *why, size_t wl)
+{
+    rd_t r;
+    rd_init(&r, b, n, why, wl);
+    m->gen = r32(&r, "gen");
+    if (!r.bad && m->gen < 1)
+        fail(&r, "generation 0");
+    m->size = rint_range(&r, "size", 2, NRS_PROTO_MAX_RANKS);
+    m->rank = rint_range(&r, "rank", 0, m->size - 1);
+    m->base = rint_range(&r, "base", 1, m->size - 1);
+    m->count = rint_range(&r, "count", 1, m->size - m->base);
+    if (!r.bad && m->base + m->count != m->size)
+        fail(&r, "base %d + count %d != size %d", m->base, m->count, m->size);
+    m->nout = rint_range(&r, "nout", 0, NRS_GATHER_MAX_OUT);
+    for (int i = 0; !r.bad && i < m->nout; i++)
+        m->out[i] = rint_range(&r, "out rank", 0, m->base - 1);
+    if (r.bad)
+        m->nout = 0;
+    return rd_finish(&r);
 }

@@ -40,7 +40,8 @@ typedef enum {
     NRS_MSG_ERROR = 12,
     NRS_MSG_GATHER = 13,
     NRS_MSG_GATHERED = 14,
-    NRS_MSG_MAX = 14
+    NRS_MSG_WORLD = 15,
+    NRS_MSG_MAX = 15
 } nrs_msg_type_t;
 
 /* Header flags, per type; any other bit set is malformed. */
@@ -77,7 +78,15 @@ typedef struct {
 
 /* ---- messages ------------------------------------------------------------ */
 
-typedef enum { NRS_ROLE_WORKER = 1, NRS_ROLE_WATCHER = 2, NRS_ROLE_CLI = 3 } nrs_peer_role_t;
+/* A joiner is a rank of a later job step (an expansion's join step): its rank
+ * and nranks are its step's; the controller gives it a place in the job's
+ * world (WORLD) and, after the controller says so, it is a worker. */
+typedef enum {
+    NRS_ROLE_WORKER = 1,
+    NRS_ROLE_WATCHER = 2,
+    NRS_ROLE_CLI = 3,
+    NRS_ROLE_JOINER = 4
+} nrs_peer_role_t;
 
 typedef struct {
     uint32_t role;                   /* nrs_peer_role_t */
@@ -194,6 +203,19 @@ typedef struct {
     const uint8_t *entries;      /* decoder: count x (4 + len) bytes in the payload */
 } nrs_msg_gathered_t;
 
+/* WORLD (controller -> ranks): the job's world grows by `count` joining
+ * ranks, world ranks base .. base + count - 1 (generation gen, size ranks in
+ * all); `rank` is the recipient's world rank; `out` the ranks known gone.
+ * Every rank of the world then contributes to the gather "world<gen>" (key
+ * NRS_WORLD_KEY | gen) its transport address: see docs/protocol.md §Joining. */
+#define NRS_WORLD_KEY (5ULL << 32)
+typedef struct {
+    uint32_t gen;                /* >= 1 */
+    int32_t size, rank, base, count;
+    int32_t nout;
+    int32_t out[NRS_GATHER_MAX_OUT];
+} nrs_msg_world_t;
+
 /* Entries of len bytes that fit one GATHERED frame (at least 1). */
 uint32_t nrs_gathered_fit(uint32_t len);
 
@@ -219,6 +241,7 @@ int nrs_enc_epoch(uint8_t *buf, size_t cap, uint16_t type, const nrs_msg_epoch_t
 int nrs_enc_ack(uint8_t *buf, size_t cap, const nrs_msg_ack_t *m);
 int nrs_enc_error(uint8_t *buf, size_t cap, const nrs_msg_error_t *m);
 int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m);
+int nrs_enc_world(uint8_t *buf, size_t cap, const nrs_msg_world_t *m);
 /* GATHERED chunk: m->count entries, rank ranks[i] with data + i * m->len. */
 int nrs_enc_gathered(uint8_t *buf, size_t cap, const nrs_msg_gathered_t *m,
                      const int32_t *ranks, const uint8_t *data, uint32_t flags);
@@ -240,6 +263,7 @@ int nrs_dec_epoch(uint16_t type, const uint8_t *p, size_t n, nrs_msg_epoch_t *m,
 int nrs_dec_ack(const uint8_t *p, size_t n, nrs_msg_ack_t *m, char *why, size_t wl);
 int nrs_dec_error(const uint8_t *p, size_t n, nrs_msg_error_t *m, char *why, size_t wl);
 int nrs_dec_gather(const uint8_t *p, size_t n, nrs_msg_gather_t *m, char *why, size_t wl);
+int nrs_dec_world(const uint8_t *p, size_t n, nrs_msg_world_t *m, char *why, size_t wl);
 int nrs_dec_gathered(const uint8_t *p, size_t n, nrs_msg_gathered_t *m, char *why, size_t wl);
 /* Entry i of a decoded GATHERED chunk. */
 void nrs_gathered_entry(const nrs_msg_gathered_t *m, uint32_t i, int32_t *rank,

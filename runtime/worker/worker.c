@@ -83,6 +83,12 @@ struct nrs_worker {
                              * epoch, or gone): never waited for again */
     int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */
     char *ckpt_dir;         /* checkpoints (ckpt.h), NULL: none */
+    int joiner;             /* this rank came with a join step (NEREUS_JOIN) */
+    unsigned world_gen;     /* generations of the world this rank is in */
+    nrs_msg_world_t *world_pend; /* a WORLD read, kept for the step agreement */
+    int join_step;          /* joiner: the job's step when it joined; -1 */
+    unsigned agreed_world;  /* the newest world generation a rank of the plan has */
+    int last_step;          /* the last step reported */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
     char err[640];
 };
@@ -176,6 +182,10 @@ static int join(nrs_worker_t *w)
         return seterr(w, NRS_ERR_RDV, "%s", err);
     w->me = nrs_rdv_rank(w->r);
     w->n = nrs_rdv_size(w->r);
+    if (w->joiner) { /* the world's transports come with the controller's WORLD */
+        w->xport_ucx = 1;
+        return 0;
+    }
     const char *xp = getenv("NRS_WORKER_XPORT"); /* local | ucx; default by size */
     w->xport_ucx = xp ? !strcmp(xp, "ucx") : w->n > 1;
     if (!w->xport_ucx) {
@@ -228,7 +238,7 @@ static void ctl_connect(nrs_worker_t *w)
     uint8_t buf[512];
     const char *job = getenv("NEREUS_JOB_ID"), *tok = getenv("NEREUS_TOKEN");
     memset(&m, 0, sizeof m);
-    m.role = NRS_ROLE_WORKER;
+    m.role = w->joiner ? NRS_ROLE_JOINER : NRS_ROLE_WORKER;
     m.rank = w->me;
     m.nranks = w->n;
     const char *hn = getenv("NEREUS_HOSTNAME"); /* launchers (and tests) that name nodes */
@@ -276,6 +286,8 @@ static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
     }
 }
 
+static int join_world(nrs_worker_t *w);
+
 int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
 {
     nrs_worker_t *w = calloc(1, sizeof(*w));
@@ -287,6 +299,10 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     w->timeout_s = env_double("NRS_WORKER_TIMEOUT", 30);
     w->ctl_fd = -1;
     w->restored_step = -1;
+    w->join_step = -1;
+    w->last_step = -1;
+    const char *jn = getenv("NEREUS_JOIN");
+    w->joiner = jn && *jn && strcmp(jn, "0");
     const char *ck = getenv("NEREUS_CHECKPOINT_DIR");
     if (ck && *ck && !(w->ckpt_dir = strdup(ck)))
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
@@ -306,6 +322,10 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
      * step); NRS_WORKER_COLL=pmix|controller overrides. */
     const char *coll = getenv("NRS_WORKER_COLL");
     w->coll_ctl = w->ctl_fd >= 0 && w->n > 1 && !(coll && !strcmp(coll, "pmix"));
+    if (!rc && w->joiner) {
+        w->coll_ctl = 1;
+        rc = join_world(w);
+    }
     return rc;
 }
 
@@ -684,6 +704,7 @@ int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
         return NRS_ERR_INVAL;
     nrs_worker_report_t *r = &w->rep;
     char json[2048];
+    w->last_step = step;
     r->rank = w->me;
     r->epoch = w->have_plan ? w->plan.epoch : 0;
     r->step = (uint32_t)step;
@@ -851,7 +872,8 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         free(nperm);
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
-    int out = nrs_dtrans_run(g, next->epoch, &w->x, w->r, w->mem, nm, &o, &w->last);
+    int out = nrs_dtrans_run(g, next->epoch, &w->x, w->joiner ? NULL : w->r, w->mem, nm, &o,
+                             &w->last);
     size_t nnew = (size_t)g->nnew;
     w->have_last = 1;
     snprintf(w->err, sizeof w->err, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
@@ -1281,6 +1303,23 @@ static int ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
         }
         return ctl_prepare(w, m.epoch);
     }
+    case NRS_MSG_WORLD: {
+        nrs_msg_world_t *m = malloc(sizeof *m);
+        if (!m)
+            return seterr(w, NRS_ERR_NOMEM, "out of memory");
+        if (nrs_dec_world(p, h->length, m, why, sizeof why)) {
+            free(m);
+            ctl_close(w, "malformed WORLD");
+            return seterr(w, NRS_ERR_PLAN, "WORLD from the controller: %s", why);
+        }
+        if (m->gen <= w->world_gen || m->rank != w->me) {
+            free(m);
+            return NRS_OK;
+        }
+        free(w->world_pend); /* switched at the next step boundary, by agreement */
+        w->world_pend = m;
+        return NRS_OK;
+    }
     case NRS_MSG_ERROR:
         return ctl_error(w, h);
     default: /* late COMMIT/ABORT of a finished transition, status text */
@@ -1467,6 +1506,214 @@ static int coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const vo
                           errlen);
 }
 
+/* ---- a growing world: the ranks of a join step (docs/worker-api.md §7) ------------ */
+
+enum { WORLD_BLOB = 8192, WORLD_HDR = 24 };
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int grow_arrays(nrs_worker_t *w, int size)
+{
+    int *perm = realloc(w->perm, sizeof(int) * ((size_t)size + 1));
+    if (perm)
+        w->perm = perm;
+    unsigned char **a[3] = {&w->leaving, &w->gone, &w->dead};
+    for (int k = 0; perm && k < 3; k++) {
+        unsigned char *q = realloc(*a[k], (size_t)size + 1);
+        if (!q)
+            return -1;
+        if (size > w->n)
+            memset(q + w->n, 0, (size_t)(size - w->n) + 1);
+        *a[k] = q;
+    }
+    return perm ? 0 : -1;
+}
+
+/* Every rank of the world (the first step's and the joiners) gives its
+ * address and where it is; all compute the same ranks order and connect. */
+static int world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
+{
+    char err[512], name[32];
+    int size = m->size, rc = NRS_OK;
+    unsigned char *mine = calloc(WORLD_BLOB, 1), *all = NULL, *got = NULL;
+    void **addrs = NULL;
+    size_t *lens = NULL;
+    if (!mine || grow_arrays(w, size))
+        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    w->n = size;
+    if (w->joiner && !w->u) {
+        nrs_ucx_opts_t uo;
+        nrs_ucx_opts_init(&uo);
+        uo.op_timeout_s = w->timeout_s;
+        w->me = m->rank;
+        if (nrs_ucx_init(&w->u, w->me, size, &uo, err, sizeof err)) {
+            rc = seterr(w, NRS_ERR_XPORT, "%s", err);
+            goto out;
+        }
+    } else if (nrs_ucx_grow(w->u, size, err, sizeof err)) {
+        rc = seterr(w, NRS_ERR_XPORT, "%s", err);
+        goto out;
+    }
+    for (int i = 0; i < m->nout; i++)
+        w->dead[m->out[i]] = 1;
+    const void *addr;
+    size_t alen;
+    nrs_ucx_address(w->u, &addr, &alen);
+    if (alen > WORLD_BLOB - WORLD_HDR) {
+        rc = seterr(w, NRS_ERR_XPORT, "transport address of %zu bytes", alen);
+        goto out;
+    }
+    put_u32(mine, (uint32_t)alen);
+    put_u32(mine + 4, w->joiner && w->join_step < 0 ? 0 : (uint32_t)(w->my_gpu + 1));
+    put_u32(mine + 8, w->attempt);
+    put_u32(mine + 12, (uint32_t)(w->last_step + 1));
+    put_u32(mine + 16, w->have_plan ? w->plan.epoch : 0);
+    put_u32(mine + 20, w->joiner && w->join_step < 0 ? 1 : 0);
+    memcpy(mine + WORLD_HDR, addr, alen);
+    all = calloc((size_t)size, WORLD_BLOB);
+    got = calloc((size_t)size + 1, 1);
+    addrs = calloc((size_t)size + 1, sizeof(void *));
+    lens = calloc((size_t)size + 1, sizeof(size_t));
+    if (!all || !got || !addrs || !lens) {
+        rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(name, sizeof name, "world%u", m->gen);
+    if (coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, WORLD_BLOB, m->out, m->nout, all, got,
+                    err, sizeof err)) {
+        rc = seterr(w, NRS_ERR_RDV, "world %u: %s", m->gen, err);
+        goto out;
+    }
+    /* ranks order: the current plan's GPUs, then the joiners, then the others */
+    unsigned epoch = 0, attempt = 0;
+    int step = -1, total = w->have_plan ? w->plan.total_gpus : 0, np = 0;
+    unsigned char *placed = calloc((size_t)size + 1, 1);
+    if (!placed) {
+        rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int g = 0; g < total; g++)
+        w->perm[g] = -1;
+    for (int r = 0; r < size; r++) {
+        const unsigned char *b = all + (size_t)r * WORLD_BLOB;
+        if (!got[r]) {
+            w->dead[r] = 1;
+            nrs_ucx_mark_failed(w->u, r);
+            continue;
+        }
+        uint32_t g1 = get_u32(b + 4);
+        if (g1 && (int)g1 <= total) {
+            w->perm[g1 - 1] = r;
+            placed[r] = 1;
+        }
+        if (!get_u32(b + 20)) { /* a rank already in the world: its counters */
+            attempt = get_u32(b + 8) > attempt ? get_u32(b + 8) : attempt;
+            step = (int)get_u32(b + 12) > step ? (int)get_u32(b + 12) : step;
+            epoch = get_u32(b + 16);
+        }
+        addrs[r] = (void *)(b + WORLD_HDR);
+        lens[r] = get_u32(b);
+    }
+    np = total;
+    for (int r = m->base; r < size; r++)
+        if (!placed[r])
+            w->perm[np++] = r, placed[r] = 1;
+    for (int r = 0; r < size; r++)
+        if (!placed[r])
+            w->perm[np++] = r;
+    free(placed);
+    for (int g = 0; g < total; g++)
+        if (w->perm[g] < 0) {
+            rc = seterr(w, NRS_ERR_PLAN, "world %u: no rank holds GPU %d of epoch %u", m->gen, g,
+                        w->plan.epoch);
+            goto out;
+        }
+    if (w->have_plan && epoch && epoch != w->plan.epoch) {
+        rc = seterr(w, NRS_ERR_PLAN, "world %u: the job is on epoch %u, this rank on %u", m->gen,
+                    epoch, w->plan.epoch);
+        goto out;
+    }
+    if (nrs_ucx_connect(w->u, addrs, lens, err, sizeof err)) {
+        rc = seterr(w, NRS_ERR_XPORT, "world %u: %s", m->gen, err);
+        goto out;
+    }
+    if (w->joiner && !w->x.ops) {
+        w->attempt = attempt;
+        w->join_step = step;
+        w->my_gpu = -1;
+        if (nrs_xport_ucx_open(&w->x, w->u, owner_rank, w)) {
+            rc = seterr(w, NRS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    w->world_gen = m->gen;
+out:
+    free(mine);
+    free(all);
+    free(got);
+    free(addrs);
+    free(lens);
+    return rc;
+}
+
+/* A rank of a join step: HELLO as a joiner, wait for the world to be
+ * complete (every joiner connected), join it, take the committed plan. */
+static int join_world(nrs_worker_t *w)
+{
+    char why[256];
+    nrs_hdr_t h;
+    if (w->ctl_fd < 0)
+        return seterr(w, NRS_ERR_INVAL, "a joining rank needs the job's controller: %s",
+                      nrs_worker_control(w));
+    double end = nrs_now_s() + env_double("NRS_WORKER_JOIN_TIMEOUT", 120);
+    while (!w->world_gen) {
+        double left = end - nrs_now_s();
+        int k = left > 0 ? ctl_recv(w, left, &h) : 0;
+        if (k <= 0)
+            return seterr(w, NRS_ERR_RDV, "join: %s", k < 0 ? w->ctl_err
+                          : "the controller never completed the world (do all ranks of the "
+                            "join step run?)");
+        const uint8_t *p = w->cbuf + NRS_PROTO_HDR;
+        if (h.type == NRS_MSG_PLAN) {
+            nrs_msg_plan_t *m = malloc(sizeof *m);
+            if (m && !nrs_dec_plan(p, h.length, m, why, sizeof why) &&
+                !(m->flags & NRS_PLAN_TRANSITION)) {
+                w->plan = m->plan;
+                w->have_plan = 1;
+                w->rep.epoch = m->plan.epoch;
+            }
+            free(m);
+        } else if (h.type == NRS_MSG_WORLD) {
+            nrs_msg_world_t *m = malloc(sizeof *m);
+            int rc = !m ? seterr(w, NRS_ERR_NOMEM, "out of memory")
+                     : nrs_dec_world(p, h.length, m, why, sizeof why)
+                         ? seterr(w, NRS_ERR_PLAN, "WORLD: %s", why)
+                         : world_switch(w, m);
+            free(m);
+            if (rc)
+                return rc;
+        } else if (h.type == NRS_MSG_ERROR) {
+            return ctl_error(w, &h);
+        }
+    }
+    if (!w->have_plan)
+        return seterr(w, NRS_ERR_PLAN, "join: no plan from the controller");
+    free_state(w);
+    w->my_gpu = -1;
+    return index_state(w);
+}
+
+int nrs_worker_joined_at(const nrs_worker_t *w) { return w ? w->join_step : -1; }
+
 /* ---- the step boundary and the per-step weight sync ----------------------------- */
 
 /* Ranks of the current plan (they hold its GPUs) that have not said they leave. */
@@ -1497,7 +1744,7 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     char name[48], err[384];
     int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
     unsigned char *in = calloc((size_t)w->n + 1, 1), *got = calloc((size_t)w->n + 1, 1);
-    uint32_t *all = calloc((size_t)w->n + 1, sizeof(uint32_t));
+    uint32_t *all = calloc(2 * (size_t)w->n + 2, sizeof(uint32_t));
     unsigned best = mine;
     int nout = 0;
     if (!part || !out || !in || !got || !all)
@@ -1510,8 +1757,9 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
             out[nout++] = i;
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
-    uint32_t v = mine;
-    if (coll_gather(w, key, name, &v, sizeof v, out, nout, all, got, err, sizeof err))
+    uint32_t v[2] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen};
+    w->agreed_world = v[1];
+    if (coll_gather(w, key, name, v, sizeof v, out, nout, all, got, err, sizeof err))
         goto done;
     for (int i = 0; i < np; i++) {
         int r = part[i];
@@ -1521,10 +1769,12 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
             w->gone[r] = w->dead[r] = 1; /* the same on every rank: the gather collected it or not */
             continue;
         }
-        if (all[r] & AGREE_LEAVING)
+        if (all[2 * r + 1] > w->agreed_world)
+            w->agreed_world = all[2 * r + 1];
+        if (all[2 * r] & AGREE_LEAVING)
             w->leaving[r] = 1;
-        else if (all[r] > best)
-            best = all[r];
+        else if (all[2 * r] > best)
+            best = all[2 * r];
     }
 done:
     free(part);
@@ -1567,6 +1817,26 @@ int nrs_worker_control_step(nrs_worker_t *w)
     unsigned e = agree_prepare(w, w->prep_epoch);
     /* someone has it: it reaches this rank too (the controller sends it to all) */
     double end = nrs_now_s() + w->timeout_s;
+    if (w->agreed_world > w->world_gen) { /* the world grew: everyone switches here */
+        while ((!w->world_pend || w->world_pend->gen < w->agreed_world) && w->ctl_fd >= 0 &&
+               nrs_now_s() < end) {
+            int k = ctl_recv(w, end - nrs_now_s(), &h);
+            if (k < 0)
+                break;
+            if (k > 0 && (rc = ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
+                break;
+        }
+        nrs_msg_world_t *m = w->world_pend;
+        w->world_pend = NULL;
+        rc = m && m->gen == w->agreed_world ? world_switch(w, m)
+                                             : seterr(w, NRS_ERR_RDV, "world %u: no WORLD from "
+                                                      "the controller", w->agreed_world);
+        free(m);
+        if (rc) {
+            w->defer = 0;
+            return rc;
+        }
+    }
     while (e && w->prep_epoch != e && w->ctl_fd >= 0 && nrs_now_s() < end) {
         int k = ctl_recv(w, end - nrs_now_s(), &h);
         if (k < 0)
@@ -1709,7 +1979,7 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
         o.xport_error = ucx_error;
     }
     nrs_dtrans_result_t res;
-    int oc = nrs_dtrans_run(g, tag, &w->x, w->r, om, nm, &o, &res);
+    int oc = nrs_dtrans_run(g, tag, &w->x, w->joiner ? NULL : w->r, om, nm, &o, &res);
     free(om);
     free(out);
     if (oc != NRS_DT_COMMITTED) { /* nothing old is freed by a sync: the state is intact */
@@ -1852,6 +2122,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->cbuf);
     free(w->pend);
     free(w->ckpt_dir);
+    free(w->world_pend);
     free(w);
     return rc;
 }

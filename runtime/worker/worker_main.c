@@ -26,7 +26,7 @@ static void usage(FILE *f)
 "SYNOPSIS\n"
 "    nereus-worker [--spec FILE] [--steps N] [--step-ms M] [--response-len A]\n"
 "                  [--max-response-len B] [--gpus-per-host G] [--quiet-s S]\n"
-"                  [--checkpoint-dir DIR] [--checkpoint-every K]\n"
+"                  [--checkpoint-dir DIR] [--checkpoint-every K] [--join]\n"
 "\n"
 "DESCRIPTION\n"
 "    One rank of a job (start one per GPU: srun, or tests/mp/pmix_srv). Each rank\n"
@@ -65,6 +65,11 @@ static void usage(FILE *f)
 "                          the checkpoint of step S')\n"
 "    --checkpoint-every K  a checkpoint every K steps (default 0: none; needs a\n"
 "                          directory)\n"
+"    --join                these ranks join a running job ($NEREUS_JOIN=1): a\n"
+"                          join step launched on nodes an expansion added; they\n"
+"                          wait for the job's controller to connect them to the\n"
+"                          job's ranks, start at the job's current step and take\n"
+"                          GPUs at its next epoch\n"
 "    -h, --help            this text\n"
 "\n"
 "ENVIRONMENT\n"
@@ -137,6 +142,7 @@ int main(int argc, char **argv)
                                        {"gpus-per-host", 1, 0, 'g'}, {"quiet-s", 1, 0, 'q'},
                                        {"checkpoint-dir", 1, 0, 'd'},
                                        {"checkpoint-every", 1, 0, 'k'},
+                                       {"join", 0, 0, 'j'},
                                        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     const char *spec_path = getenv("NEREUS_SPEC");
     int steps = -1, gph = 0, c, ck_every = 0;
@@ -153,6 +159,7 @@ int main(int argc, char **argv)
         case 'q': quiet = atof(optarg); break;
         case 'd': ck_dir = optarg; break;
         case 'k': ck_every = atoi(optarg); break;
+        case 'j': setenv("NEREUS_JOIN", "1", 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -231,7 +238,10 @@ int main(int argc, char **argv)
     double scale = -1;
     int ntrans = 0, exitc = 0, sync_err = 0, partial = 0;
     int trace_sync = getenv("NEREUS_TRACE_SYNC") && atoi(getenv("NEREUS_TRACE_SYNC"));
-    for (int s = 0; s < steps && !exitc; s++) {
+    int s0 = nrs_worker_joined_at(w) > 0 ? nrs_worker_joined_at(w) : 0;
+    if (nrs_worker_joined_at(w) >= 0)
+        printf("rank %d of %d: joined the job at step %d\n", me, n, s0);
+    for (int s = s0; s < steps && !exitc; s++) {
         double rl = steps > 1 ? r0 + (r1 - r0) * s / (steps - 1) : r0;
         /* the current plan: this rank's roles come from it; the times from the cost model */
         nrs_plan_t p;

@@ -79,6 +79,7 @@ struct nrs_ucx {
     void *probe_arg;
     nrs_ucx_op_t **orphans; /* freed ops whose requests UCX still holds */
     size_t norphans, orphcap;
+    int cap;           /* peers allocated (>= size) */
     double last_event; /* nrs_ucx_spin */
     int nlocal, ncpus;  /* ranks on this host (connected so far), CPUs we may use */
     uint64_t ops_posted, ops_since_idle;
@@ -191,7 +192,10 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
     cpu_set_t cpus;
     u->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) ? (int)sysconf(_SC_NPROCESSORS_ONLN)
                                                         : CPU_COUNT(&cpus);
-    if (!(u->peers = calloc((size_t)size, sizeof(*u->peers)))) {
+    /* room to grow (nrs_ucx_grow): the endpoints' error callbacks hold pointers
+     * into this array, so it is never moved */
+    u->cap = size * 4 + 64 < NRS_UCX_MAX_RANKS ? size * 4 + 64 : NRS_UCX_MAX_RANKS;
+    if (!(u->peers = calloc((size_t)u->cap, sizeof(*u->peers)))) {
         nrs_seterr(err, errlen, "ucx: out of memory");
         goto fail;
     }
@@ -323,9 +327,27 @@ int nrs_ucx_connect(nrs_ucx_t *u, void *const *addrs, const size_t *lens, char *
                     size_t errlen)
 {
     for (int i = 0; i < u->size; i++)
-        if (!u->peers[i].ep && connect_one(u, i, addrs[i], lens[i], err, errlen))
+        if (!u->peers[i].ep && u->peers[i].failed == UCS_OK &&
+            connect_one(u, i, addrs[i], lens[i], err, errlen))
             return -1;
     return 0;
+}
+
+int nrs_ucx_grow(nrs_ucx_t *u, int size, char *err, size_t errlen)
+{
+    if (size < u->size || size > u->cap) {
+        nrs_seterr(err, errlen, "ucx: cannot grow from %d to %d ranks (room for %d)", u->size,
+                   size, u->cap);
+        return -1;
+    }
+    u->size = size; /* the new peers are zeroed: no endpoint until connected */
+    return 0;
+}
+
+void nrs_ucx_mark_failed(nrs_ucx_t *u, int rank)
+{
+    if (rank >= 0 && rank < u->size && !u->peers[rank].ep)
+        u->peers[rank].failed = UCS_ERR_UNREACHABLE;
 }
 
 /* Peers without UCX failure detection: is the process still there? */

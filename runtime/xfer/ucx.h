@@ -59,6 +59,11 @@ int nrs_ucx_size(const nrs_ucx_t *u);
 void nrs_ucx_address(const nrs_ucx_t *u, const void **addr, size_t *len);
 
 /* Endpoints to every rank from their addresses (addrs[rank], lens[rank]). */
+/* The world grew to size ranks (at most 4x the first size + 64): ranks from the
+ * old size on have no endpoint until nrs_ucx_connect. */
+int nrs_ucx_grow(nrs_ucx_t *u, int size, char *err, size_t errlen);
+/* A rank with no address (gone before it could give one): failed, never connected. */
+void nrs_ucx_mark_failed(nrs_ucx_t *u, int rank);
 int nrs_ucx_connect(nrs_ucx_t *u, void *const *addrs, const size_t *lens, char *err,
                     size_t errlen);
 

@@ -33,6 +33,10 @@ check() { # name command...: passes when the command exits 0 within 30 s
         sed 's/^/    | /' "$tmp/out" | tail -n 20; ko "$name" "exit $?"; fi
 }
 alive() { kill -0 "$cpid" 2>/dev/null; }
+# SIGTERM to a controller of ours only: bash reaps background children as they
+# exit, so a stale pid may by now be another test's process (make -j runs
+# suites side by side)
+term_ctl() { [ "$(cat /proc/"$1"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$1"; }
 status_json() { timeout 10 "$CLI" status --json --socket-dir "$D"; }
 wait_for() { # seconds command...
     local n=$(( $1 * 10 )); shift
@@ -101,7 +105,7 @@ check "a rank that cannot prepare makes the transition abort" bash -c "timeout 1
 check "ABORT was logged and reached the ranks" bash -c "grep -q 'ABORT before the point of no return' '$tmp/c2.log' && grep -q 'ABORT epoch 2' '$tmp/fw2.out'"
 check "the retry backs off (at most 3 aborts in 3 s)" bash -c "sleep 2; [ \$(grep -c 'ABORT before' '$tmp/c2.log') -le 3 ]"
 kill "$fw2" 2>/dev/null; wait "$fw2" 2>/dev/null
-kill -TERM "$c2"; wait "$c2"; c2rc=$?
+term_ctl "$c2"; wait "$c2"; c2rc=$?
 [ "$c2rc" -eq 0 ] && ok "second controller stopped" || ko "second controller stopped" "exit $c2rc"
 CURLOG=""
 
@@ -145,7 +149,7 @@ fi
 echo "[ RUN      ] SIGTERM exits 0 and removes the socket"
 timeout -k 2 20 "$FW" --socket-dir "$D" --ranks 4 --nranks 16 --expect-epoch 99 --timeout 15 >/dev/null 2>&1 &
 wait_for 10 bash -c "$CLI status --json --socket-dir $D | jq -e '.nworkers == 4' >/dev/null"
-kill -TERM "$cpid"
+term_ctl "$cpid"
 rc=124
 for _ in $(seq 100); do if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1; done
 cpid=""

@@ -68,6 +68,8 @@ static void decoders(const uint8_t *p, size_t n)
             CHECK(nrs_dec_epoch(ty, p, n, &em, why, sizeof(why)), nrs_enc_epoch(out, sizeof(out), ty, &em));
     CHECK(nrs_dec_ack(p, n, &ack, why, sizeof(why)), nrs_enc_ack(out, sizeof(out), &ack));
     CHECK(nrs_dec_error(p, n, &er, why, sizeof(why)), nrs_enc_error(out, sizeof(out), &er));
+    static nrs_msg_world_t wo;
+    CHECK(nrs_dec_world(p, n, &wo, why, sizeof(why)), nrs_enc_world(out, sizeof(out), &wo));
     static nrs_msg_gather_t ga;
     CHECK(nrs_dec_gather(p, n, &ga, why, sizeof(why)), nrs_enc_gather(out, sizeof(out), &ga));
     nrs_msg_gathered_t gd;

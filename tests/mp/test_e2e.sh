@@ -22,7 +22,12 @@
 #      transition: the survivors' state is partial (the census says what is
 #      missing); `delta --lost node1` (its node: the planner takes whole
 #      nodes) -> node1's other ranks are retired, the forced epoch restores
-#      from the checkpoint, the 4 survivors verify every shard.
+#      from the checkpoint, the 4 survivors verify every shard;
+#   8. an expansion: 4 ranks on node0 (controller --gpus 4), `delta --add 1`,
+#      then a join step of 4 ranks (a second PMIx server, nereus-worker
+#      --join): the controller connects the world through a gather, plans
+#      on 8 GPUs, the joiners receive their replicas (dp grows), all 8
+#      finish every step with every shard verified.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -59,12 +64,16 @@ wait_for() { # seconds command...
 }
 start_ctl() { # dir log
     "$CTL" --socket-dir "$1" --transition-timeout 15 --hello-timeout 2 --log "$2" "$SPEC" \
-        2>/dev/null &
+        2>>"$tmp/ctl-stderr.log" &
     cpid=$!
     wait_for 10 test -S "$1/ctl.sock"
 }
 stop_ctl() { # name
-    kill -TERM "$cpid"
+    if ! kill -0 "$cpid" 2>/dev/null; then
+        ko "$1: the controller was still running" "$(grep -v '^$' "$tmp/ctl-stderr.log" | tail -n 20)"
+    fi
+    # ours only: a reaped child's pid may be another suite's process by now
+    [ "$(cat /proc/"$cpid"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$cpid"
     local rc=124
     for _ in $(seq 100); do
         if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
@@ -295,4 +304,51 @@ check "past the PONR: node1's 3 live ranks were retired" "[ $n -eq 3 ]" "$n of 3
 check "past the PONR: status: 4 GPUs" "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/w7.log" 30; grep -v report "$tmp/c7.log" | show /dev/stdin 20; }
 stop_ctl "past the PONR"
+
+# --- 8. an expansion: a join step's ranks join the job's world, dp grows -----------------
+D="$tmp/s8"
+"$CTL" --socket-dir "$D" --gpus 4 --transition-timeout 15 --hello-timeout 2 --log "$tmp/c8.log" \
+    "$SPEC" 2>>"$tmp/ctl-stderr.log" &
+cpid=$!
+wait_for 10 test -S "$D/ctl.sock"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] expansion: 4 ranks, delta --add 1, a join step of 4 ranks"
+"$SRV" -q -n 4 -t 60 -- "$WK" --spec "$SPEC" --steps 100 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256 >"$tmp/w8.log" 2>&1 &
+spid=$!
+wait_for 20 jq_ok "$D" '.nworkers == 4'
+timeout 10 "$NRS" delta --add 1 --socket-dir "$D" >"$tmp/delta8.out" 2>&1
+drc=$?
+check "expansion: delta --add 1 accepted, the plan kept until ranks join" \
+    "[ $drc -eq 0 ] && grep -q 'plan kept' '$tmp/delta8.out'" "exit $drc: $(cat "$tmp/delta8.out")"
+NEREUS_HOSTNAME=node1 "$SRV" -q -n 4 -t 60 -- "$WK" --join --spec "$SPEC" --steps 100 \
+    --step-ms 30 --response-len 32 --max-response-len 256 >"$tmp/j8.log" 2>&1 &
+jpid=$!
+wait_for 40 jq_ok "$D" '.nworkers == 8 and .plan.total_gpus == 8'
+check "expansion: 8 workers on an 8-GPU plan while the job runs" \
+    "jq_ok '$D' '.nworkers == 8 and .plan.total_gpus == 8' || ! kill -0 $spid 2>/dev/null" \
+    "$(status_json "$D" | jq -c '{nworkers, gpus, epoch}')"
+rc=124 jrc=124
+for _ in $(seq 650); do
+    if [ "$rc" -eq 124 ] && ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; fi
+    if [ "$jrc" -eq 124 ] && ! kill -0 "$jpid" 2>/dev/null; then wait "$jpid"; jrc=$?; fi
+    [ "$rc" -ne 124 ] && [ "$jrc" -ne 124 ] && break
+    sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+[ "$jrc" -eq 124 ] && kill -KILL "$jpid" 2>/dev/null
+spid=""
+check "expansion: both steps ended cleanly" "[ $rc -eq 0 ] && [ $jrc -eq 0 ]" "first step $rc, join step $jrc"
+check "expansion: the controller connected the world (8 ranks) and grew the plan" \
+    "grep -q 'world 1: 4 rank(s) joined as 4..7' '$tmp/c8.log' && grep -q 'decision \[join\] trigger resources: ADMITTED' '$tmp/c8.log'"
+n=$(grep -cE '^rank [4-7] of 8: joined the job at step [0-9]+' "$tmp/j8.log")
+check "expansion: the 4 joiners are world ranks 4-7" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E '^rank [4-7]: step [0-9]+: epoch [0-9]+ committed \(GPU [4-7],' "$tmp/j8.log" | cut -d: -f1 | sort -u | wc -l)
+check "expansion: the joiners took GPUs 4-7 of the grown epoch" "[ $n -eq 4 ]" "$n of 4"
+n=$(cat "$tmp/w8.log" "$tmp/j8.log" | grep -cE '^rank [0-7]: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches')
+check "expansion: all 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
+check "expansion: status: 8 GPUs" "jq_ok '$D' '.gpus == 8 and .plan.total_gpus == 8'"
+check "expansion: no sanitizer report" "! grep -q 'Sanitizer' '$tmp/w8.log' '$tmp/j8.log'"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/j8.log" 20; grep -v report "$tmp/c8.log" | show /dev/stdin 20; }
+stop_ctl "expansion"
 mp_done

@@ -608,7 +608,7 @@ static void test_framing(void **st)
     for (int t = NRS_MSG_PLAN; t <= NRS_MSG_MAX; t++) /* controller-to-peer messages never come in */
         if (t == NRS_MSG_PLAN || t == NRS_MSG_PREPARE || t == NRS_MSG_COMMIT ||
             t == NRS_MSG_ABORT || t == NRS_MSG_STATUS || t == NRS_MSG_DELTA_REPLY ||
-            t == NRS_MSG_GATHERED)
+            t == NRS_MSG_GATHERED || t == NRS_MSG_WORLD)
             for (int r = NRS_ROLE_WORKER; r <= NRS_ROLE_CLI; r++)
                 assert_int_equal(nrs_conn_check_type(NRS_CONN_READY, r, t), -NRS_PERR_UNEXPECTED);
 }
@@ -678,6 +678,53 @@ static void test_gather_msgs(void **st)
     assert_int_equal(nrs_enc_gathered(buf, CAP, &g, ranks, vals, 2), -1); /* unknown flag */
 }
 
+static void test_world_msg(void **st)
+{
+    (void)st;
+    static nrs_msg_world_t m, d;
+    memset(&m, 0, sizeof(m));
+    m.gen = 1;
+    m.size = 12;
+    m.rank = 9;
+    m.base = 8;
+    m.count = 4;
+    m.nout = 2;
+    m.out[0] = 2;
+    m.out[1] = 5;
+    int n = nrs_enc_world(buf, CAP, &m);
+    nrs_hdr_t h = hdr_of(n);
+    assert_int_equal(h.type, NRS_MSG_WORLD);
+    assert_int_equal(nrs_dec_world(pl(), h.length, &d, why, sizeof(why)), 0);
+    assert_true(d.gen == 1 && d.size == 12 && d.rank == 9 && d.base == 8 && d.count == 4);
+    assert_true(d.nout == 2 && d.out[0] == 2 && d.out[1] == 5);
+    truncations((dec_fn)nrs_dec_world, &d, h.length);
+    m.count = 3; /* base + count must be the size */
+    assert_int_equal(nrs_dec_world(pl(), hdr_of(nrs_enc_world(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    m.count = 4;
+    m.out[1] = 8; /* a gone rank is one of the world before */
+    assert_int_equal(nrs_dec_world(pl(), hdr_of(nrs_enc_world(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    m.out[1] = 5;
+    m.gen = 0;
+    assert_int_equal(nrs_dec_world(pl(), hdr_of(nrs_enc_world(buf, CAP, &m)).length, &d, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    /* a joiner's HELLO: rank and nranks are its step's */
+    nrs_msg_hello_t hm, hd;
+    memset(&hm, 0, sizeof(hm));
+    hm.role = NRS_ROLE_JOINER;
+    hm.rank = 3;
+    hm.nranks = 4;
+    snprintf(hm.host, sizeof(hm.host), "n3");
+    n = nrs_enc_hello(buf, CAP, &hm);
+    assert_int_equal(nrs_dec_hello(pl(), hdr_of(n).length, &hd, why, sizeof(why)), 0);
+    assert_int_equal(hd.role, NRS_ROLE_JOINER);
+    hm.rank = 4;
+    n = nrs_enc_hello(buf, CAP, &hm);
+    assert_int_equal(nrs_dec_hello(pl(), hdr_of(n).length, &hd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    hm.role = 5;
+    hm.rank = 0;
+    n = nrs_enc_hello(buf, CAP, &hm);
+    assert_int_equal(nrs_dec_hello(pl(), hdr_of(n).length, &hd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -686,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_report),  cmocka_unit_test(test_delta),
         cmocka_unit_test(test_status),  cmocka_unit_test(test_epoch_msgs),
         cmocka_unit_test(test_framing), cmocka_unit_test(test_gather_msgs),
+        cmocka_unit_test(test_world_msg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
