@@ -12,6 +12,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include <slurm/spank.h>
 
@@ -61,6 +63,10 @@ typedef struct {
 
 extern nrs_spank_opt_t nrs_spank_opt;
 
+/* --nereus given to this job: in prolog/epilog context too (there Slurm
+ * runs no option callback; the option is in the job's environment). */
+bool nrs_spank_option_given(spank_t sp);
+
 /* Register every option of the table; call from slurm_spank_init only. */
 int nrs_spank_options_register(spank_t sp);
 
@@ -80,5 +86,20 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av);
 int nrs_remote_task_exit(spank_t sp, int ac, char **av);
 int nrs_remote_exit(spank_t sp, int ac, char **av);
 int nrs_slurmd_init(spank_t sp, int ac, char **av);
+/* job_epilog (S_CTX_JOB_SCRIPT, root): the hint and the clean-up of this
+ * node's job directory; they log failures and never fail. */
+void nrs_epilog(spank_t sp, int ac, char **av);
+
+/* ---- shared by remote.c (slurmstepd) and slurmd.c (job_epilog) ---------- */
+
+/* state_dir with "%n" replaced by node: 0, or -1 (too long, logged). */
+int nrs_state_dir(const char *node, char *out, size_t n);
+/* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid for at most
+ * NRS_HINT_MS (then SIGKILL), its output logged: its exit status, or -1
+ * (could not run it, killed). Never blocks longer. */
+enum { NRS_HINT_MS = 2000 };
+int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const char *from,
+                 const char *ctl_dir, const char *nodes, bool report_end);
+double nrs_now_ms(void);
 
 #endif

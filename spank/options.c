@@ -36,6 +36,17 @@ int nrs_spank_options_register(spank_t sp)
     return 0;
 }
 
+bool nrs_spank_option_given(spank_t sp)
+{
+    char *arg = NULL;
+
+    if (nrs_spank_opt.given ||
+        spank_option_getopt(sp, &nrs_spank_options[0], &arg) == ESPANK_SUCCESS)
+        return true;
+    /* How Slurm hands a job's plugin options to prolog and epilog. */
+    return getenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus") != NULL;
+}
+
 int nrs_spank_validate_spec(const char *path)
 {
     char err[NRS_ERR_MAX];

@@ -8,6 +8,12 @@
  *                               local task, stop them cleanly (SIGTERM)
  *   exit (root)                 anything of ours still there: SIGKILL
  *
+ * No hint from task_exit on a released node: it runs while slurmstepd is
+ * killing the step (proctrack SIGKILLs every process of the step, a helper
+ * forked there too: seen on 22.05); job_epilog (slurmd.c), ~30 ms later and
+ * outside the step, sends it. nrs_hint_run is here, next to the spawning of
+ * the watcher, and shared with it.
+ *
  * A step without --nereus returns at the top of every hook. A failure is
  * logged and returned: Slurm then fails the step only when the plugstack
  * line says "required"; with "optional" the step runs without Nereus (we
@@ -45,6 +51,7 @@ typedef struct {
     char node[256];                   /* this node's Slurm name */
     pid_t watcher;                    /* started by this step; 0: none */
     uint32_t tasks, tasks_exited;     /* local tasks of this step */
+
     char spec[PATH_MAX];
 } nrs_remote_t;
 
@@ -120,7 +127,7 @@ static void nrs_remote_first_node(spank_t sp, char *buf, size_t n)
 }
 
 /* state_dir with "%n" replaced by the node name. */
-static int nrs_remote_state_dir(const char *node, char *out, size_t n)
+int nrs_state_dir(const char *node, char *out, size_t n)
 {
     const char *s = nrs_spank_config.state_dir;
     size_t used = 0;
@@ -179,6 +186,29 @@ static int nrs_mkdir_p(const char *path)
     return 0;
 }
 
+/* DIR/ctl_node: the job's first node, for job_epilog (whose environment
+ * does not name it), to find the controller. Written once (O_EXCL, no link
+ * followed); the user may change it, which only points the hint, run as
+ * the user, elsewhere. A failure costs only the hint: logged, not fatal. */
+static void nrs_remote_note_first(const nrs_remote_t *r, const char *first)
+{
+    char path[NRS_SPANK_PATH_MAX + 16];
+    int fd;
+
+    if (first[0] == '\0' || snprintf(path, sizeof(path), "%s/ctl_node", r->job_dir) >=
+                                 (int)sizeof(path))
+        return;
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        if (errno != EEXIST)
+            slurm_error(NRS_SPANK_PREFIX "%s: %s", path, strerror(errno));
+        return;
+    }
+    if (dprintf(fd, "%s\n", first) < 0)
+        slurm_error(NRS_SPANK_PREFIX "%s: %s", path, strerror(errno));
+    close(fd);
+}
+
 /* <state_dir>/<job id>, mode 0700, owned by the job's user. Several steps of
  * one job share it; whoever comes first creates it. */
 static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
@@ -193,8 +223,9 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
         nrs_remote_node_name(sp, 0, first, sizeof(first));
     r->ctl_here = strcmp(node, first) == 0;
     snprintf(r->node, sizeof(r->node), "%s", node);
-    if (nrs_remote_state_dir(node, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0 ||
-        nrs_remote_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
+
+    if (nrs_state_dir(node, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0 ||
+        nrs_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
         return -1;
     n = snprintf(r->job_dir, sizeof(r->job_dir), "%s/%u", state, r->job_id);
     m = snprintf(r->ctl_dir, sizeof(r->ctl_dir), "%s/%u", ctl_state, r->job_id);
@@ -207,6 +238,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
             nrs_err("chown %s: %s", r->job_dir, strerror(errno));
             return -1;
         }
+        nrs_remote_note_first(r, first);
         return 0;
     }
     if (errno != EEXIST) {
@@ -217,6 +249,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
         nrs_err("%s exists and is not a directory of uid %u", r->job_dir, (unsigned)r->uid);
         return -1;
     }
+    nrs_remote_note_first(r, first);
     return 0;
 }
 
@@ -281,7 +314,7 @@ static int nrs_remote_path(char *out, size_t n, const char *dir, const char *nam
     return 0;
 }
 
-static double nrs_now_ms(void)
+double nrs_now_ms(void)
 {
     struct timespec ts;
 
@@ -421,8 +454,8 @@ static int nrs_remote_lock(const char *lock, int *fd)
  * slurmstepd is running as the user with seteuid (real uid root): become
  * the user for good, reset signals, give it the job dir's log as stdout and
  * stderr and no other descriptor of slurmstepd, exec. */
-static void nrs_remote_child(const nrs_remote_t *r, int logfd, int errfd, int maxfd,
-                             const gid_t *groups, int ngroups, char *const argv[],
+static void nrs_remote_child(const nrs_remote_t *r, const char *cwd, int logfd, int errfd,
+                             int maxfd, const gid_t *groups, int ngroups, char *const argv[],
                              char *const envp[])
 {
     struct sigaction sa;
@@ -444,7 +477,7 @@ static void nrs_remote_child(const nrs_remote_t *r, int logfd, int errfd, int ma
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     umask(077);
-    if (chdir(r->job_dir) != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
+    if (chdir(cwd) != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
         dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
         goto fail;
     for (int fd = 3; fd < maxfd; fd++)
@@ -519,7 +552,7 @@ static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *pro
     }
     pid = fork();
     if (pid == 0)
-        nrs_remote_child(r, logfd, pfd[1], maxfd, groups, ngroups, argv, envp);
+        nrs_remote_child(r, r->job_dir, logfd, pfd[1], maxfd, groups, ngroups, argv, envp);
     close(pfd[1]);
     close(logfd);
     if (pid < 0) {
@@ -701,6 +734,153 @@ fail:
     nrs_remote_disable(r);
     nrs_remote_unexport(sp, r);
     return -1;
+}
+
+/* ---- hints from a node leaving the job ---------------------------------------
+ *
+ * nereus-watcher --hint (spank/watcher.c) does the work as the job's user: it
+ * checks (bounded) that the controller is reachable from here and that
+ * slurmctld runs the job without this node, then sends the controller the
+ * release. We only run it, log what it says, and kill it at NRS_HINT_MS. */
+
+/* Log the helper's output, one line at a time. */
+static void nrs_hint_log(uint32_t job_id, char *buf, size_t *len, bool flush)
+{
+    char *nl;
+
+    while ((nl = memchr(buf, '\n', *len)) != NULL || (flush && *len > 0)) {
+        size_t l = nl ? (size_t)(nl - buf) : *len;
+        nrs_info("job %u: %.*s", job_id, (int)l, buf);
+        l += nl ? 1 : 0;
+        memmove(buf, buf + l, *len - l);
+        *len -= l;
+    }
+}
+
+int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const char *from,
+                 const char *ctl_dir, const char *nodes, bool report_end)
+{
+    char prog[NRS_SPANK_PATH_MAX + 32], job[16], conf[NRS_SPANK_PATH_MAX];
+    char env_conf[NRS_SPANK_PATH_MAX + 16], buf[4096];
+    const char *sc = getenv("SLURM_CONF");
+    double deadline = nrs_now_ms() + NRS_HINT_MS;
+    char *argv[24], *envp[4];
+    int a = 0, v = 0, pfd[2], st = 0;
+    size_t len = 0;
+    bool done = false;
+    pid_t pid;
+
+    if (nrs_remote_path(prog, sizeof(prog), nrs_spank_config.runtime_dir, "nereus-watcher") < 0)
+        return -1;
+    conf[0] = '\0';
+    if (sc != NULL)
+        nrs_spank_strlcpy(conf, sc, sizeof(conf));
+    snprintf(job, sizeof(job), "%u", job_id);
+    snprintf(env_conf, sizeof(env_conf), "SLURM_CONF=%s", conf);
+    argv[a++] = prog;
+    argv[a++] = "--hint";
+    argv[a++] = (char *)node;
+    argv[a++] = "--from";
+    argv[a++] = (char *)from;
+    argv[a++] = "--socket-dir";
+    argv[a++] = (char *)ctl_dir;
+    argv[a++] = "--job";
+    argv[a++] = job;
+    argv[a++] = "--timeout";
+    argv[a++] = "1.8";
+    if (nodes != NULL && nodes[0] != '\0') {
+        argv[a++] = "--nodes";
+        argv[a++] = (char *)nodes;
+    }
+    if (conf[0] != '\0') {
+        argv[a++] = "--slurm-conf";
+        argv[a++] = conf;
+        envp[v++] = env_conf;
+    }
+    if (report_end)
+        argv[a++] = "--report-end";
+    argv[a] = NULL;
+    envp[v++] = "PATH=/usr/local/bin:/usr/bin:/bin";
+    envp[v] = NULL;
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint: pipe: %s", job_id, strerror(errno));
+        return -1;
+    }
+    pid = fork();
+    if (pid == 0) { /* async-signal-safe calls only */
+        struct sigaction sa;
+        sigset_t none;
+        int nul;
+
+        if (getuid() == 0 && (seteuid(0) != 0 || setgroups(1, &gid) != 0 ||
+                              setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0))
+            _exit(126);
+        if (getuid() != uid || geteuid() != uid)
+            _exit(126);
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = SIG_DFL;
+        for (int sig = 1; sig < NSIG; sig++)
+            sigaction(sig, &sa, NULL);
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        umask(077);
+        if (chdir("/") != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
+            dup2(pfd[1], 1) < 0 || dup2(pfd[1], 2) < 0)
+            _exit(126);
+        closefrom(3);
+        execve(prog, argv, envp);
+        _exit(127);
+    }
+    close(pfd[1]);
+    if (pid < 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint: fork: %s", job_id, strerror(errno));
+        close(pfd[0]);
+        return -1;
+    }
+    /* Its output until EOF (it exited) or the deadline. */
+    for (;;) {
+        struct pollfd p = {pfd[0], POLLIN, 0};
+        int left = (int)(deadline - nrs_now_ms());
+        ssize_t k;
+
+        if (left <= 0)
+            break;
+        if (poll(&p, 1, left) < 0 && errno != EINTR)
+            break;
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        k = read(pfd[0], buf + len, sizeof(buf) - 1 - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        nrs_hint_log(job_id, buf, &len, len == sizeof(buf) - 1);
+    }
+    nrs_hint_log(job_id, buf, &len, true);
+    close(pfd[0]);
+    while (nrs_now_ms() < deadline) {
+        pid_t p = waitpid(pid, &st, WNOHANG);
+        if (p == pid || (p < 0 && errno != EINTR)) {
+            done = p == pid;
+            break;
+        }
+        poll(NULL, 0, 10);
+    }
+    if (!done) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint from %s (%s): no answer within %d ms: killed",
+                    job_id, node, from, NRS_HINT_MS);
+        kill(pid, SIGKILL);
+        for (int i = 0; i < 100 && waitpid(pid, &st, WNOHANG) == 0; i++)
+            poll(NULL, 0, 10);
+        return -1;
+    }
+    if (WIFEXITED(st) && WEXITSTATUS(st) >= 126) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint: cannot run %s as uid %u (status %d)", job_id,
+                    prog, (unsigned)uid, WEXITSTATUS(st));
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* After the last local task of the step that started the watcher (for a

@@ -1,9 +1,323 @@
-/* slurmd context: nothing to do per job yet; parsing the arguments here
- * puts a misconfigured plugstack line in the slurmd log at start-up. */
+/* slurmd context: parsing the arguments at start-up puts a misconfigured
+ * plugstack line in the slurmd log.
+ *
+ * job_epilog (S_CTX_JOB_SCRIPT: a process slurmd runs as root after the
+ * job's steps on this node ended; on the nodes a shrink released it runs
+ * while the job goes on elsewhere), for a job with --nereus:
+ *
+ *   1. hint: if this node has left a job that still runs, tell its
+ *      controller now (nereus-watcher --hint, as the job's user, <= 2 s;
+ *      skipped, with a log line, where the controller is not reachable);
+ *   2. clean-up: remove this node's job directory <state_dir>/<job id>
+ *      (state_dir with %n = this node), once nothing of ours runs in it:
+ *      everything but its top-level *.log files; the directory goes when
+ *      nothing is kept (every node but the first, whose controller.log and
+ *      watcher.log stay).
+ *
+ * Both log their failures and never fail the epilog (that would drain the
+ * node). A job without --nereus returns at once. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+
 #include "nrs_spank.h"
+
+enum { NRS_EPILOG_WAIT_MS = 2000, NRS_RM_DEPTH = 16 };
 
 int nrs_slurmd_init(spank_t sp, int ac, char **av)
 {
     (void)sp;
     return nrs_spank_config_parse(ac, av);
+}
+
+
+static bool nrs_env_u32(const char *name, uint32_t *out)
+{
+    const char *s = getenv(name);
+    char *end;
+    unsigned long v;
+
+    if (s == NULL || *s == '\0')
+        return false;
+    errno = 0;
+    v = strtoul(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+/* A process (other than us) whose cwd is dir or below it; *ours: it is the
+ * job's nereus-watcher/controller of that dir. 0: none. */
+static pid_t nrs_dir_user(const char *dir, bool *ours)
+{
+    size_t dl = strlen(dir);
+    struct dirent *e;
+    pid_t found = 0;
+    DIR *proc = opendir("/proc");
+
+    *ours = false;
+    if (proc == NULL)
+        return 0;
+    while (found == 0 && (e = readdir(proc)) != NULL) {
+        char path[64], cwd[NRS_SPANK_PATH_MAX], cmd[NRS_SPANK_PATH_MAX + 64];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        ssize_t k;
+        int fd;
+
+        if (pid <= 0 || pid == getpid())
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cwd", (int)pid);
+        k = readlink(path, cwd, sizeof(cwd) - 1);
+        if (k <= 0)
+            continue;
+        cwd[k] = '\0';
+        if (strncmp(cwd, dir, dl) != 0 || (cwd[dl] != '\0' && cwd[dl] != '/'))
+            continue;
+        found = pid;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        k = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; i < k; i++)
+            if (cmd[i] == '\0')
+                cmd[i] = ' ';
+        cmd[k > 0 ? k : 0] = '\0';
+        char want[NRS_SPANK_PATH_MAX + 64];
+        for (int prog = 0; prog < 2 && !*ours; prog++) {
+            snprintf(want, sizeof(want), "nereus-%s --socket-dir %s ",
+                     prog ? "controller" : "watcher", dir);
+            *ours = strstr(cmd, want) != NULL;
+        }
+    }
+    closedir(proc);
+    return found;
+}
+
+/* Wait (bounded) until nothing runs in dir; our own daemons still there
+ * after that are killed (Slurm should have: their step ended). 0: free. */
+static int nrs_dir_wait_free(uint32_t job_id, const char *dir)
+{
+    double deadline = nrs_now_ms() + NRS_EPILOG_WAIT_MS;
+    bool ours, killed = false;
+    pid_t pid;
+
+    while ((pid = nrs_dir_user(dir, &ours)) != 0) {
+        if (nrs_now_ms() >= deadline) {
+            if (!ours || killed) {
+                slurm_error(NRS_SPANK_PREFIX "job %u: %s still in use (pid %d): left in place",
+                            job_id, dir, (int)pid);
+                return -1;
+            }
+            slurm_error(NRS_SPANK_PREFIX "job %u: pid %d (nereus) still running in %s after the "
+                        "job's steps: SIGKILL", job_id, (int)pid, dir);
+            kill(pid, SIGKILL);
+            killed = true;
+            deadline = nrs_now_ms() + 500;
+            continue;
+        }
+        poll(NULL, 0, 50);
+    }
+    return 0;
+}
+
+/* A log file the clean-up keeps: NAME.log at the top (controller.log,
+ * watcher.log: the job's record of deltas and decisions, for afterwards). */
+static bool nrs_keep(int dfd, const char *name, int depth)
+{
+    size_t l = strlen(name);
+    struct stat st;
+
+    return depth == 0 && l > 4 &&
+           strcmp(name + l - 4, ".log") == 0 &&
+           fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Remove everything under the open directory dfd (but what nrs_keep keeps),
+ * never following a link; *kept: something was kept. */
+static int nrs_rm_below(int dfd, int depth, bool *kept)
+{
+    int fd = dup(dfd), rc = 0;
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    struct dirent *e;
+
+    if (d == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (nrs_keep(dfd, e->d_name, depth)) {
+            *kept = true;
+            continue;
+        }
+        if (unlinkat(dfd, e->d_name, 0) == 0)
+            continue;
+        if (errno != EISDIR || depth >= NRS_RM_DEPTH) {
+            rc = -1;
+            continue;
+        }
+        int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) {
+            rc = -1;
+            continue;
+        }
+        if (nrs_rm_below(sub, depth + 1, kept) != 0)
+            rc = -1;
+        close(sub);
+        if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) != 0)
+            rc = -1;
+    }
+    closedir(d);
+    return rc;
+}
+
+/* <state>/<job id>, made by the plugin (remote.c nrs_remote_job_dir): a real
+ * directory of the job's user in a state dir of root's that others cannot
+ * write to (or sticky). Anything else is left alone. */
+static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, const char *state, const char *dir)
+{
+    struct stat ps, st, fs;
+    int dfd;
+
+    if (lstat(state, &ps) != 0 || !S_ISDIR(ps.st_mode) || ps.st_uid != 0 ||
+        ((ps.st_mode & 022) != 0 && (ps.st_mode & S_ISVTX) == 0)) {
+        nrs_verbose("job %u: state_dir %s missing or unsafe: no clean-up", job_id, state);
+        return;
+    }
+    if (lstat(dir, &st) != 0) {
+        if (errno != ENOENT)
+            slurm_error(NRS_SPANK_PREFIX "job %u: %s: %s", job_id, dir, strerror(errno));
+        return;
+    }
+    if (!S_ISDIR(st.st_mode) || st.st_uid != uid) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: %s is not a directory of uid %u: left alone", job_id,
+                    dir, (unsigned)uid);
+        return;
+    }
+    if (nrs_dir_wait_free(job_id, dir) != 0)
+        return;
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 || fstat(dfd, &fs) != 0 || fs.st_dev != st.st_dev || fs.st_ino != st.st_ino) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: %s changed under us: left alone", job_id, dir);
+        if (dfd >= 0)
+            close(dfd);
+        return;
+    }
+    bool kept = false;
+    int rc = nrs_rm_below(dfd, 0, &kept);
+    close(dfd);
+    if (rc == 0 && kept) {
+        nrs_verbose("job %u: cleaned %s (its *.log kept)", job_id, dir);
+        return;
+    }
+    if (rc != 0 || rmdir(dir) != 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: cannot remove all of %s: %s", job_id, dir,
+                    strerror(errno));
+        return;
+    }
+    nrs_verbose("job %u: removed %s", job_id, dir);
+}
+
+/* The job's first node, where its controller runs: the epilog's
+ * environment does not say (SLURM_NODELIST holds this epilog's nodes), so
+ * remote.c notes it in DIR/ctl_node. A node name or "" (none, or not one). */
+static void nrs_epilog_first_node(const char *dir, char *out, size_t n)
+{
+    char path[NRS_SPANK_PATH_MAX + 16];
+    ssize_t k = -1;
+    int fd;
+
+    out[0] = '\0';
+    if (snprintf(path, sizeof(path), "%s/ctl_node", dir) >= (int)sizeof(path))
+        return;
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        k = read(fd, out, n - 1);
+        close(fd);
+    }
+    out[k > 0 ? k : 0] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    for (const char *c = out; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '_' || *c == '.')) {
+            out[0] = '\0';
+            return;
+        }
+}
+
+void nrs_epilog(spank_t sp, int ac, char **av)
+{
+    char node[256], first[256], state[NRS_SPANK_PATH_MAX], ctl_state[NRS_SPANK_PATH_MAX];
+    char dir[NRS_SPANK_PATH_MAX], ctl_dir[NRS_SPANK_PATH_MAX];
+    const char *e = getenv("SLURMD_NODENAME");
+    uint32_t job_id = 0, u32;
+    uid_t uid;
+    gid_t gid;
+    bool shared;
+    int k, hint = 0;
+
+    if (!nrs_spank_option_given(sp))
+        return;
+    /* Slurm calls no slurm_spank_init in this context: parse here (once). */
+    if (nrs_spank_config_parse(ac, av) != 0) {
+        slurm_error(NRS_SPANK_PREFIX "epilog: plugin misconfigured: %s", nrs_spank_config.error);
+        return;
+    }
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS &&
+        !nrs_env_u32("SLURM_JOB_ID", &job_id)) {
+        slurm_error(NRS_SPANK_PREFIX "epilog: no job id");
+        return;
+    }
+    if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+        if (!nrs_env_u32("SLURM_JOB_UID", &u32)) {
+            slurm_error(NRS_SPANK_PREFIX "job %u: epilog: no uid", job_id);
+            return;
+        }
+        uid = (uid_t)u32;
+    }
+    if (spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+        gid = nrs_env_u32("SLURM_JOB_GID", &u32) ? (gid_t)u32 : (gid_t)-1;
+    }
+    if (e != NULL && *e != '\0')
+        nrs_spank_strlcpy(node, e, sizeof(node));
+    else if (gethostname(node, sizeof(node)) != 0)
+        return;
+    node[sizeof(node) - 1] = '\0';
+    if (nrs_state_dir(node, state, sizeof(state)) < 0)
+        return;
+    k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
+    if (k < 0 || (size_t)k >= sizeof(dir))
+        return;
+    /* A state_dir without %n may be one directory shared by every node: only
+     * the job's final epilog (the job no longer runs) may remove it. */
+    shared = strstr(nrs_spank_config.state_dir, "%n") == NULL;
+    nrs_epilog_first_node(dir, first, sizeof(first));
+    /* The job's first node is never released (it holds the controller):
+     * its epilog is the job's end, no hint. */
+    if (first[0] != '\0' && strcmp(first, node) != 0 && gid != (gid_t)-1 &&
+        nrs_state_dir(first, ctl_state, sizeof(ctl_state)) == 0 &&
+        (k = snprintf(ctl_dir, sizeof(ctl_dir), "%s/%u", ctl_state, job_id)) > 0 &&
+        (size_t)k < sizeof(ctl_dir))
+        hint = nrs_hint_run(uid, gid, job_id, node, "job_epilog", ctl_dir, getenv("SLURM_NODELIST"),
+                            shared);
+    if (shared && (first[0] == '\0' || (strcmp(first, node) != 0 && hint != 3))) {
+        nrs_verbose("job %u: %s may be shared with nodes still running the job: kept", job_id,
+                    dir);
+        return;
+    }
+    nrs_epilog_cleanup(job_id, uid, state, dir);
 }

@@ -1,5 +1,5 @@
 /* Nereus SPANK plugin: the entry points Slurm calls, dispatched on the
- * context to the file that does the work. A context we have nothing to do
+ * context to the file that does the work (job_epilog: slurmd.c). A context we have nothing to do
  * in returns success, so a job without --nereus is untouched. */
 #include "nrs_spank.h"
 
@@ -52,4 +52,13 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
     if (spank_context() != S_CTX_REMOTE)
         return 0;
     return nrs_remote_exit(sp, ac, av);
+}
+
+/* Prolog/epilog context (run by slurmd as root). Never fails: an error in an
+ * epilog would drain the node. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+    if (spank_context() == S_CTX_JOB_SCRIPT)
+        nrs_epilog(sp, ac, av);
+    return 0;
 }

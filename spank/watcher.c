@@ -16,6 +16,9 @@
  * 3. when the job ends (or on SIGTERM), stop the controller (SIGTERM, then
  *    SIGKILL after 3 s) and exit. If the controller dies, exit too.
  *
+ * With --hint NODE it is instead a released node's one-shot hint (see
+ * nrw_hint below): the same delta, sent from that node's job_epilog.
+ *
  * Hosts are sent by name first; a controller that knows no rank on them (no
  * workers connected, or workers that name their host differently) refuses
  * with "unknown host", and we resend the same release as GPU indices: the
@@ -35,6 +38,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,9 +73,13 @@ typedef struct {
     unsigned next_epoch; /* not yet committed (0: none) */
     nrw_hosts_t current; /* the allocation as last seen */
     time_t resize_time;
+    double recv_timeout;   /* seconds to wait for a DELTA_REPLY */
+    const char *hint_node; /* --hint NODE: a released node's hint, not the watcher */
 } nrw_t;
 
 static volatile sig_atomic_t nrw_stop;
+static char nrw_prefix[160]; /* "hint from n3 (task_exit): " */
+static FILE *nrw_also;       /* hint: the job's watcher.log too */
 
 static void nrw_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void nrw_log(const char *fmt, ...)
@@ -79,12 +90,14 @@ static void nrw_log(const char *fmt, ...)
     va_list ap;
 
     strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", localtime_r(&now, &tm));
-    fprintf(stderr, "%s nereus-watcher[%d]: ", ts, (int)getpid());
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    fflush(stderr);
+    for (FILE *f = stderr; f != NULL; f = f == stderr ? nrw_also : NULL) {
+        fprintf(f, "%s nereus-watcher[%d]: %s", ts, (int)getpid(), nrw_prefix);
+        va_start(ap, fmt);
+        vfprintf(f, fmt, ap);
+        va_end(ap);
+        fputc('\n', f);
+        fflush(f);
+    }
 }
 
 static void nrw_on_signal(int sig)
@@ -281,6 +294,24 @@ static void nrw_applied(nrw_t *w, unsigned epoch, unsigned new_epoch)
     }
 }
 
+/* HELLO as a watcher; a hint names the released node it comes from (the
+ * controller logs it with the delta). */
+static int nrw_hello(const nrw_t *w, int fd, char *text, size_t tl)
+{
+    nrs_msg_hello_t m;
+    uint8_t buf[512];
+
+    memset(&m, 0, sizeof(m));
+    m.role = NRS_ROLE_WATCHER;
+    snprintf(m.job, sizeof(m.job), "%s", w->job_str);
+    if (w->hint_node != NULL)
+        snprintf(m.host, sizeof(m.host), "%s", w->hint_node);
+    else if (gethostname(m.host, sizeof(m.host)) != 0)
+        m.host[0] = '\0';
+    m.host[sizeof(m.host) - 1] = '\0';
+    return nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof(buf), &m), text, tl);
+}
+
 /* One DELTA and its reply; 0 when the controller applied it. text gets the
  * controller's answer or why there was none; *r (if not NULL) the reply, its
  * epoch 0 when there was none. */
@@ -303,12 +334,12 @@ static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, 
     fd = nrs_client_connect_unix(w->socket_dir, text, tl);
     if (fd < 0)
         goto out;
-    if (nrs_client_hello(fd, NRS_ROLE_WATCHER, text, tl) != 0 ||
+    if (nrw_hello(w, fd, text, tl) != 0 ||
         nrs_client_send(fd, buf, nrs_enc_delta(buf, cap, m), text, tl) != 0) {
         nrs_client_refusal(fd, text, tl);
         goto out;
     }
-    if (nrs_client_recv(fd, buf, cap, &h, 30, text, tl) != 0)
+    if (nrs_client_recv(fd, buf, cap, &h, w->recv_timeout > 0 ? w->recv_timeout : 30, text, tl) != 0)
         goto out;
     if (h.type == NRS_MSG_ERROR && nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
         snprintf(text, tl, "refused: %s: %s", nrs_perr_name((int)e.code), e.text);
@@ -371,7 +402,7 @@ static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_
     }
     int rc = nrw_send_delta(w, m, text, sizeof(text), &r);
     bool by_name = rc == 0;
-    nrw_log("delta %s hosts %s: %s", what, names, text);
+    nrw_log("%s %s hosts %s: %s", w->hint_node ? "hint" : "delta", what, names, text);
     if (r.epoch != 0)
         nrw_sync_epoch(w, r.epoch);
     if (rc != 0 && strstr(text, "unknown host") != NULL && w->gpus_per_node > 0) {
@@ -426,17 +457,176 @@ static void nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
         nrw_sync_epoch(w, r.epoch);
 }
 
+/* ---- the node order, shared with hints ------------------------------------
+ *
+ * A released node's hint (nereus-watcher --hint, run by the plugin there)
+ * sends the controller the same kind of delta as we do, and renumbers the
+ * controller's GPUs the same way; so both keep the node orders (base, next,
+ * order) in DIR/watcher.nodes, read and written under an flock of
+ * DIR/watcher.nodes.lock around each delta. A host still in our last view
+ * of the allocation but no longer in `order` was removed by a hint. */
+enum { NRW_LOCK_WAIT_MS = 5000 };
+
+static double nrw_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void nrw_path(char *out, size_t n, const nrw_t *w, const char *name)
+{
+    snprintf(out, n, "%s/%s", w->socket_dir, name);
+}
+
+/* The lock's fd, or -1 (not got within wait_ms: go on without it). */
+static int nrw_state_lock(const nrw_t *w, double wait_ms)
+{
+    char path[4096];
+    double deadline = nrw_now_ms() + wait_ms;
+    int fd;
+
+    nrw_path(path, sizeof(path), w, "watcher.nodes.lock");
+    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        nrw_log("%s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || nrw_now_ms() >= deadline) {
+            nrw_log("%s: not locked within %.0f ms: %s", path, wait_ms, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        usleep(10000);
+    }
+    return fd;
+}
+
+static void nrw_state_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* drops the flock */
+}
+
+static void nrw_hosts_write(FILE *f, const char *tag, long epoch, const nrw_hosts_t *h)
+{
+    fprintf(f, "%s", tag);
+    if (epoch >= 0)
+        fprintf(f, " %ld", epoch);
+    fprintf(f, " %d", h->n);
+    for (int i = 0; i < h->n; i++)
+        fprintf(f, " %s", h->names[i]);
+    fputc('\n', f);
+}
+
+static void nrw_state_save(const nrw_t *w)
+{
+    char path[4096], tmp[4096];
+    FILE *f;
+    int fd;
+
+    nrw_path(path, sizeof(path), w, "watcher.nodes");
+    nrw_path(tmp, sizeof(tmp), w, "watcher.nodes.tmp");
+    unlink(tmp);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || (f = fdopen(fd, "w")) == NULL) {
+        nrw_log("%s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    fprintf(f, "nereus-watcher-nodes 1\ngpus_per_node %d\n", w->gpus_per_node);
+    nrw_hosts_write(f, "base", w->base_epoch, &w->base);
+    nrw_hosts_write(f, "next", w->next_epoch, &w->next);
+    nrw_hosts_write(f, "order", -1, &w->order);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        nrw_log("%s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* One "TAG [EPOCH] N HOST..." line (its words from strtok_r). */
+static int nrw_hosts_read(char *line, const char *tag, unsigned *epoch, nrw_hosts_t *h)
+{
+    char *save = NULL, *t = strtok_r(line, " \n", &save), *end;
+    long n;
+
+    if (t == NULL || strcmp(t, tag) != 0)
+        return -1;
+    if (epoch != NULL) {
+        if ((t = strtok_r(NULL, " \n", &save)) == NULL)
+            return -1;
+        *epoch = (unsigned)strtoul(t, &end, 10);
+        if (*end)
+            return -1;
+    }
+    if ((t = strtok_r(NULL, " \n", &save)) == NULL)
+        return -1;
+    n = strtol(t, &end, 10);
+    if (*end || n < 0 || n > NRW_MAX_NODES)
+        return -1;
+    h->n = 0;
+    while (h->n < n && (t = strtok_r(NULL, " \n", &save)) != NULL)
+        snprintf(h->names[h->n++], NRW_HOST_MAX, "%s", t);
+    return h->n == n ? 0 : -1;
+}
+
+/* 0 and w's node orders replaced by the file's, or -1 (w untouched). */
+static int nrw_state_load(nrw_t *w)
+{
+    static nrw_hosts_t base, next, order;
+    char path[4096], *line = NULL;
+    size_t cap = 0;
+    unsigned be = 0, ne = 0;
+    int gpn = 0, rc = -1;
+    FILE *f;
+
+    nrw_path(path, sizeof(path), w, "watcher.nodes");
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || (f = fdopen(fd, "r")) == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (getline(&line, &cap, f) < 0 || strcmp(line, "nereus-watcher-nodes 1\n") != 0 ||
+        getline(&line, &cap, f) < 0 || sscanf(line, "gpus_per_node %d", &gpn) != 1 ||
+        getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "base", &be, &base) != 0 ||
+        getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "next", &ne, &next) != 0 ||
+        getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "order", NULL, &order) != 0)
+        goto out;
+    w->gpus_per_node = gpn;
+    w->base = base;
+    w->base_epoch = be;
+    w->next = next;
+    w->next_epoch = ne;
+    w->order = order;
+    rc = 0;
+out:
+    free(line);
+    fclose(f);
+    return rc;
+}
+
 /* The allocation changed from w->current to now: tell the controller. */
 static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
 {
-    static nrw_hosts_t gone, lost, added;
+    static nrw_hosts_t gone, lost, added, hinted[2]; /* [0] released, [1] failed */
+    int lock = nrw_state_lock(w, NRW_LOCK_WAIT_MS);
 
-    gone.n = lost.n = added.n = 0;
+    if (lock >= 0 && nrw_state_load(w) != 0)
+        nrw_log("%s/watcher.nodes unreadable: keeping our own node order", w->socket_dir);
+    gone.n = lost.n = added.n = hinted[0].n = hinted[1].n = 0;
     for (int i = 0; i < w->current.n; i++) {
         const char *h = w->current.names[i];
         if (nrw_hosts_find(now, h) >= 0)
             continue;
-        if (nrw_node_failed(h))
+        bool failed = nrw_node_failed(h);
+        nrw_hosts_t *hl = &hinted[failed];
+        if (nrw_hosts_find(&w->order, h) < 0) /* a released node's hint removed it */
+            snprintf(hl->names[hl->n++], NRW_HOST_MAX, "%s", h);
+        else if (failed)
             snprintf(lost.names[lost.n++], NRW_HOST_MAX, "%s", h);
         else
             snprintf(gone.names[gone.n++], NRW_HOST_MAX, "%s", h);
@@ -445,7 +635,18 @@ static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
         if (nrw_hosts_find(&w->current, now->names[i]) < 0)
             snprintf(added.names[added.n++], NRW_HOST_MAX, "%s", now->names[i]);
     nrw_log("job %u: allocation changed: %d -> %d nodes (%d released, %d failed, %d added)",
-            w->job_id, w->current.n, now->n, gone.n, lost.n, added.n);
+            w->job_id, w->current.n, now->n, gone.n + hinted[0].n, lost.n + hinted[1].n,
+            added.n);
+    for (int k = 0; k < 2; k++) {
+        char names[1024] = "";
+        size_t used = 0;
+        for (int i = 0; i < hinted[k].n && used < sizeof(names); i++)
+            used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", i ? "," : "",
+                                     hinted[k].names[i]);
+        if (hinted[k].n > 0)
+            nrw_log("delta %s hosts %s: already sent by a hint from a released node (not resent)",
+                    k ? "LOST" : "REMOVE", names);
+    }
     for (int off = 0; off < lost.n; off += NRS_PROTO_MAX_HOSTS)
         nrw_delta_remove(w, &lost, off, NRS_DELTA_LOST);
     for (int off = 0; off < gone.n; off += NRS_PROTO_MAX_HOSTS)
@@ -453,6 +654,9 @@ static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
     if (added.n > 0)
         nrw_delta_add(w, &added);
     w->current = *now;
+    if (lock >= 0)
+        nrw_state_save(w);
+    nrw_state_unlock(lock);
 }
 
 static void nrw_sleep(double s)
@@ -490,6 +694,11 @@ static int nrw_run(nrw_t *w)
     w->base = w->current;
     w->order = w->current;
     w->base_epoch = 1;
+    if (js == NRW_JOB_RUNNING) {
+        int lock = nrw_state_lock(w, NRW_LOCK_WAIT_MS);
+        nrw_state_save(w);
+        nrw_state_unlock(lock);
+    }
     int gpus = js == NRW_JOB_RUNNING ? w->current.n * w->gpus_per_node : 0;
     if (gpus > NRS_PROTO_MAX_GPUS)
         gpus = NRS_PROTO_MAX_GPUS;
@@ -510,6 +719,9 @@ static int nrw_run(nrw_t *w)
             w->current = now;
             w->base = now;
             w->order = now;
+            int lock = nrw_state_lock(w, NRW_LOCK_WAIT_MS);
+            nrw_state_save(w);
+            nrw_state_unlock(lock);
             continue;
         }
         bool same = now.n == w->current.n;
@@ -532,11 +744,107 @@ static int nrw_run(nrw_t *w)
     return 0;
 }
 
+/* ---- a released node's hint ----------------------------------------------
+ *
+ *   nereus-watcher --hint NODE --from HOOK --socket-dir DIR --job ID
+ *                  [--nodes LIST] [--timeout S] [--slurm-conf F] [--report-end]
+ *
+ * Run by the plugin in job_epilog (on a node a shrink released, the job
+ * still runs), as the job's user, for at most S seconds (<= 2). If the job's
+ * controller is reachable from here (DIR/ctl.sock; on a real cluster it is
+ * on another machine and is not, until it listens on TCP) and slurmctld says
+ * the job runs without NODE, tell the controller at once that the hosts of
+ * LIST (and NODE) no longer in the job are gone: the delta the watcher would
+ * send at its next poll (LOST for nodes slurmctld reports failed, else
+ * REMOVE), with the same bookkeeping (watcher.nodes), so that the watcher
+ * does not send it again. Exit status: 0 done (sent, not needed, or
+ * skipped), 3 the job no longer runs, 4 NODE is still in the job. */
+enum { NRW_HINT_ENDED = 3, NRW_HINT_IN_JOB = 4 };
+
+static int nrw_hint(nrw_t *w, const char *list, const char *from, double timeout, bool report_end)
+{
+    static nrw_hosts_t cand, now, gone, lost;
+    char text[NRS_PROTO_TEXT_MAX + 128], state[128], log[4096];
+    double deadline = nrw_now_ms() + timeout * 1e3;
+    time_t rt = 0;
+    int lock = -1, fd;
+    bool loaded = false;
+
+    snprintf(nrw_prefix, sizeof(nrw_prefix), "hint from %s (%s): ", w->hint_node, from);
+    fd = nrs_client_connect_unix(w->socket_dir, text, sizeof(text));
+    if (fd < 0) {
+        nrw_log("the job's controller is not reachable from this node (%s): hint skipped "
+                "(no TCP listener yet; the watcher's poll will see the change)",
+                text);
+        if (!report_end)
+            return 0;
+    } else {
+        close(fd);
+        nrw_path(log, sizeof(log), w, "watcher.log");
+        int lfd = open(log, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        if (lfd >= 0 && (nrw_also = fdopen(lfd, "a")) == NULL)
+            close(lfd);
+    }
+    nrw_job_state_t js = nrw_load(w, &now, &rt, state, sizeof(state));
+    if (js == NRW_JOB_ENDED) {
+        nrw_log("job %u no longer runs (%s): no hint", w->job_id, state);
+        return NRW_HINT_ENDED;
+    }
+    if (js == NRW_JOB_UNKNOWN) {
+        nrw_log("job %u: no answer from slurmctld (%s): no hint", w->job_id, state);
+        return 0;
+    }
+    if (nrw_hosts_find(&now, w->hint_node) >= 0) {
+        nrw_log("%s is still in job %u: no hint", w->hint_node, w->job_id);
+        return NRW_HINT_IN_JOB;
+    }
+    if (fd < 0)
+        return 0;
+    nrw_hosts_parse(list, &cand);
+    if (nrw_hosts_find(&cand, w->hint_node) < 0 && cand.n < NRW_MAX_NODES)
+        snprintf(cand.names[cand.n++], NRW_HOST_MAX, "%s", w->hint_node);
+    lock = nrw_state_lock(w, deadline - nrw_now_ms());
+    if (lock < 0) {
+        nrw_log("hint skipped (the watcher is sending a delta right now)");
+        return 0;
+    }
+    loaded = nrw_state_load(w) == 0;
+    if (!loaded)
+        nrw_log("%s/watcher.nodes unreadable: by host name only", w->socket_dir);
+    gone.n = lost.n = 0;
+    for (int i = 0; i < cand.n; i++) {
+        const char *h = cand.names[i];
+        if (nrw_hosts_find(&now, h) >= 0)
+            continue;
+        if (loaded && nrw_hosts_find(&w->order, h) < 0) {
+            nrw_log("hint %s: already removed (by the watcher or another hint)", h);
+            continue;
+        }
+        if (nrw_node_failed(h))
+            snprintf(lost.names[lost.n++], NRW_HOST_MAX, "%s", h);
+        else
+            snprintf(gone.names[gone.n++], NRW_HOST_MAX, "%s", h);
+    }
+    double left = (deadline - nrw_now_ms()) / 1e3;
+    w->recv_timeout = left > 0.2 ? left : 0.2;
+    for (int off = 0; off < lost.n; off += NRS_PROTO_MAX_HOSTS)
+        nrw_delta_remove(w, &lost, off, NRS_DELTA_LOST);
+    for (int off = 0; off < gone.n; off += NRS_PROTO_MAX_HOSTS)
+        nrw_delta_remove(w, &gone, off, NRS_DELTA_REMOVE);
+    if (loaded)
+        nrw_state_save(w);
+    nrw_state_unlock(lock);
+    return 0;
+}
+
 static const char nrw_usage[] =
     "Usage: nereus-watcher --socket-dir DIR --job ID --runtime-dir RT [--interval S]\n"
     "                      [--slurm-conf FILE] SPEC\n"
+    "       nereus-watcher --hint NODE --from HOOK --socket-dir DIR --job ID\n"
+    "                      [--nodes LIST] [--timeout S] [--slurm-conf FILE] [--report-end]\n"
     "Started by the Nereus SPANK plugin: runs RT/nereus-controller for job ID and\n"
-    "sends it a resource delta whenever slurmctld's node list of the job changes.\n";
+    "sends it a resource delta whenever slurmctld's node list of the job changes.\n"
+    "--hint: on a node leaving job ID, send that delta at once (at most S <= 2 s).\n";
 
 int main(int argc, char **argv)
 {
@@ -545,17 +853,36 @@ int main(int argc, char **argv)
                                           {"runtime-dir", required_argument, NULL, 'r'},
                                           {"interval", required_argument, NULL, 'i'},
                                           {"slurm-conf", required_argument, NULL, 'c'},
+                                          {"hint", required_argument, NULL, 'H'},
+                                          {"from", required_argument, NULL, 'f'},
+                                          {"nodes", required_argument, NULL, 'n'},
+                                          {"timeout", required_argument, NULL, 't'},
+                                          {"report-end", no_argument, NULL, 'E'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     static nrw_t w;
     static nrs_spec_t spec;
     char err[NRS_ERR_MAX], *end;
     struct sigaction sa;
+    const char *from = "hook", *nodes = "";
+    double timeout = 2;
+    bool report_end = false;
     int ch, rc;
 
     w.interval = 2;
-    while ((ch = getopt_long(argc, argv, "d:j:r:i:c:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "d:j:r:i:c:H:f:n:t:Eh", opts, NULL)) != -1) {
         switch (ch) {
+        case 'H': w.hint_node = optarg; break;
+        case 'f': from = optarg; break;
+        case 'n': nodes = optarg; break;
+        case 'E': report_end = true; break;
+        case 't':
+            timeout = strtod(optarg, &end);
+            if (*end || !(timeout >= 0.1 && timeout <= 2)) {
+                fprintf(stderr, "nereus-watcher: --timeout: '%s' not in [0.1, 2]\n", optarg);
+                return 2;
+            }
+            break;
         case 'd': w.socket_dir = optarg; break;
         case 'j': w.job_str = optarg; break;
         case 'r': w.runtime_dir = optarg; break;
@@ -571,11 +898,12 @@ int main(int argc, char **argv)
         default: fputs(nrw_usage, stderr); return 2;
         }
     }
-    if (optind != argc - 1 || !w.socket_dir || !w.job_str || !w.runtime_dir) {
+    if (w.hint_node != NULL ? optind != argc || !w.socket_dir || !w.job_str || !w.hint_node[0]
+                            : optind != argc - 1 || !w.socket_dir || !w.job_str || !w.runtime_dir) {
         fputs(nrw_usage, stderr);
         return 2;
     }
-    w.spec_path = argv[optind];
+    w.spec_path = w.hint_node != NULL ? NULL : argv[optind];
     errno = 0;
     unsigned long id = strtoul(w.job_str, &end, 10);
     if (errno || *end || end == w.job_str || id == 0 || id > UINT32_MAX) {
@@ -583,6 +911,16 @@ int main(int argc, char **argv)
         return 2;
     }
     w.job_id = (uint32_t)id;
+    if (w.hint_node != NULL) {
+        /* Hard bound, whatever slurmctld or the controller do: SIGALRM's
+         * default action ends us (the plugin also kills us at its limit). */
+        alarm((unsigned)timeout + 1);
+        signal(SIGPIPE, SIG_IGN);
+        slurm_init(w.slurm_conf);
+        rc = nrw_hint(&w, nodes, from, timeout, report_end);
+        slurm_fini();
+        return rc;
+    }
     if (nrs_spec_load(w.spec_path, &spec, err, sizeof(err)) != 0) {
         nrw_log("%s", err);
         return 1;

@@ -844,9 +844,24 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         snprintf(text, sizeof(text), "applied: %d GPUs; no plan: %s", c->alloc_gpus, err);
         return send_delta_reply(c, from, gen, true, 0, text);
     }
+    bool waiting = !out.changed && plan_gpus(c) < c->alloc_gpus; /* GPUs without ranks yet */
+    if (waiting && out.trigger == NRS_TRIGGER_NONE) { /* say so: a decision of its own */
+        decision_t d;
+        memset(&d, 0, sizeof(d));
+        d.step = c->step_closed;
+        snprintf(d.source, sizeof(d.source), "%s", src);
+        d.trigger = NRS_TRIGGER_RESOURCES;
+        d.from_epoch = d.to_epoch = c->a.plan.epoch;
+        snprintf(d.why, sizeof(d.why), "plan kept: %d of %d GPUs have no rank yet (a join step "
+                 "brings them in)", c->alloc_gpus - plan_gpus(c), c->alloc_gpus);
+        record(c, &d);
+    }
     if (out.changed)
         snprintf(text, sizeof(text), "applied: %d GPUs; epoch %u announced%s: %s", c->alloc_gpus,
                  c->a.plan.epoch, out.decision.forced ? " (forced)" : "", out.decision.why);
+    else if (waiting)
+        snprintf(text, sizeof(text), "applied: %d GPUs; plan kept: %d of them have no rank yet "
+                 "(a join step brings them in)", c->alloc_gpus, c->alloc_gpus - plan_gpus(c));
     else
         snprintf(text, sizeof(text), "applied: %d GPUs; plan kept: %s", c->alloc_gpus,
                  out.decision.why[0] ? out.decision.why : "the current plan is still the best");

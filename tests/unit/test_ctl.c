@@ -109,6 +109,39 @@ static void delta_lost_host(nrs_conn_t *k, const char *host, nrs_msg_delta_reply
     assert_int_equal(nrs_dec_delta_reply(p, h.length, r, NULL, 0), 0);
 }
 
+/* A REMOVE/LOST delta naming host (may be NULL) and/or GPUs gpus[0..ngpus). */
+static void delta_send(nrs_conn_t *k, uint32_t kind, const char *host, const int *gpus, int ngpus,
+                       nrs_msg_delta_reply_t *r)
+{
+    static nrs_msg_delta_t m;
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    const uint8_t *p;
+    nrs_hdr_t h;
+    memset(&m, 0, sizeof(m));
+    m.kind = kind;
+    if (host) {
+        m.nhosts = 1;
+        snprintf(m.hosts[0], NRS_PROTO_STR_MAX, "%s", host);
+    }
+    for (int i = 0; i < ngpus; i++)
+        m.gpus[m.ngpus++] = gpus[i];
+    feed(k, b, nrs_enc_delta(b, sizeof(b), &m));
+    expect(k, NRS_MSG_DELTA_REPLY, &p, &h);
+    assert_int_equal(nrs_dec_delta_reply(p, h.length, r, NULL, 0), 0);
+}
+
+static void status_has(const char *needle)
+{
+    char *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    nrs_ctl_status(ctl, true, now, f);
+    fclose(f);
+    if (!strstr(txt, needle))
+        fail_msg("status lacks %s: %s", needle, txt);
+    free(txt);
+}
+
 static void drain_all(void)
 {
     for (int i = 0; i < nrs_ctl_nconns(ctl); i++)
@@ -294,6 +327,56 @@ static void test_lost_node_commit(void **st)
     assert_non_null(strstr(txt, "model-stage"));
     assert_non_null(strstr(txt, "admitted (forced)"));
     free(txt);
+}
+
+/* The same release from two sources (a released node's hint, then the
+ * watcher's poll; by name or as GPU indices, in either order) is applied
+ * once: the second is accepted as "already applied", keeps the generation
+ * and does not abort the transition the first one announced. */
+static void test_delta_twice(void **st)
+{
+    (void)st;
+    nrs_msg_delta_reply_t r;
+    int node1[8] = {8, 9, 10, 11, 12, 13, 14, 15}, mixed[2] = {8, 0};
+    nrs_conn_t *hint = peer(false), *watcher = peer(false);
+    hello(hint, NRS_ROLE_WATCHER, 0, 0, "node1", NULL);
+    hello(watcher, NRS_ROLE_WATCHER, 0, 0, "login", NULL);
+    drain_all();
+    delta_send(hint, NRS_DELTA_REMOVE, "node1", NULL, 0, &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.generation, 1);
+    assert_int_equal(r.new_epoch, 2);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    status_has("\"gpus\":8,");
+    /* again by name: no change, the announced epoch goes on */
+    delta_send(watcher, NRS_DELTA_REMOVE, "node1", NULL, 0, &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.generation, 1);
+    assert_int_equal(r.epoch, 1);
+    assert_int_equal(r.new_epoch, 2);
+    assert_non_null(strstr(r.text, "already applied"));
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    /* as GPU indices (the watcher's fallback), and as LOST: the same */
+    delta_send(watcher, NRS_DELTA_REMOVE, NULL, node1, 8, &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.generation, 1);
+    assert_non_null(strstr(r.text, "already applied"));
+    delta_send(watcher, NRS_DELTA_LOST, "node1", node1, 8, &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.generation, 1);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    status_has("\"gpus\":8,");
+    status_has("\"generation\":1,");
+    /* an unknown host is still refused */
+    delta_send(watcher, NRS_DELTA_REMOVE, "node7", NULL, 0, &r);
+    assert_int_equal(r.accepted, 0);
+    assert_non_null(strstr(r.text, "unknown host"));
+    /* partly new: only the new GPU counts */
+    delta_send(watcher, NRS_DELTA_REMOVE, NULL, mixed, 2, &r);
+    assert_int_equal(r.accepted, 1);
+    assert_int_equal(r.generation, 2);
+    status_has("\"gpus\":7,");
+    status_has("\"generation\":2,");
 }
 
 static void test_abort_on_gone_rank(void **st)
@@ -582,6 +665,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hello_gets_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_calibrate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_node_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delta_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_on_gone_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prepare_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_peers, setup, teardown),
