@@ -288,6 +288,30 @@ static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
 
 static int join_world(nrs_worker_t *w);
 
+/* Every rank must take the same collectives: the controller's only when every
+ * rank has a control channel (a rank without one, e.g. on a node that cannot
+ * reach the controller's socket, would never contribute), else PMIx for all.
+ * Decided at start-up, while the launcher's fences work. */
+static int coll_choice(nrs_worker_t *w)
+{
+    char err[512], mine = (char)w->coll_ctl;
+    void **b = NULL;
+    size_t *l = NULL;
+    if (nrs_rdv_allgather(w->r, 0, "coll", &mine, 1, &b, &l, w->timeout_s, err, sizeof err))
+        return seterr(w, NRS_ERR_RDV, "%s", err);
+    int with = 0;
+    for (int i = 0; i < w->n; i++)
+        with += l[i] == 1 && ((char *)b[i])[0];
+    nrs_rdv_free_blobs(w->r, b, l);
+    if (w->coll_ctl && with < w->n) {
+        w->coll_ctl = 0;
+        if (w->me == 0)
+            fprintf(stderr, "nereus: %d of %d ranks have a control channel: collectives over "
+                    "PMIx (after a shrink they fail under Slurm's pmix plugin)\n", with, w->n);
+    }
+    return 0;
+}
+
 int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
 {
     nrs_worker_t *w = calloc(1, sizeof(*w));
@@ -322,6 +346,8 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
      * step); NRS_WORKER_COLL=pmix|controller overrides. */
     const char *coll = getenv("NRS_WORKER_COLL");
     w->coll_ctl = w->ctl_fd >= 0 && w->n > 1 && !(coll && !strcmp(coll, "pmix"));
+    if (!rc && !w->joiner && w->n > 1 && w->r && !nrs_rdv_is_singleton(w->r))
+        rc = coll_choice(w);
     if (!rc && w->joiner) {
         w->coll_ctl = 1;
         rc = join_world(w);

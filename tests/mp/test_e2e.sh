@@ -27,7 +27,11 @@
 #      then a join step of 4 ranks (a second PMIx server, nereus-worker
 #      --join): the controller connects the world through a gather, plans
 #      on 8 GPUs, the joiners receive their replicas (dp grows), all 8
-#      finish every step with every shard verified.
+#      finish every step with every shard verified;
+#   9. ranks 4-7 cannot reach the controller (no socket dir, as ranks on other
+#      nodes of a real cluster today): every rank takes PMIx collectives (the
+#      choice is made together at start-up), the job runs its 24 steps and
+#      every rank verifies every shard.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -351,4 +355,24 @@ check "expansion: status: 8 GPUs" "jq_ok '$D' '.gpus == 8 and .plan.total_gpus =
 check "expansion: no sanitizer report" "! grep -q 'Sanitizer' '$tmp/w8.log' '$tmp/j8.log'"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/j8.log" 20; grep -v report "$tmp/c8.log" | show /dev/stdin 20; }
 stop_ctl "expansion"
+
+# --- 9. a control channel on some ranks only: all ranks use PMIx collectives -------------
+D="$tmp/s9"
+start_ctl "$D" "$tmp/c9.log"
+export NEREUS_SOCKET_DIR="$D"
+cat >"$tmp/half.sh" <<'EOS'
+#!/bin/sh
+[ "${PMIX_RANK:-0}" -ge 4 ] && unset NEREUS_SOCKET_DIR NEREUS_JOB_DIR
+exec "$@"
+EOS
+chmod +x "$tmp/half.sh"
+mp_case "mixed: 8 ranks, 4 with a control channel, 24 steps" 0 50 \
+    "$SRV" -q -n 8 -t 45 -- "$tmp/half.sh" "$WK" --spec "$SPEC" --steps 24 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 32 --quiet-s 0.5
+cp "$mp_out" "$tmp/w9.log"
+check "mixed: rank 0 says the collectives go over PMIx" \
+    "grep -q '4 of 8 ranks have a control channel: collectives over PMIx' '$tmp/w9.log'"
+n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w9.log")
+check "mixed: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
+stop_ctl "mixed"
 mp_done
