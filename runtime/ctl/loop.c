@@ -3,6 +3,7 @@
  * output queued by the controller is flushed after each batch. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -36,6 +37,7 @@ typedef struct {
     bool stopping, oom;
     uid_t uid;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char contact[sizeof(((struct sockaddr_un *)0)->sun_path) + 16]; /* DIR/ctl.tcp, written */
     FILE *log;
     double t0, last_full;
 } loop_t;
@@ -286,6 +288,27 @@ static int listen_tcp(loop_t *L, const char *hostport, char *err, size_t el)
         getnameinfo((struct sockaddr *)&ss, sl, hb, sizeof(hb), pb, sizeof(pb),
                     NI_NUMERICHOST | NI_NUMERICSERV);
     lg(L, "listening on tcp %s:%s", hb, pb);
+    /* ranks that cannot reach the unix socket learn this contact from one that
+     * can (docs/protocol.md §Transport): HOST:PORT, the host as others reach it */
+    char me[256] = "", tmp[sizeof(L->contact) + 8];
+    bool any = !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "*");
+    if (any && gethostname(me, sizeof(me) - 1) != 0)
+        me[0] = 0;
+    char *slash = strrchr(L->path, '/');
+    if (slash && (size_t)(slash - L->path) + 10 < sizeof(L->contact)) {
+        snprintf(L->contact, sizeof(L->contact), "%.*s/ctl.tcp", (int)(slash - L->path), L->path);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", L->contact);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        if (!f || fprintf(f, "%s:%s\n", any ? (me[0] ? me : "localhost") : hb, pb) < 0 ||
+            fclose(f) != 0 || rename(tmp, L->contact) != 0) {
+            lg(L, "%s: %s (remote ranks will not find this controller)", L->contact,
+               strerror(errno));
+            if (!f && fd >= 0)
+                close(fd);
+            L->contact[0] = 0;
+        }
+    }
     return 0;
 }
 
@@ -365,6 +388,8 @@ static void teardown(loop_t *L)
         close(L->ufd);
         unlink(L->path);
     }
+    if (L->contact[0])
+        unlink(L->contact);
     int fds[] = {L->tfd, L->sfd, L->timfd, L->ep};
     for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
         if (fds[i] >= 0)

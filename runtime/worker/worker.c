@@ -221,29 +221,20 @@ static int join(nrs_worker_t *w)
 /* The control channel (runtime/ctl): a unix socket in $NEREUS_SOCKET_DIR
  * (else $NEREUS_JOB_DIR), HELLO as a worker. Without one, reports go to the
  * sink only; a failure to connect is not fatal (the job runs on its plan). */
-static void ctl_connect(nrs_worker_t *w)
+/* HELLO as a worker (or joiner) on a connected fd; the channel is then w's. */
+static int ctl_hello(nrs_worker_t *w, int fd, const char *token)
 {
-    const char *dir = nrs_client_socket_dir(NULL);
-    char err[256];
-    if (!dir)
-        dir = getenv("NEREUS_JOB_DIR");
-    if (!dir || !*dir)
-        return;
-    int fd = nrs_client_connect_unix(dir, err, sizeof err);
-    if (fd < 0) {
-        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %s", err);
-        return;
-    }
     nrs_msg_hello_t m;
     uint8_t buf[512];
-    const char *job = getenv("NEREUS_JOB_ID"), *tok = getenv("NEREUS_TOKEN");
+    char err[256];
+    const char *job = getenv("NEREUS_JOB_ID");
     memset(&m, 0, sizeof m);
     m.role = w->joiner ? NRS_ROLE_JOINER : NRS_ROLE_WORKER;
     m.rank = w->me;
     m.nranks = w->n;
     const char *hn = getenv("NEREUS_HOSTNAME"); /* launchers (and tests) that name nodes */
     snprintf(m.job, sizeof m.job, "%s", job ? job : (getenv("SLURM_JOB_ID") ? getenv("SLURM_JOB_ID") : ""));
-    snprintf(m.token, sizeof m.token, "%s", tok ? tok : "");
+    snprintf(m.token, sizeof m.token, "%s", token ? token : "");
     if (hn && *hn)
         snprintf(m.host, sizeof m.host, "%s", hn);
     else if (gethostname(m.host, sizeof m.host))
@@ -252,9 +243,68 @@ static void ctl_connect(nrs_worker_t *w)
     if (nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof buf, &m), err, sizeof err)) {
         snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: HELLO: %s", err);
         close(fd);
-        return;
+        return -1;
     }
     w->ctl_fd = fd;
+    return 0;
+}
+
+/* The control channel (runtime/ctl): a unix socket in $NEREUS_SOCKET_DIR
+ * (else $NEREUS_JOB_DIR), or TCP to $NEREUS_CONTROLLER (HOST:PORT, with
+ * $NEREUS_TOKEN), HELLO as a worker. Without one, reports go to the sink
+ * only; a failure to connect is not fatal (the job runs on its plan). */
+static void ctl_connect(nrs_worker_t *w)
+{
+    const char *dir = nrs_client_socket_dir(NULL), *tcp = getenv("NEREUS_CONTROLLER");
+    const char *tok = getenv("NEREUS_TOKEN");
+    char err[256];
+    if (!dir)
+        dir = getenv("NEREUS_JOB_DIR");
+    int fd = -1;
+    if (dir && *dir)
+        fd = nrs_client_connect_unix(dir, err, sizeof err);
+    if (fd < 0 && tcp && *tcp) {
+        fd = nrs_client_connect_tcp(tcp, err, sizeof err);
+    } else if (dir && *dir && fd >= 0) {
+        tok = NULL; /* local: the socket's peer credentials are the proof */
+    }
+    if (fd < 0) {
+        if ((dir && *dir) || (tcp && *tcp))
+            snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %s", err);
+        return;
+    }
+    ctl_hello(w, fd, tok);
+}
+
+/* This rank's way to the controller for ranks that cannot reach its unix
+ * socket: "HOST:PORT TOKEN" from the controller's contact file and the
+ * job's secret next to the socket; "" when there is none. */
+static void ctl_contact(char *out, size_t n)
+{
+    const char *dir = nrs_client_socket_dir(NULL);
+    char path[4200], hp[300] = "", tok[NRS_PROTO_TOKEN_MAX + 2] = "";
+    out[0] = 0;
+    if (!dir)
+        dir = getenv("NEREUS_JOB_DIR");
+    if (!dir || !*dir)
+        return;
+    snprintf(path, sizeof path, "%s/ctl.tcp", dir);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return;
+    if (!fgets(hp, sizeof hp, f))
+        hp[0] = 0;
+    fclose(f);
+    hp[strcspn(hp, "\n")] = 0;
+    snprintf(path, sizeof path, "%s/secret", dir);
+    if (!(f = fopen(path, "re")))
+        return;
+    if (!fgets(tok, sizeof tok, f))
+        tok[0] = 0;
+    fclose(f);
+    tok[strcspn(tok, "\n")] = 0;
+    if (hp[0] && tok[0] && !strchr(hp, ' '))
+        snprintf(out, n, "%s %s", hp, tok);
 }
 
 static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
@@ -294,10 +344,38 @@ static int join_world(nrs_worker_t *w);
  * Decided at start-up, while the launcher's fences work. */
 static int coll_choice(nrs_worker_t *w)
 {
-    char err[512], mine = (char)w->coll_ctl;
+    enum { CONTACT = 512 };
+    char err[512], mine[CONTACT];
     void **b = NULL;
     size_t *l = NULL;
-    if (nrs_rdv_allgather(w->r, 0, "coll", &mine, 1, &b, &l, w->timeout_s, err, sizeof err))
+    memset(mine, 0, sizeof mine);
+    mine[0] = (char)w->coll_ctl;
+    if (w->coll_ctl)
+        ctl_contact(mine + 1, sizeof mine - 1);
+    /* 1: who is connected, and how the others can reach the controller */
+    if (nrs_rdv_allgather(w->r, 0, "coll", mine, sizeof mine, &b, &l, w->timeout_s, err,
+                          sizeof err))
+        return seterr(w, NRS_ERR_RDV, "%s", err);
+    const char *coll = getenv("NRS_WORKER_COLL");
+    int allowed = !(coll && !strcmp(coll, "pmix"));
+    for (int i = 0; allowed && w->ctl_fd < 0 && i < w->n; i++) {
+        const char *c = l[i] == CONTACT ? (const char *)b[i] + 1 : "";
+        char hp[300], tok[NRS_PROTO_TOKEN_MAX];
+        if (!c[0] || sscanf(c, "%299s %127s", hp, tok) != 2)
+            continue;
+        int fd = nrs_client_connect_tcp(hp, err, sizeof err);
+        if (fd < 0) {
+            snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: tcp %.60s: %.250s", hp, err);
+            continue;
+        }
+        if (!ctl_hello(w, fd, tok))
+            break;
+    }
+    nrs_rdv_free_blobs(w->r, b, l);
+    w->coll_ctl = w->ctl_fd >= 0 && allowed;
+    /* 2: every rank has a channel now, or all take PMIx */
+    char c2 = (char)w->coll_ctl;
+    if (nrs_rdv_allgather(w->r, 0, "coll2", &c2, 1, &b, &l, w->timeout_s, err, sizeof err))
         return seterr(w, NRS_ERR_RDV, "%s", err);
     int with = 0;
     for (int i = 0; i < w->n; i++)

@@ -31,7 +31,11 @@
 #   9. ranks 4-7 cannot reach the controller (no socket dir, as ranks on other
 #      nodes of a real cluster today): every rank takes PMIx collectives (the
 #      choice is made together at start-up), the job runs its 24 steps and
-#      every rank verifies every shard.
+#      every rank verifies every shard; 10. the same ranks, the controller
+#      also listening on TCP (--tcp, --secret-file DIR/secret, as the plugin
+#      starts it): ranks 0-3 pass its contact (DIR/ctl.tcp) and the job's
+#      secret to 4-7 through the start-up rendezvous, 4-7 connect over TCP,
+#      and all 8 use the controller's collectives through a growth transition.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -375,4 +379,32 @@ check "mixed: rank 0 says the collectives go over PMIx" \
 n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w9.log")
 check "mixed: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
 stop_ctl "mixed"
+
+# --- 10. ranks that cannot reach the socket connect over TCP -----------------------------
+D="$tmp/s10"
+mkdir -m 700 "$D"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$D/secret"
+chmod 600 "$D/secret"
+"$CTL" --socket-dir "$D" --tcp 127.0.0.1:0 --secret-file "$D/secret" --transition-timeout 15 \
+    --hello-timeout 2 --log "$tmp/c10.log" "$SPEC" 2>>"$tmp/ctl-stderr.log" &
+cpid=$!
+wait_for 10 test -s "$D/ctl.tcp"
+export NEREUS_SOCKET_DIR="$D"
+mp_case "tcp: 8 ranks, 4 reach the controller over TCP, 24 steps, response length 32 -> 256" 0 50 \
+    "$SRV" -q -n 8 -t 45 -- "$tmp/half.sh" "$WK" --spec "$SPEC" --steps 24 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 256
+cp "$mp_out" "$tmp/w10.log"
+check "tcp: the controller wrote its contact" "grep -qE '^127.0.0.1:[0-9]+$' '$D/ctl.tcp'"
+check "tcp: no rank fell back to PMIx" "! grep -q 'collectives over PMIx' '$tmp/w10.log'"
+# ranks 4-7 have no socket dir: connected means over TCP, with the contact
+n=$(grep -cE '^rank [4-7] of 8: .*control connected' "$tmp/w10.log")
+check "tcp: ranks 4-7 (no socket dir) connected over TCP" "[ $n -eq 4 ]" "$n of 4"
+check "tcp: all 8 agreed through the controller" "jq_ok '$D' '.counters.gathers >= 24'" \
+    "$(status_json "$D" | jq -c .counters)"
+n=$(grep -c 'step [0-9]*: epoch 2 committed' "$tmp/w10.log")
+check "tcp: 8 ranks committed epoch 2" "[ $n -eq 8 ]" "$n of 8"
+n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w10.log")
+check "tcp: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
+stop_ctl "tcp"
+check "tcp: the contact file went with the controller" "[ ! -e '$D/ctl.tcp' ]"
 mp_done
