@@ -20,7 +20,7 @@
 
 nrs_spank_config_t nrs_spank_config;
 
-typedef enum { NRS_ARG_PATH, NRS_ARG_SECONDS } nrs_arg_kind_t;
+typedef enum { NRS_ARG_PATH, NRS_ARG_SECONDS, NRS_ARG_HOSTPORT } nrs_arg_kind_t;
 
 typedef struct {
     const char *key;
@@ -34,6 +34,7 @@ static const nrs_arg_t nrs_args[] = {
     ARG("state_dir", NRS_ARG_PATH, state_dir),
     ARG("default_spec", NRS_ARG_PATH, default_spec),
     ARG("poll_interval", NRS_ARG_SECONDS, poll_interval),
+    ARG("controller_tcp", NRS_ARG_HOSTPORT, controller_tcp),
 };
 #define NRS_NARGS (sizeof(nrs_args) / sizeof(nrs_args[0]))
 
@@ -55,6 +56,8 @@ void nrs_spank_config_reset(void)
     nrs_spank_strlcpy(nrs_spank_config.state_dir, NRS_SPANK_DEFAULT_STATE_DIR,
                       sizeof(nrs_spank_config.state_dir));
     nrs_spank_config.poll_interval = 2.0;
+    nrs_spank_strlcpy(nrs_spank_config.controller_tcp, "0.0.0.0:0",
+                      sizeof(nrs_spank_config.controller_tcp));
 }
 
 static const nrs_arg_t *nrs_arg_find(const char *key, size_t keylen)
@@ -82,6 +85,21 @@ static int nrs_arg_set(const nrs_arg_t *a, const char *val, char *err, size_t er
             return -1;
         }
         return 0;
+    case NRS_ARG_HOSTPORT: { /* HOST:PORT, or none */
+        const char *colon = strrchr(val, ':');
+        unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+        if (strcmp(val, "none") != 0 &&
+            (!colon || colon == val || !colon[1] || *end != '\0' || port > 65535 ||
+             strpbrk(val, " \t/") != NULL)) {
+            snprintf(err, errlen, "%s=%s: expected HOST:PORT (port 0: any) or none", a->key, val);
+            return -1;
+        }
+        if (nrs_spank_strlcpy(dst, val, 64) < 0) {
+            snprintf(err, errlen, "%s: longer than 63 bytes", a->key);
+            return -1;
+        }
+        return 0;
+    }
     case NRS_ARG_SECONDS:
         errno = 0;
         d = strtod(val, &end);

@@ -41,6 +41,8 @@ typedef struct {
     char state_dir[NRS_SPANK_PATH_MAX];    /* per-job dirs; "%n" = node name */
     char default_spec[NRS_SPANK_PATH_MAX]; /* used by a bare --nereus */
     double poll_interval;                  /* allocation watcher, seconds */
+    char controller_tcp[64];               /* HOST:PORT the controller also listens
+                                            * on for ranks on other nodes; "none" */
     bool parsed;                           /* parsed once per process */
     bool broken;                           /* parse failed: refuse --nereus */
     char error[NRS_SPANK_MSG_MAX];         /* why it is broken */

@@ -522,6 +522,8 @@ static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *pro
     argv[a++] = nrs_spank_config.runtime_dir;
     argv[a++] = "--interval";
     argv[a++] = interval;
+    argv[a++] = "--tcp";
+    argv[a++] = nrs_spank_config.controller_tcp;
     if (conf[0] != '\0') {
         argv[a++] = "--slurm-conf";
         argv[a++] = conf;

@@ -62,6 +62,7 @@ typedef struct {
 
 typedef struct {
     const char *socket_dir, *job_str, *runtime_dir, *slurm_conf, *spec_path;
+    const char *tcp; /* the controller also listens there (--tcp), NULL: not */
     uint32_t job_id;
     double interval;
     int gpus_per_node;
@@ -183,18 +184,62 @@ out:
 
 /* ---- the controller --------------------------------------------------------- */
 
+/* The job's secret for ranks that reach the controller over TCP: DIR/secret,
+ * 0600, 32 random bytes in hex; they learn it from a rank on this node. */
+static int nrw_write_secret(const nrw_t *w, char *path, size_t n)
+{
+    unsigned char r[32];
+    char hex[65];
+    snprintf(path, n, "%s/secret", w->socket_dir);
+    int u = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (u < 0 || read(u, r, sizeof(r)) != (ssize_t)sizeof(r)) {
+        if (u >= 0)
+            close(u);
+        nrw_log("/dev/urandom: %s", strerror(errno));
+        return -1;
+    }
+    close(u);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", r[i]);
+    unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || write(fd, hex, 64) != 64 || write(fd, "\n", 1) != 1) {
+        nrw_log("%s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
 static int nrw_spawn_controller(nrw_t *w, int gpus)
 {
-    char prog[4096], gpus_s[16], log[4096];
+    char prog[4096], gpus_s[16], log[4096], secret[4200];
     pid_t pid;
 
     snprintf(prog, sizeof(prog), "%s/nereus-controller", w->runtime_dir);
     snprintf(log, sizeof(log), "%s/controller.log", w->socket_dir);
     snprintf(gpus_s, sizeof(gpus_s), "%d", gpus);
-    char *argv[] = {prog, "--socket-dir", (char *)w->socket_dir, "--job", (char *)w->job_str,
-                    "--gpus", gpus_s, (char *)w->spec_path, NULL};
-    char *argv_nogpus[] = {prog, "--socket-dir", (char *)w->socket_dir, "--job",
-                           (char *)w->job_str, (char *)w->spec_path, NULL};
+    char *argv[16];
+    int a = 0;
+    argv[a++] = prog;
+    argv[a++] = "--socket-dir";
+    argv[a++] = (char *)w->socket_dir;
+    argv[a++] = "--job";
+    argv[a++] = (char *)w->job_str;
+    if (gpus > 0) {
+        argv[a++] = "--gpus";
+        argv[a++] = gpus_s;
+    }
+    if (w->tcp && nrw_write_secret(w, secret, sizeof(secret)) == 0) {
+        argv[a++] = "--tcp";
+        argv[a++] = (char *)w->tcp;
+        argv[a++] = "--secret-file";
+        argv[a++] = secret;
+    }
+    argv[a++] = (char *)w->spec_path;
+    argv[a] = NULL;
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
 
     if (fd < 0) {
@@ -209,7 +254,7 @@ static int nrw_spawn_controller(nrw_t *w, int gpus)
     }
     if (pid == 0) {
         dup2(fd, 2);
-        execv(prog, gpus > 0 ? argv : argv_nogpus);
+        execv(prog, argv);
         fprintf(stderr, "nereus-watcher: cannot run %s: %s\n", prog, strerror(errno));
         _exit(127);
     }
@@ -839,11 +884,13 @@ static int nrw_hint(nrw_t *w, const char *list, const char *from, double timeout
 
 static const char nrw_usage[] =
     "Usage: nereus-watcher --socket-dir DIR --job ID --runtime-dir RT [--interval S]\n"
-    "                      [--slurm-conf FILE] SPEC\n"
+    "                      [--slurm-conf FILE] [--tcp HOST:PORT|none] SPEC\n"
     "       nereus-watcher --hint NODE --from HOOK --socket-dir DIR --job ID\n"
     "                      [--nodes LIST] [--timeout S] [--slurm-conf FILE] [--report-end]\n"
     "Started by the Nereus SPANK plugin: runs RT/nereus-controller for job ID and\n"
     "sends it a resource delta whenever slurmctld's node list of the job changes.\n"
+    "--tcp: the controller also listens there for ranks on other nodes, with a\n"
+    "job secret in DIR/secret (default none).\n"
     "--hint: on a node leaving job ID, send that delta at once (at most S <= 2 s).\n";
 
 int main(int argc, char **argv)
@@ -858,6 +905,7 @@ int main(int argc, char **argv)
                                           {"nodes", required_argument, NULL, 'n'},
                                           {"timeout", required_argument, NULL, 't'},
                                           {"report-end", no_argument, NULL, 'E'},
+                                          {"tcp", required_argument, NULL, 'T'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     static nrw_t w;
@@ -870,8 +918,9 @@ int main(int argc, char **argv)
     int ch, rc;
 
     w.interval = 2;
-    while ((ch = getopt_long(argc, argv, "d:j:r:i:c:H:f:n:t:Eh", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "d:j:r:i:c:H:f:n:t:T:Eh", opts, NULL)) != -1) {
         switch (ch) {
+        case 'T': w.tcp = strcmp(optarg, "none") ? optarg : NULL; break;
         case 'H': w.hint_node = optarg; break;
         case 'f': from = optarg; break;
         case 'n': nodes = optarg; break;

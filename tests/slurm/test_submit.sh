@@ -84,7 +84,7 @@ else sl_fail "unsafe state dir on one node: that step runs without Nereus, NEREU
 trap 'sl_plugstack_restore; rm -rf "$sl_tmp"' EXIT
 sed 's/$/ bogus=1/' "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" >"$(sl_plugstack)"
 sl_run 30 srun --nereus=good.yaml true
-if [ "$sl_rc" -ne 0 ] && grep -q "nereus: plugstack argument 'bogus' is unknown (known: runtime_dir, state_dir, default_spec, poll_interval)" "$sl_out"; then
+if [ "$sl_rc" -ne 0 ] && grep -q "nereus: plugstack argument 'bogus' is unknown (known: runtime_dir, state_dir, default_spec, poll_interval, controller_tcp)" "$sl_out"; then
     sl_ok "unknown plugstack argument: --nereus refused with the reason"
 else sl_fail "unknown plugstack argument: --nereus refused with the reason" "rc=$sl_rc"; fi
 sl_run 30 srun -N 2 echo fine
