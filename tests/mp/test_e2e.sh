@@ -90,6 +90,16 @@ stop_ctl() { # name
     cpid=""
 }
 status_json() { timeout 5 "$NRS" status --json --socket-dir "$1"; }
+# wait_srv TENTHS: wait for the PMIx server $spid to end (SIGKILL after TENTHS
+# tenths of a second); its exit status in $rc, 124 on time-out
+wait_srv() {
+    rc=124
+    for _ in $(seq "$1"); do
+        if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+    done
+    [ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+    spid=""
+}
 jq_ok() { # dir filter: the controller answers and the filter holds
     local j
     j=$(status_json "$1") && [ -n "$j" ] && echo "$j" | jq -e "$2" >/dev/null
@@ -151,12 +161,7 @@ timeout 10 "$NRS" delta --lost node0 --socket-dir "$D" >"$tmp/delta.out" 2>&1
 drc=$?
 check "lost node: delta --lost node0 accepted, forced new epoch" \
     "[ $drc -eq 0 ] && grep -q 'forced' '$tmp/delta.out'" "exit $drc: $(cat "$tmp/delta.out")"
-rc=124
-for _ in $(seq 450); do
-    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-spid=""
+wait_srv 450
 check "lost node: the job ended (server exit 137: the 4 killed ranks)" "[ $rc -eq 137 ]" "exit $rc"
 n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w2.log")
 check "lost node: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
@@ -257,12 +262,7 @@ kill -KILL $pids 2>/dev/null
 wait_for 10 jq_ok "$D" '.nworkers == 4'
 timeout 10 "$NRS" delta --lost node0 --socket-dir "$D" >"$tmp/delta6.out" 2>&1
 drc=$?
-rc=124
-for _ in $(seq 550); do
-    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-spid=""
+wait_srv 550
 check "restore: delta accepted, the job ended (server exit 137: the 4 killed ranks)" \
     "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc, server exit $rc"
 check "restore: the controller saw the state lost on every replica" \
@@ -295,12 +295,7 @@ wait_for 20 jq_ok "$D" '.nworkers == 7 and .transition_phase == "idle"'
 g=$(status_json "$D" | jq -r '.epoch')
 timeout 10 "$NRS" delta --lost node1 --socket-dir "$D" >"$tmp/delta7.out" 2>&1
 drc=$?
-rc=124
-for _ in $(seq 550); do
-    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-spid=""
+wait_srv 550
 check "past the PONR: delta --lost node1 accepted (epoch $g), the job ended (exit 137: rank 5)" \
     "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc: $(cat "$tmp/delta7.out"), server exit $rc"
 n=$(grep -cE '^rank [0-3]: step [0-9]+: transition: restored epoch [0-9]+ from the checkpoint of step [0-9]+' "$tmp/w7.log")

@@ -54,13 +54,17 @@ tests=("$@")
 rc=0
 for t in "${tests[@]}"; do
     echo "==> tests/slurm/test_$t.sh"
-    timeout -k 10 300 bash "$here/test_$t.sh"
-    r=$?
+    out=$(mktemp "${TMPDIR:-/tmp}/nrs-slurm-out.XXXXXX")
+    timeout -k 10 300 bash "$here/test_$t.sh" 2>&1 | tee "$out"
+    r=${PIPESTATUS[0]}
     case "$r" in
     0|77) ;;
     124) echo "[  FAILED  ] 1 test(s): test_$t.sh timed out"; rc=1 ;;
-    *) [ "$r" -eq 1 ] || echo "[  FAILED  ] 1 test(s): test_$t.sh exit $r"; rc=1 ;;
+    *) # a script that died (e.g. set -u) printed no failure of its own: count one
+       grep -q '^\[  FAILED  \]' "$out" || echo "[  FAILED  ] 1 test(s): test_$t.sh exit $r"
+       rc=1 ;;
     esac
+    rm -f "$out"
 done
 
 trap - EXIT

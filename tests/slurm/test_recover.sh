@@ -66,17 +66,23 @@ survivors() {
     sl_check "$1: the survivors committed the forced epoch" test "$n" -ge "$2"
 }
 command -v jq >/dev/null || { sl_skip "recover" "needs jq"; sl_done; }
+# started NAME: submit NAME's job, wait until its 8 ranks are connected and a
+# checkpoint is published (else fail and stop); sets jid and jobdir
+started() {
+    jid=$(submit "$1" 320)
+    jobdir="$NRS_CLUSTER_DIR/nereus/n1/$jid"
+    cur="$1"
+    up() { status_ok "$jobdir" '.nworkers == 8' && [ -s "$sl_tmp/$cur/ck/LATEST" ]; }
+    if ! { sl_wait_job_state "$jid" RUNNING 30 && wait_until 60 up; }; then
+        { tail -n 20 "$sl_tmp/$1/job.out"; tail -n 10 "$jobdir/controller.log"; } >"$sl_out" 2>&1
+        sl_fail "$1: 8 ranks connected to the job's controller, a checkpoint published" "job '$jid'"
+        timeout 10 scancel "$jid" 2>/dev/null; sl_done
+    fi
+    sl_ok "$1: 8 ranks connected to the job's controller, a checkpoint published"
+}
 
 # --- 1. shrink ---------------------------------------------------------------------
-jid=$(submit shrink 320)
-jobdir="$NRS_CLUSTER_DIR/nereus/n1/$jid"
-up() { status_ok "$jobdir" '.nworkers == 8' && [ -s "$sl_tmp/shrink/ck/LATEST" ]; }
-if ! { sl_wait_job_state "$jid" RUNNING 30 && wait_until 60 up; }; then
-    { tail -n 20 "$sl_tmp/shrink/job.out"; tail -n 10 "$jobdir/controller.log"; } >"$sl_out" 2>&1
-    sl_fail "shrink: 8 ranks connected to the job's controller, a checkpoint published" "job '$jid'"
-    timeout 10 scancel "$jid" 2>/dev/null; sl_done
-fi
-sl_ok "shrink: 8 ranks connected to the job's controller, a checkpoint published"
+started shrink
 sl_run 20 scontrol update JobId="$jid" NumNodes=2
 t0=$SECONDS
 sl_check "shrink: scontrol update NumNodes=2 accepted" test "$sl_rc" -eq 0
@@ -97,15 +103,7 @@ sl_check "shrink: the survivors agreed without PMIx (gathers without the dead an
     grep -q 'gather .* of 8 participant(s) .* the others gone' "$jobdir/controller.log"
 
 # --- 2. node failure ----------------------------------------------------------------
-jid=$(submit nodefail 320)
-jobdir="$NRS_CLUSTER_DIR/nereus/n1/$jid"
-up() { status_ok "$jobdir" '.nworkers == 8' && [ -s "$sl_tmp/nodefail/ck/LATEST" ]; }
-if ! { sl_wait_job_state "$jid" RUNNING 30 && wait_until 60 up; }; then
-    { tail -n 20 "$sl_tmp/nodefail/job.out"; tail -n 10 "$jobdir/controller.log"; } >"$sl_out" 2>&1
-    sl_fail "node failure: 8 ranks connected, a checkpoint published" "job '$jid'"
-    timeout 10 scancel "$jid" 2>/dev/null; sl_done
-fi
-sl_ok "node failure: 8 ranks connected, a checkpoint published"
+started nodefail
 sl_run 20 scontrol update NodeName=$victim State=DOWN Reason=nereus-test
 sl_check "node failure: scontrol update NodeName=$victim State=DOWN accepted" test "$sl_rc" -eq 0
 lost() { grep -q 'resource delta 1: lost -> 6 GPUs' "$jobdir/controller.log" 2>/dev/null; }
