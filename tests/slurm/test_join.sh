@@ -63,6 +63,9 @@ if ! { sl_wait_job_state "$a" RUNNING 30 && wait_until 60 status_ok '.nworkers =
     timeout 10 scancel "$a" 2>/dev/null; sl_done
 fi
 sl_ok "2-node job of 4 ranks connected to its controller"
+# replicas before: the sum of dp over the model-stages of the plan
+dp_sum() { NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq '[.plan.stages[].dp] | add'; }
+dp0=$(dp_sum)
 sl_run 30 salloc -J nrs-join-b -N 2 -w 'n[3-4]' --ntasks-per-node=2 --dependency=expand:"$a" --no-shell
 b=$(sed -n 's/.*Granted job allocation \([0-9]*\).*/\1/p' "$sl_out" | tail -1)
 if [ -z "$b" ]; then
@@ -88,6 +91,9 @@ else
     grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
     sl_fail "the controller grew the plan onto the joiners: 8 GPUs, 8 workers" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, nworkers, epoch}')"
 fi
+dp1=$(dp_sum)
+sl_check "dp grew with the joiners (sum of dp over the stages: $dp0 -> $dp1)" \
+    test "${dp1:-0}" -gt "${dp0:-0}"
 sl_check "job $a finished" sl_wait_job_state "$a" COMPLETED 180
 sl_check "both steps ended cleanly" grep -q 'join srun rc=0' "$sl_tmp/a.out"
 sl_check "the first step ended cleanly" grep -q '^srun rc=0' "$sl_tmp/a.out"
