@@ -54,6 +54,10 @@ typedef struct {
     int ngpu_map;
     const int *lost;     /* physical GPUs (old numbering) whose state is gone */
     int nlost;
+    /* old buffers (state order) whose contents are gone though their GPU lives:
+     * a state left partial past a point of no return; NULL = none */
+    const unsigned char *missing;
+    size_t nmissing;
 } nrs_emu_opts_t;
 
 typedef struct nrs_emu_graph nrs_emu_graph_t;

@@ -544,7 +544,9 @@ static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, s
     GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
     for (size_t i = 0; i < g->from.nbuf; i++)
         g->buf[i] = (nrs_emu_gbuf_t){g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
-                                     (int8_t)LOST(g->from.buf[i].gpu)};
+                                     (int8_t)(LOST(g->from.buf[i].gpu) ||
+                                              (o && o->missing && i < o->nmissing &&
+                                               o->missing[i]))};
     g->nbuf = g->from.nbuf;
     g->nold = (int32_t)g->nbuf;
     for (size_t i = 0; i < g->to.nbuf; i++) {

@@ -457,6 +457,8 @@ static void census(dt_t *D, uint64_t epoch)
                 all[k] = 1;
     }
     res->present = res->rebuildable = res->lost = 0;
+    for (int32_t j = g->nold; D->o->present_out && j < g->nold + g->nnew; j++)
+        D->o->present_out[j - g->nold] = all[nrs_emu_canon(g, j)];
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
         int32_t c = nrs_emu_canon(g, j);
         const nrs_emu_buf_t *b = &g->buf[j].b;

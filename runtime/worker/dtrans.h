@@ -70,6 +70,9 @@ typedef struct {
                   const int *out, int nout, void *all, unsigned char *got, double timeout_s,
                   char *err, size_t errlen);
     void *gather_arg;
+    /* NRS_DT_PARTIAL: filled with, per new-state buffer (g->nnew), 1 when some
+     * survivor holds it complete (the census, the same on every rank). May be NULL. */
+    unsigned char *present_out;
 } nrs_dtrans_opts_t;
 
 typedef struct {

@@ -90,6 +90,7 @@ struct nrs_worker {
     unsigned agreed_world;  /* the newest world generation a rank of the plan has */
     int last_step;          /* the last step reported */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
+    unsigned char *present; /* broken: [st.nbuf] 1 = complete on some survivor (census) */
     char err[640];
 };
 
@@ -861,7 +862,7 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     int rc;
     /* after a failure past the point of no return only a restore from a checkpoint
      * (a controller's transition) can make the state whole again */
-    int recover = w && w->broken && ctl && w->ckpt_dir;
+    int recover = w && w->broken && ctl && (w->ckpt_dir || w->present);
     if (!w || !w->have_plan || !w->allocated || (w->broken && !recover))
         return w ? seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past its "
                           "point of no return (no checkpoint to restore)" : "no plan or no state")
@@ -878,6 +879,15 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     eo.ngpu_map = gpu_map ? next->total_gpus : 0;
     eo.lost = lost;
     eo.nlost = nlost;
+    /* a partial state: what no survivor holds complete is lost too (the census
+     * told every rank the same); the rest is rebuilt from replicas */
+    unsigned char *missing = NULL;
+    if (w->broken && w->present && (missing = calloc(w->st.nbuf + 1, 1))) {
+        for (size_t i = 0; i < w->st.nbuf; i++)
+            missing[i] = !w->present[i];
+        eo.missing = missing;
+        eo.nmissing = w->st.nbuf;
+    }
     int out_ranks[NRS_PROTO_MAX_LOST], nout = 0;
     int *nperm = calloc((size_t)w->n + 1, sizeof(int)), np = 0;
     if (!nperm)
@@ -930,7 +940,8 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     nrs_emu_graph_t *g = NULL;
     int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
     w->restored_step = -1;
-    if ((grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) || recover) {
+    free(missing);
+    if (grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) {
         nrs_emu_graph_free(g);
         rc = restore(w, next, nperm, out_ranks, nout);
         free(nperm);
@@ -976,6 +987,8 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         free(nperm);
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
+    unsigned char *present = calloc((size_t)g->nnew + 1, 1);
+    o.present_out = present;
     int out = nrs_dtrans_run(g, next->epoch, &w->x, w->joiner ? NULL : w->r, w->mem, nm, &o,
                              &w->last);
     size_t nnew = (size_t)g->nnew;
@@ -986,6 +999,7 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) {
         free(nm);
         free(nperm);
+        free(present);
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */
@@ -1019,10 +1033,17 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     free(nm);
     w->allocated = 1;
     w->mem_kind = mk;
+    free(w->present);
+    w->present = NULL;
     if (out == NRS_DT_PARTIAL) {
         w->broken = 1;
+        if (present && nnew == w->st.nbuf)
+            w->present = present, present = NULL;
+        free(present);
         return NRS_ERR_PARTIAL;
     }
+    free(present);
+    w->broken = 0;
     return sync_host(w, 'h');
 }
 
@@ -1223,6 +1244,8 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     w->mem_kind = mk;
     w->restored_step = step;
     w->broken = 0;
+    free(w->present);
+    w->present = NULL;
     memset(&w->last, 0, sizeof w->last);
     w->last.failed_rank = -1;
     w->last.total_s = nrs_now_s() - t0;
@@ -2227,6 +2250,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->pend);
     free(w->ckpt_dir);
     free(w->world_pend);
+    free(w->present);
     free(w);
     return rc;
 }

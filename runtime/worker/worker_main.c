@@ -268,8 +268,9 @@ int main(int argc, char **argv)
                    nrs_worker_epoch(w), nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_PARTIAL) {
             printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
-            if (ck_dir && *ck_dir && controlled) { /* the controller's next epoch restores it */
-                printf("rank %d: step %d: waiting for the recovery from the checkpoint\n", me, s);
+            if (controlled) { /* the controller's next epoch rebuilds or restores it */
+                printf("rank %d: step %d: waiting for the recovery (replicas, else the "
+                       "checkpoint)\n", me, s);
                 partial = 1;
             } else {
                 exitc = 3;

@@ -439,6 +439,62 @@ static void test_recover(void **state)
     nrs_emu_graph_free(g);
 }
 
+/* A partial state (past a point of no return): buffers whose contents are gone
+ * though their GPU lives (opts.missing) are never a source or kept; their
+ * boxes come from the other replica, and when no replica has them they are
+ * reported lost. */
+static void test_missing_buffers(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t two = {2, 1, 2, 1}, one = {2, 1, 1, 1};
+    nrs_emu_state_t st;
+    nrs_emu_graph_t *g = NULL;
+    char err[512];
+    int lost[] = {2, 3}, map[] = {0, 1};
+    (void)state;
+    tu_model(&m, 3, 8, 8, 4, 2, 8);
+    tu_spec_fixed(&s, &m, 2);
+    s.runtime.zero1 = false;
+    tu_plan_single(&s, 4, &two, &a); /* dp 2: replica 0 on GPUs 0-1, replica 1 on 2-3 */
+    tu_plan_single(&s, 4, &one, &b);
+    memset(&st, 0, sizeof(st));
+    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err,
+                                         sizeof(err)), 0);
+    unsigned char *miss = calloc(st.nbuf + 1, 1);
+    int nmiss = 0;
+    for (size_t i = 0; i < st.nbuf; i++) /* replica 0's weights on GPU 0: gone */
+        if (st.buf[i].gpu == 0 && st.buf[i].kind == NRS_EMU_WEIGHT)
+            miss[i] = 1, nmiss++;
+    assert_true(nmiss > 0);
+    nrs_emu_opts_t o = {.chunk_bytes = 64, .missing = miss, .nmissing = st.nbuf};
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
+    for (size_t k = 0; k < g->nmoves; k++) /* never read from a missing buffer */
+        assert_true(g->moves[k].src >= g->nold || !miss[g->moves[k].src]);
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) /* nor kept in place */
+        assert_true(g->buf[j].alias < 0 || !miss[g->buf[j].alias]);
+    nrs_emu_graph_free(g);
+    int rc = tu_run(&s, &a, &b, &o, -1, err, sizeof(err)); /* and the bytes check */
+    if (rc)
+        fail_msg("%s", err);
+    /* the other replica lost as well (node 1): those weights survive nowhere */
+    o.lost = lost;
+    o.nlost = 2;
+    o.gpu_map = map;
+    o.ngpu_map = 2;
+    tu_plan_single(&s, 2, &one, &b);
+    int rc2 = nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err));
+    if (rc2 != NRS_EMU_ELOST)
+        fail_msg("want ELOST, got %d: %s", rc2, err);
+    assert_true(g->nlost > 0);
+    for (size_t i = 0; i < g->nlost; i++)
+        assert_int_equal(g->lost[i].kind, NRS_EMU_WEIGHT);
+    nrs_emu_graph_free(g);
+    free(miss);
+    nrs_emu_state_free(&st);
+}
+
 /* More replicas than source choice tries in full (TRY_ALL): the runs on the
  * destination's node and a spread stand for a class; every shard still
  * verifies, survivors of a mostly lost pool still cover, and the load is
@@ -565,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_swap_stages_through_host),
         cmocka_unit_test(test_executor_catches_bad_graphs),
         cmocka_unit_test(test_recover),
+        cmocka_unit_test(test_missing_buffers),
         cmocka_unit_test(test_many_replicas),
         cmocka_unit_test(test_transition_summary),
     };
