@@ -45,46 +45,52 @@ static size_t held_bytes(const nrs_ctl_t *c)
 static void complete(nrs_ctl_t *c, int at)
 {
     nrs_gather_t *g = c->gather[at];
-    int32_t *ranks = malloc(sizeof(int32_t) * (size_t)g->nranks);
-    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    int32_t *ranks = malloc(sizeof(int32_t) * ((size_t)g->nranks + 1));
     int got = 0, part = 0;
     for (int r = 0; ranks && r < g->nranks; r++) {
         part += g->state[r] != GS_OUT;
         if (g->state[r] == GS_GOT)
             ranks[got++] = r;
     }
-    uint32_t fit = nrs_gathered_fit(g->len);
     c->gathers++;
     if (got < part) { /* the ranks learn who is missing: say it once here */
         c->gathers_short++;
         nrs_ctl_log(c, "gather %s/%llu: %d of %d participant(s) after %.3f s, the others gone",
                     g->name, (unsigned long long)g->key, got, part, c->now - g->t0);
     }
-    for (int i = 0; ranks && buf && i < c->nconns; i++) {
+    /* the answer's frames, encoded once for every recipient (an empty answer is
+     * one empty chunk) */
+    uint32_t fit = nrs_gathered_fit(g->len);
+    int nchunks = got ? (int)((got + fit - 1) / fit) : 1;
+    size_t cap = (size_t)nchunks * (NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD), used = 0;
+    uint8_t *frames = ranks ? malloc(cap) : NULL, *d = malloc((size_t)fit * g->len + 1);
+    int *flen = malloc(sizeof(int) * (size_t)nchunks);
+    for (int ch = 0, off = 0; frames && d && flen && ch < nchunks; ch++) {
+        nrs_msg_gathered_t m = {.key = g->key, .len = g->len};
+        snprintf(m.name, sizeof(m.name), "%s", g->name);
+        m.count = (uint32_t)(got - off) < fit ? (uint32_t)(got - off) : fit;
+        for (uint32_t j = 0; j < m.count; j++)
+            memcpy(d + (size_t)j * g->len, g->data + (size_t)ranks[off + (int)j] * g->len, g->len);
+        flen[ch] = nrs_enc_gathered(frames + used, cap - used, &m, ranks + off, d,
+                                    ch + 1 < nchunks ? NRS_FLAG_MORE : 0);
+        used += flen[ch] > 0 ? (size_t)flen[ch] : 0;
+        off += (int)m.count;
+    }
+    for (int i = 0; frames && d && flen && i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->rank < 0 ||
             k->rank >= g->nranks || g->state[k->rank] != GS_GOT)
             continue;
-        int off = 0;
-        do { /* an empty answer is one empty chunk */
-            nrs_msg_gathered_t m = {.key = g->key, .len = g->len};
-            snprintf(m.name, sizeof(m.name), "%s", g->name);
-            m.count = (uint32_t)(got - off) < fit ? (uint32_t)(got - off) : fit;
-            uint8_t *d = malloc((size_t)m.count * g->len + 1);
-            for (uint32_t j = 0; d && j < m.count; j++)
-                memcpy(d + (size_t)j * g->len, g->data + (size_t)ranks[off + (int)j] * g->len,
-                       g->len);
-            int n = d ? nrs_enc_gathered(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &m,
-                                         ranks + off, d, off + (int)m.count < got ? NRS_FLAG_MORE
-                                                                                  : 0)
-                      : -1;
-            free(d);
-            nrs_ctl_send(c, k, buf, n);
-            off += (int)m.count;
-        } while (off < got && k->state == NRS_CONN_READY);
+        size_t pos = 0;
+        for (int ch = 0; ch < nchunks && k->state == NRS_CONN_READY; ch++) {
+            nrs_ctl_send(c, k, frames + pos, flen[ch]);
+            pos += flen[ch] > 0 ? (size_t)flen[ch] : 0;
+        }
     }
     free(ranks);
-    free(buf);
+    free(frames);
+    free(d);
+    free(flen);
     unsigned gen = 0;
     bool world = (g->key & ~0xffffffffULL) == NRS_WORLD_KEY && sscanf(g->name, "world%u", &gen) == 1;
     gather_free(g);

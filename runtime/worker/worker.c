@@ -174,7 +174,18 @@ static void dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
         o->gather = ctl_gather;
         o->gather_arg = w;
     }
+    if (w->xport_ucx) {
+        o->cancel = ucx_cancel;
+        o->cancel_arg = &w->x;
+        o->peer_failed = ucx_dead;
+        o->peer_arg = w->u;
+        o->xport_error = ucx_error;
+    }
 }
+
+/* The rendezvous whose failure reports speak of this job's ranks: a joiner's
+ * PMIx namespace is its own step's, not the job's world. */
+static nrs_rdv_t *job_rdv(const nrs_worker_t *w) { return w->joiner ? NULL : w->r; }
 
 static int join(nrs_worker_t *w)
 {
@@ -974,13 +985,6 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         o.at_ponr = ctl_ponr;
         o.ponr_arg = w;
     }
-    if (w->xport_ucx) {
-        o.cancel = ucx_cancel;
-        o.cancel_arg = &w->x;
-        o.peer_failed = ucx_dead;
-        o.peer_arg = w->u;
-        o.xport_error = ucx_error;
-    }
     nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
     if (!nm) {
         nrs_emu_graph_free(g);
@@ -989,7 +993,7 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     unsigned char *present = calloc((size_t)g->nnew + 1, 1);
     o.present_out = present;
-    int out = nrs_dtrans_run(g, next->epoch, &w->x, w->joiner ? NULL : w->r, w->mem, nm, &o,
+    int out = nrs_dtrans_run(g, next->epoch, &w->x, job_rdv(w), w->mem, nm, &o,
                              &w->last);
     size_t nnew = (size_t)g->nnew;
     w->have_last = 1;
@@ -1059,6 +1063,8 @@ static int coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const vo
                        size_t len, const int *out, int nout, void *all, unsigned char *got,
                        char *err, size_t errlen);
 static int plan_ranks(const nrs_worker_t *w, int *part);
+static int plan_outsiders(const nrs_worker_t *w, const int *part, int np, bool skip_gone,
+                          unsigned char *in, int *out);
 static int someone_leaving(const nrs_worker_t *w);
 
 int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
@@ -1128,12 +1134,7 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step)
                     "are retired or dead (the last one stays)", step);
         goto done;
     }
-    int np = plan_ranks(w, part);
-    for (int i = 0; i < np; i++)
-        in[part[i]] = 1;
-    for (int i = 0; i < w->n; i++)
-        if (!in[i])
-            out[nout++] = i;
+    nout = plan_outsiders(w, part, plan_ranks(w, part), false, in, out);
     if (w->n > 1 && !in[w->me])
         goto done; /* holds nothing of the plan */
     int32_t ok = 0;
@@ -1853,6 +1854,21 @@ static int plan_ranks(const nrs_worker_t *w, int *part)
     return w->n == 1 ? 1 : n;
 }
 
+/* Who is left out of a collective of the plan's ranks part[0, np): every other
+ * rank, and with skip_gone the ones the step agreement found dead (never this
+ * one). in[r] = 1 for the participants. Returns how many are out. */
+static int plan_outsiders(const nrs_worker_t *w, const int *part, int np, bool skip_gone,
+                          unsigned char *in, int *out)
+{
+    int nout = 0;
+    for (int i = 0; i < np; i++)
+        in[part[i]] = 1;
+    for (int i = 0; i < w->n; i++)
+        if (!in[i] || (skip_gone && w->gone[i] && i != w->me))
+            out[nout++] = i;
+    return nout;
+}
+
 static int someone_leaving(const nrs_worker_t *w)
 {
     for (int g = 0; w->n > 1 && g < w->plan.total_gpus && g < w->n; g++)
@@ -1877,11 +1893,7 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     if (!part || !out || !in || !got || !all)
         goto done;
     int np = plan_ranks(w, part);
-    for (int i = 0; i < np; i++)
-        in[part[i]] = 1;
-    for (int i = 0; i < w->n; i++)
-        if (!in[i] || (w->gone[i] && i != w->me))
-            out[nout++] = i;
+    nout = plan_outsiders(w, part, np, true, in, out);
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
     uint32_t v[2] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen};
@@ -2098,15 +2110,8 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     o.attempt = 8u | (w->sync_n++ & 7u);
     o.out_ranks = out;
     o.nout = nout;
-    if (w->xport_ucx) {
-        o.cancel = ucx_cancel;
-        o.cancel_arg = &w->x;
-        o.peer_failed = ucx_dead;
-        o.peer_arg = w->u;
-        o.xport_error = ucx_error;
-    }
     nrs_dtrans_result_t res;
-    int oc = nrs_dtrans_run(g, tag, &w->x, w->joiner ? NULL : w->r, om, nm, &o, &res);
+    int oc = nrs_dtrans_run(g, tag, &w->x, job_rdv(w), om, nm, &o, &res);
     free(om);
     free(out);
     if (oc != NRS_DT_COMMITTED) { /* nothing old is freed by a sync: the state is intact */
