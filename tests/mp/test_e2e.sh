@@ -71,11 +71,13 @@ wait_for() { # seconds command...
     for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
     return 1
 }
-start_ctl() { # dir log
-    "$CTL" --socket-dir "$1" --transition-timeout 15 --hello-timeout 2 --log "$2" "$SPEC" \
-        2>>"$tmp/ctl-stderr.log" &
+start_ctl() { # dir log [controller options...]; the spec: $CTL_SPEC, else $SPEC
+    local d="$1" log="$2"
+    shift 2
+    "$CTL" --socket-dir "$d" --transition-timeout 15 --hello-timeout 2 --log "$log" "$@" \
+        "${CTL_SPEC:-$SPEC}" 2>>"$tmp/ctl-stderr.log" &
     cpid=$!
-    wait_for 10 test -S "$1/ctl.sock"
+    wait_for 10 test -S "$d/ctl.sock"
 }
 stop_ctl() { # name
     if ! kill -0 "$cpid" 2>/dev/null; then
@@ -247,9 +249,7 @@ stop_ctl "remove"
 D="$tmp/s6"
 SPEC6="$tmp/e2e-zero1.yaml"
 sed 's/^  zero1: false .*/  zero1: true/' "$SPEC" >"$SPEC6"
-SPEC_SAVED="$SPEC" SPEC="$SPEC6"
-start_ctl "$D" "$tmp/c6.log"
-SPEC="$SPEC_SAVED"
+CTL_SPEC="$SPEC6" start_ctl "$D" "$tmp/c6.log"
 export NEREUS_SOCKET_DIR="$D"
 echo "[ RUN      ] restore: zero1, checkpoints every 5 steps, node0's 4 ranks SIGKILLed, delta --lost node0"
 "$SRV" -q -n 8 -t 60 --break-fences -- "$WK" --spec "$SPEC6" --steps 100 --step-ms 30 \
@@ -315,10 +315,7 @@ stop_ctl "past the PONR"
 
 # --- 8. an expansion: a join step's ranks join the job's world, dp grows -----------------
 D="$tmp/s8"
-"$CTL" --socket-dir "$D" --gpus 4 --transition-timeout 15 --hello-timeout 2 --log "$tmp/c8.log" \
-    "$SPEC" 2>>"$tmp/ctl-stderr.log" &
-cpid=$!
-wait_for 10 test -S "$D/ctl.sock"
+start_ctl "$D" "$tmp/c8.log" --gpus 4
 export NEREUS_SOCKET_DIR="$D"
 echo "[ RUN      ] expansion: 4 ranks, delta --add 1, a join step of 4 ranks"
 "$SRV" -q -n 4 -t 60 -- "$WK" --spec "$SPEC" --steps 100 --step-ms 30 --gpus-per-host 4 \
@@ -385,9 +382,7 @@ D="$tmp/s10"
 mkdir -m 700 "$D"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$D/secret"
 chmod 600 "$D/secret"
-"$CTL" --socket-dir "$D" --tcp 127.0.0.1:0 --secret-file "$D/secret" --transition-timeout 15 \
-    --hello-timeout 2 --log "$tmp/c10.log" "$SPEC" 2>>"$tmp/ctl-stderr.log" &
-cpid=$!
+start_ctl "$D" "$tmp/c10.log" --tcp 127.0.0.1:0 --secret-file "$D/secret"
 wait_for 10 test -s "$D/ctl.tcp"
 export NEREUS_SOCKET_DIR="$D"
 mp_case "tcp: 8 ranks, 4 reach the controller over TCP, 24 steps, response length 32 -> 256" 0 50 \

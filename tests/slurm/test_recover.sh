@@ -66,6 +66,16 @@ survivors() {
     sl_check "$1: the survivors committed the forced epoch" test "$n" -ge "$2"
 }
 command -v jq >/dev/null || { sl_skip "recover" "needs jq"; sl_done; }
+# forced_committed WHAT GPUS: within 40 s the forced epoch on GPUS GPUs committed
+forced_committed() {
+    local what="$1" gpus="$2"
+    forced() { status_ok "$jobdir" ".gpus == $gpus and .plan.total_gpus == $gpus and .transitions.committed >= 1 and .epoch >= 2"; }
+    if wait_until 40 forced; then sl_ok "$what: the forced $gpus-GPU epoch committed"
+    else
+        grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
+        sl_fail "$what: the forced $gpus-GPU epoch committed" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, epoch, transitions}')"
+    fi
+}
 # started NAME: submit NAME's job, wait until its 8 ranks are connected and a
 # checkpoint is published (else fail and stop); sets jid and jobdir
 started() {
@@ -89,12 +99,7 @@ sl_check "shrink: scontrol update NumNodes=2 accepted" test "$sl_rc" -eq 0
 delta() { grep -q 'resource delta 1: remove -> 4 GPUs' "$jobdir/controller.log" 2>/dev/null; }
 if wait_until 10 delta; then sl_ok "shrink: the controller got the delta ($((SECONDS - t0)) s, poll 1 s)"
 else sl_fail "shrink: the controller got the delta" "not in controller.log after 10 s"; fi
-forced() { status_ok "$jobdir" '.gpus == 4 and .plan.total_gpus == 4 and .transitions.committed >= 1 and .epoch >= 2'; }
-if wait_until 40 forced; then sl_ok "shrink: the forced 4-GPU epoch committed"
-else
-    grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
-    sl_fail "shrink: the forced 4-GPU epoch committed" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, epoch, transitions}')"
-fi
+forced_committed shrink 4
 sl_check "shrink: the job finished" sl_wait_job_state "$jid" COMPLETED 120
 survivors shrink 4
 n=$(grep -cE '^rank [4-7]: epoch .* verified' "$sl_tmp/shrink/job.out")
@@ -108,12 +113,7 @@ sl_run 20 scontrol update NodeName=$victim State=DOWN Reason=nereus-test
 sl_check "node failure: scontrol update NodeName=$victim State=DOWN accepted" test "$sl_rc" -eq 0
 lost() { grep -q 'resource delta 1: lost -> 6 GPUs' "$jobdir/controller.log" 2>/dev/null; }
 sl_check "node failure: the controller got a LOST delta (8 -> 6 GPUs)" wait_until 10 lost
-forced() { status_ok "$jobdir" '.gpus == 6 and .plan.total_gpus == 6 and .transitions.committed >= 1'; }
-if wait_until 40 forced; then sl_ok "node failure: the forced 6-GPU epoch committed"
-else
-    grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
-    sl_fail "node failure: the forced 6-GPU epoch committed" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, epoch, transitions}')"
-fi
+forced_committed "node failure" 6
 sl_check "node failure: the job finished" sl_wait_job_state "$jid" COMPLETED 120
 survivors nodefail 6
 timeout 10 scontrol update NodeName=$victim State=RESUME >/dev/null 2>&1
