@@ -727,6 +727,34 @@ static void wbytes(wr_t *w, const void *p, size_t n)
         memcpy(d, p, n);
 }
 
+/* A rank list: u32 count, then that many u32 ranks. */
+static void wranks(wr_t *w, const int32_t *v, int n)
+{
+    w32(w, (uint32_t)n);
+    for (int i = 0; i < n; i++)
+        w32(w, (uint32_t)v[i]);
+}
+
+/* Read a rank list of at most max ranks, each in lo..hi (hi below
+ * NRS_PROTO_MAX_RANKS; none twice when distinct); the count, 0 once the
+ * message is bad. */
+static int32_t rranks(rd_t *r, const char *what, int32_t *v, int max, int32_t lo, int32_t hi,
+                      bool distinct)
+{
+    uint8_t seen[NRS_PROTO_MAX_RANKS / 8];
+    int32_t n = rint_range(r, "nout", 0, max);
+    memset(seen, 0, sizeof(seen));
+    for (int i = 0; !r->bad && i < n; i++) {
+        int32_t o = v[i] = rint_range(r, what, lo, hi);
+        if (r->bad || !distinct)
+            continue;
+        if ((seen[o / 8] >> (o % 8)) & 1)
+            fail(r, "%s %d twice", what, o);
+        seen[o / 8] |= (uint8_t)(1u << (o % 8));
+    }
+    return r->bad ? 0 : n;
+}
+
 int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m)
 {
     wr_t w;
@@ -737,9 +765,7 @@ int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m)
     wstr(&w, m->name, sizeof(m->name));
     w32(&w, m->timeout_ms);
     w32(&w, (uint32_t)m->nranks);
-    w32(&w, (uint32_t)m->nout);
-    for (int i = 0; i < m->nout; i++)
-        w32(&w, (uint32_t)m->out[i]);
+    wranks(&w, m->out, m->nout);
     w32(&w, m->len);
     wbytes(&w, m->data, m->len);
     return wr_finish(&w, NRS_MSG_GATHER, 0);
@@ -757,16 +783,7 @@ int nrs_dec_gather(const uint8_t *b, size_t n, nrs_msg_gather_t *m, char *why, s
     if (!r.bad && (m->timeout_ms < 1 || m->timeout_ms > NRS_GATHER_TIMEOUT_MAX))
         fail(&r, "timeout_ms = %u out of range 1..%u", m->timeout_ms, NRS_GATHER_TIMEOUT_MAX);
     m->nranks = rint_range(&r, "nranks", 1, NRS_PROTO_MAX_RANKS);
-    m->nout = rint_range(&r, "nout", 0, NRS_GATHER_MAX_OUT);
-    uint8_t seen[NRS_PROTO_MAX_RANKS / 8];
-    memset(seen, 0, sizeof(seen));
-    for (int i = 0; !r.bad && i < m->nout; i++) {
-        int32_t o = m->out[i] = rint_range(&r, "out rank", 0, m->nranks - 1);
-        if (!r.bad && (seen[o / 8] >> (o % 8)) & 1)
-            fail(&r, "out rank %d twice", o);
-        if (!r.bad)
-            seen[o / 8] |= (uint8_t)(1u << (o % 8));
-    }
+    m->nout = rranks(&r, "out rank", m->out, NRS_GATHER_MAX_OUT, 0, m->nranks - 1, true);
     m->len = r32(&r, "len");
     if (!r.bad && m->len > NRS_GATHER_DATA_MAX)
         fail(&r, "len = %u over %u", m->len, NRS_GATHER_DATA_MAX);
@@ -853,9 +870,7 @@ int nrs_enc_world(uint8_t *buf, size_t cap, const nrs_msg_world_t *m)
     w32(&w, (uint32_t)m->rank);
     w32(&w, (uint32_t)m->base);
     w32(&w, (uint32_t)m->count);
-    w32(&w, (uint32_t)m->nout);
-    for (int i = 0; i < m->nout; i++)
-        w32(&w, (uint32_t)m->out[i]);
+    wranks(&w, m->out, m->nout);
     return wr_finish(&w, NRS_MSG_WORLD, 0);
 }
 
@@ -872,10 +887,6 @@ int nrs_dec_world(const uint8_t *b, size_t n, nrs_msg_world_t *m, char *why, siz
     m->count = rint_range(&r, "count", 1, m->size - m->base);
     if (!r.bad && m->base + m->count != m->size)
         fail(&r, "base %d + count %d != size %d", m->base, m->count, m->size);
-    m->nout = rint_range(&r, "nout", 0, NRS_GATHER_MAX_OUT);
-    for (int i = 0; !r.bad && i < m->nout; i++)
-        m->out[i] = rint_range(&r, "out rank", 0, m->base - 1);
-    if (r.bad)
-        m->nout = 0;
+    m->nout = rranks(&r, "out rank", m->out, NRS_GATHER_MAX_OUT, 0, m->base - 1, false);
     return rd_finish(&r);
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "emu/geometry.h"
+#include "util/util.h"
 
 void nrs_emu_split(int n, int k, int i, int *start, int *len)
 {
@@ -188,14 +189,7 @@ static int esize_of(nrs_dtype_t d)
 
 static int state_push(nrs_emu_state_t *st, const nrs_emu_buf_t *b)
 {
-    if (st->nbuf == st->cap) {
-        size_t nc = st->cap ? st->cap * 2 : 256;
-        nrs_emu_buf_t *nb = realloc(st->buf, nc * sizeof(*nb));
-        if (!nb)
-            return -1;
-        st->buf = nb;
-        st->cap = nc;
-    }
+    NRS_GROW(st->buf, st->nbuf, st->cap, 1);
     st->buf[st->nbuf++] = *b;
     if (b->gpu > st->max_gpu)
         st->max_gpu = b->gpu;

@@ -54,51 +54,38 @@ int64_t nrs_emu_duration(const nrs_emu_graph_t *g, int res, int64_t bytes)
     return ps > 0 ? ps : 1;
 }
 
-#define GROW(arr, n, cap, extra)                                                              \
-    do {                                                                                      \
-        if ((n) + (extra) > (cap)) {                                                          \
-            size_t nc_ = (cap) ? (cap) * 2 : 64;                                              \
-            while (nc_ < (n) + (extra))                                                       \
-                nc_ *= 2;                                                                     \
-            void *p_ = realloc((arr), nc_ * sizeof(*(arr)));                                  \
-            if (!p_)                                                                          \
-                return -1;                                                                    \
-            (arr) = p_;                                                                       \
-            (cap) = nc_;                                                                      \
-        }                                                                                     \
-    } while (0)
 
 int nrs_emu_push_op(nrs_emu_graph_t *g, const nrs_emu_op_t *op)
 {
-    GROW(g->ops, g->nops, g->opcap, 1);
+    NRS_GROW(g->ops, g->nops, g->opcap, 1);
     g->ops[g->nops++] = *op;
     return 0;
 }
 
 int nrs_emu_push_buf(nrs_emu_graph_t *g, const nrs_emu_gbuf_t *b)
 {
-    GROW(g->buf, g->nbuf, g->bufcap, 1);
+    NRS_GROW(g->buf, g->nbuf, g->bufcap, 1);
     g->buf[g->nbuf++] = *b;
     return 0;
 }
 
 static int push_move(nrs_emu_graph_t *g, int32_t src, int32_t dst, const nrs_emu_rect_t *r)
 {
-    GROW(g->moves, g->nmoves, g->movecap, 1);
+    NRS_GROW(g->moves, g->nmoves, g->movecap, 1);
     g->moves[g->nmoves++] = (nrs_emu_move_t){src, dst, *r};
     return 0;
 }
 
 static int push_chunk(nrs_emu_graph_t *g, const nrs_emu_op_t *op)
 {
-    GROW(g->chunks, g->nchunks, g->chunkcap, 1);
+    NRS_GROW(g->chunks, g->nchunks, g->chunkcap, 1);
     g->chunks[g->nchunks++] = *op;
     return 0;
 }
 
 static int push_lost(nrs_emu_graph_t *g, const nrs_emu_buf_t *b, const nrs_emu_rect_t *r)
 {
-    GROW(g->lost, g->nlost, g->lostcap, 1);
+    NRS_GROW(g->lost, g->nlost, g->lostcap, 1);
     g->lost[g->nlost++] = (nrs_emu_lost_t){b->role, b->tensor, b->kind, *r};
     return 0;
 }
@@ -136,7 +123,7 @@ static int rects_push(rects_t *v, const nrs_emu_rect_t *r)
 {
     if (nrs_emu_rect_area(r) == 0)
         return 0;
-    GROW(v->r, v->n, v->cap, 1);
+    NRS_GROW(v->r, v->n, v->cap, 1);
     v->r[v->n++] = *r;
     return 0;
 }
@@ -205,8 +192,8 @@ typedef struct {
 
 static int touch(sel_t *S, int r, int64_t add)
 {
-    GROW(S->touched, S->ntouched, S->touchcap, 1);
-    GROW(S->undo, S->ntouched, S->undocap, 1);
+    NRS_GROW(S->touched, S->ntouched, S->touchcap, 1);
+    NRS_GROW(S->undo, S->ntouched, S->undocap, 1);
     S->touched[S->ntouched] = r;
     S->undo[S->ntouched++] = S->load[r];
     S->load[r] += add;
@@ -236,7 +223,7 @@ static int cover_from(sel_t *S, int32_t dst, const int32_t *cand, size_t n, int 
     nrs_emu_graph_t *g = S->g;
     int esize = g->buf[dst].b.esize;
 
-    GROW(S->order, 0, S->ordercap, n);
+    NRS_GROW(S->order, 0, S->ordercap, n);
     for (size_t i = 0; i < n; i++)
         S->order[i] = cand[i];
     /* cheapest candidate first (insertion sort: groups are small) */
@@ -375,7 +362,7 @@ static int run_meets(sel_t *S, const run_t *R, const nrs_emu_rect_t *box)
         nrs_emu_rect_t m;
         if (!nrs_emu_rect_meet(&kb[i], box, &m))
             continue;
-        GROW(S->offs, S->noffs, S->offscap, 1);
+        NRS_GROW(S->offs, S->noffs, S->offscap, 1);
         S->offs[S->noffs++] = i;
     }
     return 0;
@@ -385,7 +372,7 @@ static int run_meets(sel_t *S, const run_t *R, const nrs_emu_rect_t *box)
 static int group_cands(sel_t *S, const group_t *G)
 {
     const run_t *R = &S->runs[G->run];
-    GROW(S->cand, 0, S->candcap, G->no);
+    NRS_GROW(S->cand, 0, S->candcap, G->no);
     for (size_t i = 0; i < G->no; i++)
         S->cand[i] = S->keys[R->start + S->offs[G->o0 + i]].k[8];
     S->ncand = G->no;
@@ -487,7 +474,7 @@ static int select_sources(sel_t *S, int32_t dst)
                 if (S->stamp[i] == stamp)
                     continue;
                 S->stamp[i] = stamp;
-                GROW(S->grp, ng, S->grpcap, 1);
+                NRS_GROW(S->grp, ng, S->grpcap, 1);
                 group_t *G = &S->grp[ng];
                 /* ties go to the class met first, then to the pick order:
                  * node-local runs, then replica (d mod n) and the spread */
@@ -541,7 +528,7 @@ static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, s
         if (o->lost[i] >= 0 && (size_t)o->lost[i] < np)
             lost[o->lost[i]] = 1;
 #define LOST(gpu) ((gpu) >= 0 && (size_t)(gpu) < np && lost[gpu])
-    GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
+    NRS_GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
     for (size_t i = 0; i < g->from.nbuf; i++)
         g->buf[i] = (nrs_emu_gbuf_t){g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
                                      (int8_t)(LOST(g->from.buf[i].gpu) ||

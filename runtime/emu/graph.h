@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "emu/geometry.h"
+#include "util/util.h"
 
 typedef enum {
     NRS_EMU_OP_ALLOC, /* dst_buf on dst_gpu; grads are zero-filled */

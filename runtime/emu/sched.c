@@ -100,28 +100,14 @@ typedef struct {
 
 static int ivec_push(ivec_t *v, int32_t x)
 {
-    if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 8;
-        int32_t *p = realloc(v->v, nc * sizeof(*p));
-        if (!p)
-            return -1;
-        v->v = p;
-        v->cap = nc;
-    }
+    NRS_GROW(v->v, v->n, v->cap, 1);
     v->v[v->n++] = x;
     return 0;
 }
 
 static int lvec_push(lvec_t *v, lent_t x)
 {
-    if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 8;
-        lent_t *p = realloc(v->v, nc * sizeof(*p));
-        if (!p)
-            return -1;
-        v->v = p;
-        v->cap = nc;
-    }
+    NRS_GROW(v->v, v->n, v->cap, 1);
     v->v[v->n++] = x;
     return 0;
 }
@@ -133,14 +119,7 @@ static int ev_less(const ev_t *a, const ev_t *b)
 
 static int heap_push(sched_t *S, ev_t e)
 {
-    if (S->nheap == S->heapcap) {
-        size_t nc = S->heapcap ? S->heapcap * 2 : 64;
-        ev_t *p = realloc(S->heap, nc * sizeof(*p));
-        if (!p)
-            return -1;
-        S->heap = p;
-        S->heapcap = nc;
-    }
+    NRS_GROW(S->heap, S->nheap, S->heapcap, 1);
     size_t i = S->nheap++;
     S->heap[i] = e;
     while (i > 0 && ev_less(&S->heap[i], &S->heap[(i - 1) / 2])) {
@@ -430,14 +409,7 @@ static int pair_push(sched_t *S, int32_t p, int32_t mi)
 
 static int32_t pair_new(sched_t *S, const int r[2])
 {
-    if (S->npairs == S->paircap) {
-        size_t nc = S->paircap ? S->paircap * 2 : 64;
-        spair_t *p = realloc(S->pairs, nc * sizeof(*p));
-        if (!p)
-            return -1;
-        S->pairs = p;
-        S->paircap = nc;
-    }
+    NRS_GROW(S->pairs, S->npairs, S->paircap, 1);
     int32_t id = (int32_t)S->npairs++;
     S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0};
     for (int k = 0; k < 2; k++)

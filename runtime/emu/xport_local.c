@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "emu/xport.h"
+#include "util/util.h"
 
 typedef struct {
     int sender, receiver;
@@ -65,14 +66,7 @@ static int l_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)
 
 static int post(post_t **v, size_t *n, size_t *cap, const post_t *p)
 {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        post_t *q = realloc(*v, nc * sizeof(*q));
-        if (!q)
-            return -1;
-        *v = q;
-        *cap = nc;
-    }
+    NRS_GROW(*v, *n, *cap, 1);
     (*v)[(*n)++] = *p;
     return 0;
 }
