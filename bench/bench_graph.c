@@ -3,8 +3,8 @@
  * Usage: bench_graph [cases]        (a benchmark, never a timed test)
  *        bench_graph scale SPEC [GPUS...]
  *            the best plan of SPEC at response 1024 -> 3072 on 64, 256, 512 and
- *            1024 GPUs (or GPUS): build + schedule time, makespan / lower
- *            bound, graph hash */
+ *            1024 GPUs (or GPUS): build + schedule time and where it went
+ *            (docs/transitions.md §6), makespan / lower bound, graph hash */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +156,11 @@ static int run_scale(const char *path, int argc, char **argv)
                sizes[i], t * 1e3, g->nmoves, g->nops, st.makespan_s, st.lower_bound_s,
                st.lower_bound_s > 0 ? st.makespan_s / st.lower_bound_s : 1,
                (unsigned long long)st.hash);
+        printf("           phases: states %.1f ms, buffers %.1f, sources %.1f, chunks %.1f, "
+               "schedule %.1f; %zu + %d boxes, %zu chunks\n",
+               g->phase_s[NRS_EMU_PH_STATES] * 1e3, g->phase_s[NRS_EMU_PH_BUFFERS] * 1e3,
+               g->phase_s[NRS_EMU_PH_SOURCES] * 1e3, g->phase_s[NRS_EMU_PH_CHUNKS] * 1e3,
+               g->phase_s[NRS_EMU_PH_SCHEDULE] * 1e3, g->from.nbuf, (int)g->to.nbuf, g->nchunks);
         nrs_emu_graph_free(g);
     }
     return 0;

@@ -66,18 +66,22 @@ int nrs_emu_graph_make(const nrs_spec_t *s, const nrs_plan_t *from, nrs_emu_sel_
         return -1;
     }
     g->from.max_gpu = g->to.max_gpu = -1;
+    double t0 = nrs_now_s();
     if (nrs_emu_state_build(s, from, from_sel, NULL, 0, &g->from, err, errlen) ||
         nrs_emu_state_build(s, to, to_sel, o->gpu_map, o->ngpu_map, &g->to, err, errlen) ||
         graph_config(g, s, o, err, errlen))
         goto fail;
+    g->phase_s[NRS_EMU_PH_STATES] = nrs_now_s() - t0;
     g->keep_old = from_sel == NRS_EMU_SEL_ACTOR_TRAIN_W;
     rc = nrs_emu_graph_build(g, s, o, err, errlen);
     if (rc == NRS_EMU_ELOST) {
         *out = g;
         return rc;
     }
+    t0 = nrs_now_s();
     if (rc || (rc = nrs_emu_schedule(g, err, errlen)))
         goto fail;
+    g->phase_s[NRS_EMU_PH_SCHEDULE] = nrs_now_s() - t0;
     *out = g;
     return 0;
 fail:

@@ -875,11 +875,18 @@ fail:
 int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_opts_t *o,
                         char *err, size_t errlen)
 {
+    double t0 = nrs_now_s(), t1;
     int rc = add_buffers(g, o, err, errlen);
     if (rc == -2)
         return -1;
-    if (rc || find_keeps(g) || choose_sources(g))
+    if (rc || find_keeps(g))
         goto oom;
+    t1 = nrs_now_s();
+    g->phase_s[NRS_EMU_PH_BUFFERS] = t1 - t0;
+    if (choose_sources(g))
+        goto oom;
+    t0 = nrs_now_s();
+    g->phase_s[NRS_EMU_PH_SOURCES] = t0 - t1;
     if (g->nlost) {
         dedupe_lost(g);
         snprintf(err, errlen,
@@ -901,6 +908,7 @@ int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
         if (chunk_move(g, (int32_t)i))
             goto oom;
     lower_bound_of(g);
+    g->phase_s[NRS_EMU_PH_CHUNKS] = nrs_now_s() - t0;
     return 0;
 oom:
     snprintf(err, errlen, "out of memory building the transition graph");

@@ -37,6 +37,16 @@ enum {
 
 enum { NRS_EMU_ORIGIN_OLD, NRS_EMU_ORIGIN_NEW, NRS_EMU_ORIGIN_HOST };
 
+/* Phases of nrs_emu_graph_make, timed (seconds in phase_s). */
+enum {
+    NRS_EMU_PH_STATES,   /* both plans' boxes */
+    NRS_EMU_PH_BUFFERS,  /* graph buffers and the ones kept in place */
+    NRS_EMU_PH_SOURCES,  /* a source for every region */
+    NRS_EMU_PH_CHUNKS,   /* moves cut into chunks, the lower bound */
+    NRS_EMU_PH_SCHEDULE, /* the timeline */
+    NRS_EMU_PHASES
+};
+
 /* Buffers: old state [0, nold), new state [nold, nold + nnew), host staging after. */
 typedef struct {
     nrs_emu_buf_t b; /* b.gpu: physical GPU; host buffers: -1 - node */
@@ -93,6 +103,7 @@ struct nrs_emu_graph {
     int64_t makespan, lower_bound; /* picoseconds */
     int64_t ponr; /* first op that destroys old state; nops if none */
     int64_t nstaged, ncomms;
+    double phase_s[NRS_EMU_PHASES]; /* where building it went (bench_graph) */
 };
 
 /* Node of a GPU (or of a host buffer's gpu field). */
