@@ -4,6 +4,25 @@
 #   sl_ok NAME / sl_fail NAME WHY / sl_skip NAME WHY / sl_check NAME CMD...
 #   sl_run LIMIT CMD...   run CMD, output in $sl_out, exit status in $sl_rc
 #   sl_done               summary lines; exit status
+# and share these helpers:
+#   sl_wait_until SECONDS CMD...  poll CMD every 0.25 s until it succeeds
+#                         (status 0) or SECONDS have passed (status 1)
+#   sl_delta_within NAME DETAIL T0 JOBDIR CTL_PATTERN [WATCHER_PATTERN [CMD...]]
+#                         the job's controller got a resource delta within 2
+#                         poll intervals of the resize at T0 (a $SECONDS value):
+#                         CTL_PATTERN (grep) in JOBDIR/controller.log within
+#                         3 s, WATCHER_PATTERN (if not empty) in watcher.log,
+#                         CMD (if given) succeeds. OK line: "NAME within 2 poll
+#                         intervals (N s): DETAIL"; on failure both logs' tails
+#   sl_need_plugin NAME   skip NAME and exit unless plugstack.conf has Nereus
+#   sl_at_exit CMD        on exit run CMD, then remove $sl_tmp (replaces the
+#                         trap set here)
+#   sl_resume NODE        scontrol update NodeName=NODE State=RESUME, quietly
+#   sl_job_num_nodes JOBID N  slurmctld's NumNodes of JOBID is N
+#   sl_all_idle           all 4 nodes of the cluster (run.sh) idle
+#   sl_granted_job        the job id of salloc's "Granted job allocation" in
+#                         $sl_out
+#   sl_check_slurmds      check "every slurmd still running" (cluster status)
 set -u
 NRS_SRCDIR="${NRS_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 : "${NRS_CLUSTER_DIR:=/tmp/nereus-cluster}"
@@ -15,6 +34,7 @@ chmod 755 "$sl_tmp" # read by slurmstepd and the tasks
 sl_out="$sl_tmp/out"
 : >"$sl_out"
 trap 'rm -rf "$sl_tmp"' EXIT
+sl_at_exit() { trap "$1; rm -rf \"\$sl_tmp\"" EXIT; }
 
 sl_ok() { echo "[       OK ] $1"; sl_pass=$((sl_pass + 1)); }
 sl_fail() {
@@ -32,6 +52,10 @@ sl_run() { # limit cmd...: never hangs
 sl_check() { # name cmd...: pass when cmd succeeds
     local name="$1"; shift
     if "$@"; then sl_ok "$name"; else sl_fail "$name" "check failed: $*"; fi
+}
+sl_wait_until() { # seconds cmd...
+    local deadline=$((SECONDS + $1)); shift
+    until "$@"; do [ $SECONDS -lt $deadline ] || return 1; sleep 0.25; done
 }
 sl_done() {
     [ "$sl_pass" -gt 0 ] && echo "[  PASSED  ] $sl_pass test(s)."
@@ -71,3 +95,35 @@ sl_no_job_named() {
 sl_plugstack() { echo "$NRS_CLUSTER_DIR/etc/plugstack.conf"; }
 sl_plugstack_restore() { cp "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" "$(sl_plugstack)"; }
 sl_have_plugin() { grep -q 'nereus.so' "$(sl_plugstack)" 2>/dev/null; }
+sl_need_plugin() { # name
+    sl_have_plugin || { sl_skip "$1" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+}
+sl_check_slurmds() {
+    sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"
+    sl_check "every slurmd still running" test "$sl_rc" -eq 0
+}
+sl_resume() { timeout 10 scontrol update NodeName="$1" State=RESUME >/dev/null 2>&1; }
+sl_job_num_nodes() { [ "$(sl_job_field "$1" NumNodes)" = "$2" ]; }
+sl_all_idle() { [ "$(timeout 10 sinfo -h -N -o %T | grep -cx idle)" -eq 4 ]; }
+sl_granted_job() { sed -n 's/.*Granted job allocation \([0-9]*\).*/\1/p' "$sl_out" | tail -1; }
+
+# The allocation watcher polls every second (run.sh: --poll-interval 1), so a
+# delta is due within 2 poll intervals; 1 s more for scontrol and the RPCs.
+sl_delta_within() { # name detail t0 jobdir ctl-pattern [watcher-pattern [cmd...]]
+    local name="$1 within 2 poll intervals" detail="$2" t0="$3" dir="$4" ctl="$5" wat="${6:-}" why=""
+    shift $(($# < 6 ? $# : 6))
+    if ! sl_wait_until 3 grep -q -- "$ctl" "$dir/controller.log" 2>/dev/null; then
+        why="'$ctl' not in controller.log after 3 s"
+    elif [ -n "$wat" ] && ! grep -q -- "$wat" "$dir/watcher.log" 2>/dev/null; then
+        why="'$wat' not in watcher.log"
+    elif [ $# -gt 0 ] && ! "$@"; then
+        why="check failed: $*"
+    fi
+    if [ -z "$why" ]; then
+        sl_ok "$name ($((SECONDS - t0)) s)${detail:+: $detail}"
+        return 0
+    fi
+    { tail -n 5 "$dir/watcher.log"; tail -n 5 "$dir/controller.log"; } >"$sl_out" 2>&1
+    sl_fail "$name" "$why"
+    return 1
+}

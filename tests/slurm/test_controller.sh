@@ -7,11 +7,11 @@
 # a clear NEREUS_ERROR and the job still runs; with the plugin "required"
 # the step's launch fails instead.
 . "$(dirname "$0")/lib.sh"
-sl_have_plugin || { sl_skip "controller" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+sl_need_plugin "controller"
 nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
 [ -n "$nrs" ] && [ -x "$nrs" ] || { sl_skip "controller" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; }
 cd "$sl_tmp" || exit 1
-trap 'sl_plugstack_restore; rm -rf "$sl_tmp"' EXIT
+sl_at_exit sl_plugstack_restore
 state="$NRS_CLUSTER_DIR/nereus"
 ctl_procs() { ps -eo args= | grep -E "nereus-(controller|watcher) --socket-dir $state/" | grep -v grep; }
 last_job() { timeout 10 squeue -h -t all -o %i -n "$1" 2>/dev/null | sort -n | tail -1; }
@@ -124,6 +124,5 @@ if ! grep -q should-not-run "$sl_out" && grep -q 'launch failed' "$sl_out" &&
     sl_ok "missing nereus-controller, plugin required: the step's launch fails, with the reason"
 else sl_fail "missing nereus-controller, plugin required: the step's launch fails, with the reason" "rc $sl_rc"; fi
 sl_check "no controller or watcher left anywhere" test -z "$(ctl_procs)"
-sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"
-sl_check "every slurmd still running" test "$sl_rc" -eq 0
+sl_check_slurmds
 sl_done

@@ -13,12 +13,8 @@
 cd "$sl_tmp" || exit 1
 state="$NRS_CLUSTER_DIR/nereus"
 nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-if ! sl_have_plugin; then sl_skip "epilog hooks" "no plugin in plugstack.conf"; sl_done; fi
+sl_need_plugin "epilog hooks"
 if [ -z "$nrs" ] || [ ! -x "$nrs" ]; then sl_skip "epilog hooks" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; fi
-wait_until() { # seconds cmd...
-    local deadline=$((SECONDS + $1)); shift
-    until "$@"; do [ $SECONDS -lt $deadline ] || return 1; sleep 0.2; done
-}
 job_dirs() { ls -d "$state"/n*/"$1" 2>/dev/null | xargs; }
 
 # ---- (a) 4 nodes shrunk to 2: the released nodes' hint, counted once ---------
@@ -37,8 +33,8 @@ jid=$(tail -1 "$sl_out")
 jobdir="$state/n1/$jid"
 answers() { "$nrs" status --socket-dir "$jobdir" >/dev/null 2>&1; }
 all_dirs() { [ "$(job_dirs "$jid" | wc -w)" -eq 4 ]; }
-if ! { [ "$sl_rc" -eq 0 ] && sl_wait_job_state "$jid" RUNNING 30 && wait_until 20 answers &&
-    wait_until 10 all_dirs; }; then
+if ! { [ "$sl_rc" -eq 0 ] && sl_wait_job_state "$jid" RUNNING 30 && sl_wait_until 20 answers &&
+    sl_wait_until 10 all_dirs; }; then
     sl_fail "4-node --nereus job running, a job directory on every node" "job '$jid': $(job_dirs "$jid")"
     timeout 10 scancel "$jid" 2>/dev/null; sl_done
 fi
@@ -48,7 +44,7 @@ watcher=$(ps -eo pid=,args= | grep -E "nereus-watcher --socket-dir $jobdir( |\$)
 sl_run 20 scontrol update JobId="$jid" NumNodes=2
 t0=$SECONDS
 hint_in() { grep -qE 'resource delta 1: remove -> 8 GPUs .* from #[0-9]+ watcher@n[34]$' "$jobdir/controller.log" 2>/dev/null; }
-if [ -n "$watcher" ] && [ "$sl_rc" -eq 0 ] && wait_until 3 hint_in; then
+if [ -n "$watcher" ] && [ "$sl_rc" -eq 0 ] && sl_wait_until 3 hint_in; then
     sl_ok "hint from a released node's job_epilog in controller.log within $((SECONDS - t0)) s, watcher frozen: $(grep -oE 'remove -> 8 GPUs .* from .*' "$jobdir/controller.log" | head -1)"
 else
     { tail -n 5 "$jobdir/controller.log"; grep -h 'nereus:' "$NRS_CLUSTER_DIR"/log/slurmd-n[34].log | tail -n 6; } >"$sl_out" 2>&1
@@ -56,10 +52,10 @@ else
 fi
 # the released nodes' directories went with their epilog; n1 and n2 keep theirs
 kept_only() { [ "$(job_dirs "$jid")" = "$state/n1/$jid $state/n2/$jid" ]; }
-sl_check "released nodes' job directories removed by their epilog, n1 n2 keep theirs" wait_until 5 kept_only
+sl_check "released nodes' job directories removed by their epilog, n1 n2 keep theirs" sl_wait_until 5 kept_only
 [ -n "$watcher" ] && kill -CONT "$watcher"
 not_resent() { grep -q 'delta REMOVE hosts n3,n4: already sent by a hint' "$jobdir/watcher.log" 2>/dev/null; }
-if wait_until 5 not_resent; then
+if sl_wait_until 5 not_resent; then
     sl_ok "watcher, thawed, sees the shrink and does not resend it"
 else tail -n 5 "$jobdir/watcher.log" >"$sl_out" 2>&1
     sl_fail "watcher, thawed, sees the shrink and does not resend it" "see watcher.log"; fi
@@ -81,7 +77,7 @@ cleaned() {
     [ "$(job_dirs "$jid")" = "$jobdir" ] &&
         [ "$(ls -A "$jobdir" | sort | xargs)" = "controller.log watcher.log" ]
 }
-if sl_wait_job_state "$jid" COMPLETED 30 && wait_until 10 cleaned; then
+if sl_wait_job_state "$jid" COMPLETED 30 && sl_wait_until 10 cleaned; then
     sl_ok "job COMPLETED; job directories gone on n2..n4, n1 keeps only controller.log and watcher.log"
 else
     sl_fail "job COMPLETED; job directories gone on n2..n4, n1 keeps only its logs" \
@@ -117,6 +113,5 @@ else diff before.txt after.txt >"$sl_out"
 if grep -h "nereus: job $pj:" "$NRS_CLUSTER_DIR"/log/slurmd-n*.log >"$sl_out" 2>&1; then
     sl_fail "no nereus line in the slurmd logs for job $pj" "see above"
 else sl_ok "no nereus line in the slurmd logs for job $pj"; fi
-sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"
-sl_check "every slurmd still running" test "$sl_rc" -eq 0
+sl_check_slurmds
 sl_done

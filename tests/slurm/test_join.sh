@@ -9,7 +9,7 @@
 # controller plans on 8 GPUs, the joiners receive their replicas (dp grows),
 # and all 8 ranks finish with every checksum intact.
 . "$(dirname "$0")/lib.sh"
-sl_have_plugin || { sl_skip "join" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+sl_need_plugin "join"
 wk="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus-worker}"
 nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
 [ -n "$wk" ] && [ -x "$wk" ] && [ -x "$nrs" ] ||
@@ -19,10 +19,6 @@ cd "$sl_tmp" || exit 1
 spec="$sl_tmp/ppo-live.yaml"
 cp "$NRS_SRCDIR/examples/ppo-live.yaml" "$spec"
 chmod 644 "$spec"
-wait_until() { # seconds cmd...
-    local deadline=$((SECONDS + $1)); shift
-    until "$@"; do [ $SECONDS -lt $deadline ] || return 1; sleep 0.25; done
-}
 status_ok() { # jq-filter
     local j
     j=$(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null) && [ -n "$j" ] &&
@@ -57,7 +53,7 @@ EOS
 sl_run 20 sbatch --parsable "$sl_tmp/a.sbatch"
 a=$(tail -1 "$sl_out")
 jobdir="$NRS_CLUSTER_DIR/nereus/n1/$a"
-if ! { sl_wait_job_state "$a" RUNNING 30 && wait_until 60 status_ok '.nworkers == 4'; }; then
+if ! { sl_wait_job_state "$a" RUNNING 30 && sl_wait_until 60 status_ok '.nworkers == 4'; }; then
     { tail -n 20 "$sl_tmp/a.out"; tail -n 10 "$jobdir/controller.log"; } >"$sl_out" 2>&1
     sl_fail "2-node job of 4 ranks connected to its controller" "job '$a'"
     timeout 10 scancel "$a" 2>/dev/null; sl_done
@@ -67,26 +63,25 @@ sl_ok "2-node job of 4 ranks connected to its controller"
 dp_sum() { NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq '[.plan.stages[].dp] | add'; }
 dp0=$(dp_sum)
 sl_run 30 salloc -J nrs-join-b -N 2 -w 'n[3-4]' --ntasks-per-node=2 --dependency=expand:"$a" --no-shell
-b=$(sed -n 's/.*Granted job allocation \([0-9]*\).*/\1/p' "$sl_out" | tail -1)
+b=$(sl_granted_job)
 if [ -z "$b" ]; then
     sl_fail "allocation with --dependency=expand:$a granted" "rc $sl_rc"
     timeout 10 scancel "$a" 2>/dev/null; sl_done
 fi
 sl_run 20 scontrol update JobId="$b" NumNodes=0
-four() { [ "$(sl_job_field "$a" NumNodes)" = 4 ]; }
-sl_check "job $b merged: job $a on 4 nodes" wait_until 10 four
+sl_check "job $b merged: job $a on 4 nodes" sl_wait_until 10 sl_job_num_nodes "$a" 4
 add() { grep -q 'resource delta 1: add -> 8 GPUs' "$jobdir/controller.log" 2>/dev/null; }
-sl_check "the controller got the ADD delta (4 -> 8 GPUs)" wait_until 10 add
+sl_check "the controller got the ADD delta (4 -> 8 GPUs)" sl_wait_until 10 add
 sl_check "the plan stays on 4 GPUs until ranks run on the new nodes" status_ok '.gpus == 8 and .plan.total_gpus == 4'
 touch "$sl_tmp/expanded" # the job script launches its join step now
 world() { grep -q 'world 1: 4 rank(s) joined as 4..7' "$jobdir/controller.log" 2>/dev/null; }
-if wait_until 60 world; then sl_ok "the join step's 4 ranks joined the job's world as ranks 4-7"
+if sl_wait_until 60 world; then sl_ok "the join step's 4 ranks joined the job's world as ranks 4-7"
 else
     { tail -n 10 "$sl_tmp/join.out"; grep -v report "$jobdir/controller.log" | tail -n 10; } >"$sl_out" 2>&1
     sl_fail "the join step's 4 ranks joined the job's world as ranks 4-7" "no world in controller.log"
 fi
 grown() { status_ok '.plan.total_gpus == 8 and .nworkers == 8'; }
-if wait_until 60 grown; then sl_ok "the controller grew the plan onto the joiners: 8 GPUs, 8 workers"
+if sl_wait_until 60 grown; then sl_ok "the controller grew the plan onto the joiners: 8 GPUs, 8 workers"
 else
     grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
     sl_fail "the controller grew the plan onto the joiners: 8 GPUs, 8 workers" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, nworkers, epoch}')"
@@ -105,6 +100,5 @@ n=$(cat "$sl_tmp/a.out" "$sl_tmp/join.out" | grep -cE '^rank [0-7]: epoch [0-9]+
 if [ "$n" -eq 8 ]; then sl_ok "all 8 ranks finished every step, every shard verified"
 else cat "$sl_tmp/a.out" "$sl_tmp/join.out" | tail -n 20 >"$sl_out"; sl_fail "all 8 ranks finished every step, every shard verified" "$n of 8"; fi
 timeout 10 scancel "$b" 2>/dev/null
-all_idle() { [ "$(timeout 10 sinfo -h -N -o %T | grep -cx idle)" -eq 4 ]; }
-sl_check "all 4 nodes idle again" wait_until 30 all_idle
+sl_check "all 4 nodes idle again" sl_wait_until 30 sl_all_idle
 sl_done

@@ -11,7 +11,7 @@
 #   2. node failure: scontrol update NodeName=n4 State=DOWN under --no-kill,
 #      the same way (a LOST delta; n4's ranks, alive or not, are retired).
 . "$(dirname "$0")/lib.sh"
-sl_have_plugin || { sl_skip "recover" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+sl_need_plugin "recover"
 wk="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus-worker}"
 nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
 [ -n "$wk" ] && [ -x "$wk" ] && [ -x "$nrs" ] ||
@@ -21,11 +21,7 @@ spec="$sl_tmp/ppo-live.yaml"
 cp "$NRS_SRCDIR/examples/ppo-live.yaml" "$spec"
 chmod 644 "$spec"
 victim=n4
-trap 'timeout 10 scontrol update NodeName=$victim State=RESUME >/dev/null 2>&1; rm -rf "$sl_tmp"' EXIT
-wait_until() { # seconds cmd...
-    local deadline=$((SECONDS + $1)); shift
-    until "$@"; do [ $SECONDS -lt $deadline ] || return 1; sleep 0.25; done
-}
+sl_at_exit "sl_resume $victim"
 
 # run NAME STEPS: submit the job, print its id
 submit() {
@@ -70,7 +66,7 @@ command -v jq >/dev/null || { sl_skip "recover" "needs jq"; sl_done; }
 forced_committed() {
     local what="$1" gpus="$2"
     forced() { status_ok "$jobdir" ".gpus == $gpus and .plan.total_gpus == $gpus and .transitions.committed >= 1 and .epoch >= 2"; }
-    if wait_until 40 forced; then sl_ok "$what: the forced $gpus-GPU epoch committed"
+    if sl_wait_until 40 forced; then sl_ok "$what: the forced $gpus-GPU epoch committed"
     else
         grep -v report "$jobdir/controller.log" | tail -n 12 >"$sl_out"
         sl_fail "$what: the forced $gpus-GPU epoch committed" "status: $(NEREUS_SOCKET_DIR="$jobdir" timeout 5 "$nrs" status --json 2>/dev/null | jq -c '{gpus, epoch, transitions}')"
@@ -83,7 +79,7 @@ started() {
     jobdir="$NRS_CLUSTER_DIR/nereus/n1/$jid"
     cur="$1"
     up() { status_ok "$jobdir" '.nworkers == 8' && [ -s "$sl_tmp/$cur/ck/LATEST" ]; }
-    if ! { sl_wait_job_state "$jid" RUNNING 30 && wait_until 60 up; }; then
+    if ! { sl_wait_job_state "$jid" RUNNING 30 && sl_wait_until 60 up; }; then
         { tail -n 20 "$sl_tmp/$1/job.out"; tail -n 10 "$jobdir/controller.log"; } >"$sl_out" 2>&1
         sl_fail "$1: 8 ranks connected to the job's controller, a checkpoint published" "job '$jid'"
         timeout 10 scancel "$jid" 2>/dev/null; sl_done
@@ -97,7 +93,7 @@ sl_run 20 scontrol update JobId="$jid" NumNodes=2
 t0=$SECONDS
 sl_check "shrink: scontrol update NumNodes=2 accepted" test "$sl_rc" -eq 0
 delta() { grep -q 'resource delta 1: remove -> 4 GPUs' "$jobdir/controller.log" 2>/dev/null; }
-if wait_until 10 delta; then sl_ok "shrink: the controller got the delta ($((SECONDS - t0)) s, poll 1 s)"
+if sl_wait_until 10 delta; then sl_ok "shrink: the controller got the delta ($((SECONDS - t0)) s, poll 1 s)"
 else sl_fail "shrink: the controller got the delta" "not in controller.log after 10 s"; fi
 forced_committed shrink 4
 sl_check "shrink: the job finished" sl_wait_job_state "$jid" COMPLETED 120
@@ -112,11 +108,11 @@ started nodefail
 sl_run 20 scontrol update NodeName=$victim State=DOWN Reason=nereus-test
 sl_check "node failure: scontrol update NodeName=$victim State=DOWN accepted" test "$sl_rc" -eq 0
 lost() { grep -q 'resource delta 1: lost -> 6 GPUs' "$jobdir/controller.log" 2>/dev/null; }
-sl_check "node failure: the controller got a LOST delta (8 -> 6 GPUs)" wait_until 10 lost
+sl_check "node failure: the controller got a LOST delta (8 -> 6 GPUs)" sl_wait_until 10 lost
 forced_committed "node failure" 6
 sl_check "node failure: the job finished" sl_wait_job_state "$jid" COMPLETED 120
 survivors nodefail 6
-timeout 10 scontrol update NodeName=$victim State=RESUME >/dev/null 2>&1
+sl_resume $victim
 nodes_idle() { [ "$(timeout 10 sinfo -h -N -n $victim -o %T)" = idle ]; }
-sl_check "node failure: $victim back to idle" wait_until 30 nodes_idle
+sl_check "node failure: $victim back to idle" sl_wait_until 30 nodes_idle
 sl_done

@@ -28,14 +28,10 @@ echo "srun rc=\$?"
 EOS
 hb() { cat "$sl_tmp/hb.$1" 2>/dev/null || echo none; }
 all_beating() { local n; for n in $all; do [ -s "$sl_tmp/hb.$n" ] || return 1; done; }
-wait_until() { # seconds cmd...
-    local deadline=$((SECONDS + $1)); shift
-    until "$@"; do [ $SECONDS -lt $deadline ] || return 1; sleep 0.5; done
-}
 
 sl_run 20 sbatch --parsable shrink.sbatch
 jid=$(tail -1 "$sl_out")
-if ! { [ "$sl_rc" -eq 0 ] && sl_wait_job_state "$jid" RUNNING 30 && wait_until 30 all_beating; }; then
+if ! { [ "$sl_rc" -eq 0 ] && sl_wait_job_state "$jid" RUNNING 30 && sl_wait_until 30 all_beating; }; then
     sl_fail "4-node job running with a task on every node" "job '$jid'"
     timeout 10 scancel "$jid" 2>/dev/null; sl_done
 fi
@@ -70,24 +66,17 @@ fi
 sl_run 20 scontrol update JobId="$jid" NumNodes=2
 t_resize=$SECONDS
 sl_check "scontrol update JobId=$jid NumNodes=2 accepted" test "$sl_rc" -eq 0
-two_nodes() { [ "$(sl_job_field "$jid" NumNodes)" = 2 ]; }
-wait_until 15 two_nodes
+sl_wait_until 15 sl_job_num_nodes "$jid" 2
 kept=$(timeout 10 scontrol show hostnames "$(sl_job_field "$jid" NodeList)" | xargs)
 released=$(for n in $all; do case " $kept " in *" $n "*) ;; *) echo "$n" ;; esac; done | xargs)
 state=$(sl_job_field "$jid" JobState)
-if two_nodes && [ "$state" = RUNNING ] && [ "$(wc -w <<<"$kept")" -eq 2 ]; then
+if sl_job_num_nodes "$jid" 2 && [ "$state" = RUNNING ] && [ "$(wc -w <<<"$kept")" -eq 2 ]; then
     sl_ok "job still RUNNING, on 2 nodes ($kept)"
 else sl_fail "job still RUNNING, on 2 nodes ($kept)" "state $state, NumNodes $(sl_job_field "$jid" NumNodes)"; fi
 
 if [ "$have_ctl" -eq 1 ]; then
-    got_delta() { grep -q 'resource delta 1: remove -> 8 GPUs' "$jobdir/controller.log" 2>/dev/null; }
-    # 2 poll intervals of 1 s, plus 1 s for scontrol and the RPCs.
-    if wait_until 3 got_delta; then
-        sl_ok "controller got the delta within 2 poll intervals ($((SECONDS - t_resize)) s): remove $released -> 8 GPUs"
-    else
-        { tail -n 5 "$jobdir/watcher.log"; tail -n 5 "$jobdir/controller.log"; } >"$sl_out" 2>&1
-        sl_fail "controller got the delta within 2 poll intervals" "not in controller.log after 3 s"
-    fi
+    sl_delta_within "controller got the delta" "remove $released -> 8 GPUs" "$t_resize" "$jobdir" \
+        'resource delta 1: remove -> 8 GPUs'
     sl_run 10 "$nrs" status --json --socket-dir "$jobdir"
     cp "$sl_out" status1.json
     if python3 - status0.json status1.json >"$sl_out" 2>&1 <<'EOPY'
@@ -120,7 +109,7 @@ released_idle() {
         [ "$(timeout 10 sinfo -h -N -n "$n" -o %T)" = idle ] || return 1
     done
 }
-sl_check "released nodes back to idle" wait_until 20 released_idle
+sl_check "released nodes back to idle" sl_wait_until 20 released_idle
 
 touch "$sl_tmp/stop"
 if sl_wait_job_state "$jid" COMPLETED 30; then
@@ -135,12 +124,11 @@ else
 fi
 if [ "$have_ctl" -eq 1 ]; then
     gone() { [ "$(nrs_count controller)" -eq 0 ] && [ "$(nrs_count watcher)" -eq 0 ]; }
-    if wait_until 10 gone && grep -q 'controller stopped; exiting' "$jobdir/watcher.log" &&
+    if sl_wait_until 10 gone && grep -q 'controller stopped; exiting' "$jobdir/watcher.log" &&
         grep -q 'stopped' "$jobdir/controller.log"; then
         sl_ok "controller and watcher exited cleanly with the job (no orphans)"
     else { nrs_procs controller; nrs_procs watcher; tail -n 5 "$jobdir/watcher.log"; } >"$sl_out" 2>&1
         sl_fail "controller and watcher exited cleanly with the job (no orphans)" "see above"; fi
 fi
-sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"
-sl_check "every slurmd still running" test "$sl_rc" -eq 0
+sl_check_slurmds
 sl_done

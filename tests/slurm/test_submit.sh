@@ -4,7 +4,7 @@
 # the tasks as NEREUS_SPEC (absolute), with a per-job directory per node; a
 # failure inside Nereus on a node leaves that step running without it.
 . "$(dirname "$0")/lib.sh"
-sl_have_plugin || { sl_skip "submit" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+sl_need_plugin "submit"
 cd "$sl_tmp" || exit 1
 tag="nrs$$"
 
@@ -81,7 +81,7 @@ else sl_fail "unsafe state dir on one node: that step runs without Nereus, NEREU
 
 # -- a misconfigured plugstack line: --nereus refused with the reason, other
 #    jobs unaffected ------------------------------------------------------------
-trap 'sl_plugstack_restore; rm -rf "$sl_tmp"' EXIT
+sl_at_exit sl_plugstack_restore
 sed 's/$/ bogus=1/' "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" >"$(sl_plugstack)"
 sl_run 30 srun --nereus=good.yaml true
 if [ "$sl_rc" -ne 0 ] && grep -q "nereus: plugstack argument 'bogus' is unknown (known: runtime_dir, state_dir, default_spec, poll_interval, controller_tcp)" "$sl_out"; then
@@ -91,6 +91,5 @@ sl_run 30 srun -N 2 echo fine
 sl_check "unknown plugstack argument: a job without --nereus still runs" test "$sl_rc" -eq 0 -a "$(grep -c '^fine$' "$sl_out")" -eq 2
 sl_plugstack_restore
 
-sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"
-sl_check "every slurmd still running" test "$sl_rc" -eq 0
+sl_check_slurmds
 sl_done

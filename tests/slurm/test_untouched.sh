@@ -4,9 +4,9 @@
 # plugin line in plugstack.conf and with it removed (srun and slurmstepd read
 # plugstack.conf afresh for every command and step).
 . "$(dirname "$0")/lib.sh"
-sl_have_plugin || { sl_skip "untouched" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+sl_need_plugin "untouched"
 cd "$sl_tmp" || exit 1
-trap 'sl_plugstack_restore; rm -rf "$sl_tmp"' EXIT
+sl_at_exit sl_plugstack_restore
 
 # The task's environment with what differs from job to job masked: the job
 # id, ports, pids, times.
