@@ -1997,18 +1997,66 @@ int nrs_worker_control_step(nrs_worker_t *w)
     return ctl_prepare(w, e);
 }
 
-static int same_buf(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
+/* The persistent buffers of the actor's two engines, sorted by what a buffer
+ * is, so that each of the sync graph's buffers finds its state buffer in
+ * O(log n): a linear search per buffer was quadratic in the plan's size
+ * (minutes per epoch at 1,024 GPUs). */
+typedef struct {
+    int32_t ms, gpu, role, tensor, kind;
+    nrs_emu_rect_t box;
+    int32_t idx;
+} skey_t;
+
+static skey_t state_key(const nrs_emu_buf_t *b, int ms, int32_t idx)
 {
-    return a->role == b->role && a->tensor == b->tensor && a->kind == b->kind &&
-           a->gpu == b->gpu && !memcmp(&a->box, &b->box, sizeof a->box);
+    return (skey_t){ms, b->gpu, b->role, b->tensor, b->kind, b->box, idx};
+}
+
+static int skey_cmp(const void *x, const void *y) /* idx last: the first of equals wins */
+{
+    const skey_t *a = x, *b = y;
+    const int32_t ka[] = {a->ms, a->gpu, a->role, a->tensor, a->kind, a->box.r0, a->box.r1,
+                          a->box.c0, a->box.c1, a->idx};
+    const int32_t kb[] = {b->ms, b->gpu, b->role, b->tensor, b->kind, b->box.r0, b->box.r1,
+                          b->box.c0, b->box.c1, b->idx};
+    for (size_t i = 0; i < sizeof ka / sizeof ka[0]; i++)
+        if (ka[i] != kb[i])
+            return ka[i] < kb[i] ? -1 : 1;
+    return 0;
+}
+
+static skey_t *state_index(const nrs_worker_t *w, size_t *n)
+{
+    skey_t *v = malloc(sizeof(*v) * (w->st.nbuf + 1));
+    *n = 0;
+    if (!v)
+        return NULL;
+    for (size_t i = 0; i < w->st.nbuf; i++) {
+        int ms = w->st.eng[w->st.buf[i].engine].ms;
+        if (ms == NRS_MS_ACTOR_TRAIN || ms == NRS_MS_ACTOR_GENERATE)
+            v[(*n)++] = state_key(&w->st.buf[i], ms, (int32_t)i);
+    }
+    qsort(v, *n, sizeof(*v), skey_cmp);
+    return v;
 }
 
 /* The persistent buffer of engine model-stage ms that b is, -1 if none. */
-static int find_state(const nrs_worker_t *w, const nrs_emu_buf_t *b, int ms)
+static int find_state(const skey_t *v, size_t n, const nrs_emu_buf_t *b, int ms)
 {
-    for (size_t i = 0; i < w->st.nbuf; i++)
-        if (w->st.eng[w->st.buf[i].engine].ms == ms && same_buf(&w->st.buf[i], b))
-            return (int)i;
+    skey_t k = state_key(b, ms, -1); /* below every idx: the first of equals */
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (skey_cmp(&v[mid], &k) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < n) {
+        k.idx = v[lo].idx;
+        if (!skey_cmp(&v[lo], &k))
+            return v[lo].idx;
+    }
     return -1;
 }
 
@@ -2021,20 +2069,28 @@ static int sync_build(nrs_worker_t *w)
     if (nrs_emu_weight_sync(&w->spec, &w->plan, &eo, &w->sg, err, sizeof err))
         return seterr(w, NRS_ERR_PLAN, "weight sync of epoch %u: %s", w->plan.epoch, err);
     const nrs_emu_graph_t *g = w->sg;
+    size_t nk = 0;
+    skey_t *keys = state_index(w, &nk);
     w->stmap = calloc((size_t)g->nold + 1, sizeof(int));
     w->sgidx = calloc((size_t)g->nnew + 1, sizeof(int));
     w->sgmem = calloc((size_t)g->nnew + 1, sizeof(*w->sgmem));
-    if (!w->stmap || !w->sgidx || !w->sgmem)
+    if (!keys || !w->stmap || !w->sgidx || !w->sgmem) {
+        free(keys);
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
     for (int32_t i = 0; i < g->nold; i++)
-        if ((w->stmap[i] = find_state(w, &g->buf[i].b, NRS_MS_ACTOR_TRAIN)) < 0 &&
-            buf_rank(w, &g->buf[i].b) == w->me)
+        if ((w->stmap[i] = find_state(keys, nk, &g->buf[i].b, NRS_MS_ACTOR_TRAIN)) < 0 &&
+            buf_rank(w, &g->buf[i].b) == w->me) {
+            free(keys);
             return seterr(w, NRS_ERR_PLAN, "weight sync: train buffer %d is not in the state", i);
+        }
     for (int32_t j = 0; j < g->nnew; j++) {
         const nrs_emu_gbuf_t *b = &g->buf[g->nold + j];
-        w->sgidx[j] = b->alias >= 0 && b->alias < g->nold ? w->stmap[b->alias]
-                                                           : find_state(w, &b->b, NRS_MS_ACTOR_GENERATE);
+        w->sgidx[j] = b->alias >= 0 && b->alias < g->nold
+                          ? w->stmap[b->alias]
+                          : find_state(keys, nk, &b->b, NRS_MS_ACTOR_GENERATE);
     }
+    free(keys);
     return 0;
 }
 
