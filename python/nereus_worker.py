@@ -1,0 +1,572 @@
+"""nereus_worker: a ctypes binding of libnereus's worker API.
+
+What one rank (one training process, one GPU) of a Nereus job calls, from
+Python, with the standard library only. The C API is include/nereus/nereus.h;
+docs/worker-api.md says what each call does. This module mirrors it:
+
+    from nereus_worker import Worker, NereusError, NRS_MEM_AUTO
+
+    with Worker("job.yaml") as w:          # nrs_worker_init ... nrs_worker_finalize
+        w.control_plan(30)                 # the plan of the committed epoch
+        w.alloc_state(NRS_MEM_AUTO, fill=True)
+        for step in range(steps):
+            train_one_step(w.roles())      # your trainer
+            w.report_stage(NRS_MS_ACTOR_TRAIN, seconds)
+            w.report_step(step, response_len)
+            if w.control_poll(0):          # True: a transition committed
+                rebuild_communicators(w)   # new epoch, GPU index and buffers
+
+Conventions:
+
+- Every C call that fails raises NereusError(code, message): code is the
+  NRS_ERR_* value, message nrs_worker_last_error(), str() adds
+  nrs_worker_strerror(code). verify_state() is the exception: a checksum
+  mismatch is a result (its counts), not an error.
+- Strings come back as str; paths go in as str (or bytes, or os.PathLike).
+- The library is $NEREUS_LIB if set, else ctypes.util.find_library("nereus"),
+  else "libnereus.so.0" (the dynamic loader's search path).
+- Calls that take Nereus structs (nrs_worker_init_spec, nrs_worker_set_plan,
+  nrs_worker_transition, nrs_worker_plan) are not bound: from Python, load the
+  spec by path and let nereus-controller hand the plans over
+  (docs/worker-api.md section 1).
+- Not thread-safe, like the C handle: one thread drives a Worker.
+
+The per-step collectives of runtime/worker/worker.h (control_step,
+weight_sync, sync_stat, verify_generation) are exported by libnereus but not
+part of nereus.h, so NRS_WORKER_API_VERSION does not cover them; they are
+bound when present (Worker.has_internal) for jobs that mix Python ranks with
+nereus-worker ranks, and may change without notice.
+"""
+
+import ctypes
+import ctypes.util
+import os
+from collections import namedtuple
+
+__all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "BufferDesc",
+           "Verified", "load", "api_version", "strerror", "ms_name", "API_VERSION"]
+
+# The version of include/nereus/nereus.h this binding was written against.
+API_VERSION = 3
+
+# ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
+# python/test_nereus_worker.py parses the headers and fails on any drift.
+
+NRS_OK = 0
+NRS_ERR_INVAL = -1
+NRS_ERR_NOMEM = -2
+NRS_ERR_SPEC = -3
+NRS_ERR_RDV = -4
+NRS_ERR_XPORT = -5
+NRS_ERR_PLAN = -6
+NRS_ERR_ABORTED = -7
+NRS_ERR_PARTIAL = -8
+NRS_ERR_VERIFY = -9
+NRS_ERR_UNSUPPORTED = -10
+NRS_ERR_RETIRED = -11
+NRS_ERR_CHECKPOINT = -12
+
+NRS_MEM_AUTO = 0
+NRS_MEM_HOST = 1
+NRS_MEM_CUDA = 2
+
+NRS_GROUP_TP = 0
+NRS_GROUP_PP = 1
+NRS_GROUP_DP = 2
+
+NRS_TS_SECONDS = 0
+NRS_TS_PREPARE_S = 1
+NRS_TS_EXECUTE_S = 2
+NRS_TS_VOTE_S = 3
+NRS_TS_COMMIT_S = 4
+NRS_TS_BYTES_SENT = 5
+NRS_TS_BYTES_RECV = 6
+NRS_TS_TRANSFERS = 7
+NRS_TS_MAX_INFLIGHT = 8
+NRS_TS_FAILED_RANK = 9
+NRS_TS_PRESENT = 10
+NRS_TS_REBUILDABLE = 11
+NRS_TS_LOST = 12
+NRS_TS_RESTORED_STEP = 13
+NRS_TS_COUNT = 14
+
+# Model-stages (nrs_ms_t, include/nereus/spec.h): nrs_worker_role's ms and
+# the ms argument of report_stage and group.
+NRS_MS_ACTOR_GENERATE = 0
+NRS_MS_ACTOR_INFER = 1
+NRS_MS_CRITIC_INFER = 2
+NRS_MS_REF_INFER = 3
+NRS_MS_REWARD_INFER = 4
+NRS_MS_ACTOR_TRAIN = 5
+NRS_MS_CRITIC_TRAIN = 6
+NRS_MS_COUNT = 7
+
+# Models (nrs_role_t, spec.h) and state kinds (nrs_emu_kind_t,
+# include/nereus/emu.h): what buffer_desc reports.
+NRS_ROLE_ACTOR = 0
+NRS_ROLE_CRITIC = 1
+NRS_ROLE_REF = 2
+NRS_ROLE_REWARD = 3
+NRS_ROLE_COUNT = 4
+
+NRS_EMU_WEIGHT = 0
+NRS_EMU_GRAD = 1
+NRS_EMU_MASTER = 2
+NRS_EMU_ADAM_M = 3
+NRS_EMU_ADAM_V = 4
+NRS_EMU_KIND_COUNT = 5
+
+# Fields of nrs_worker_sync_stat (runtime/worker/worker.h, internal).
+NRS_SS_STEPS = 0
+NRS_SS_FAILED = 1
+NRS_SS_BYTES = 2
+NRS_SS_LAST_S = 3
+NRS_SS_LAST_BYTES = 4
+NRS_SS_TOTAL_S = 5
+NRS_SS_SAMPLED = 6
+
+__all__ += [k for k in list(globals()) if k.startswith("NRS_")]
+
+_TS_NAMES = ("seconds", "prepare_s", "execute_s", "vote_s", "commit_s", "bytes_sent",
+             "bytes_recv", "transfers", "max_inflight", "failed_rank", "present",
+             "rebuildable", "lost", "restored_step")
+
+# ---- results -------------------------------------------------------------
+
+Role = namedtuple("Role", "ms name tp pp dp t p d")
+Role.__doc__ = ("A model-stage this rank runs: ms (NRS_MS_*), its name, the layout "
+                "(tp, pp, dp) and this rank's coordinates (t, p, d) in it.")
+Buffer = namedtuple("Buffer", "ptr nbytes")
+Buffer.__doc__ = "Address (int; device memory under NRS_MEM_CUDA) and size of a state buffer."
+BufferDesc = namedtuple("BufferDesc", "role tensor kind r0 r1 c0 c1 esize")
+BufferDesc.__doc__ = ("What a buffer holds: model (NRS_ROLE_*), tensor id, kind (NRS_EMU_*), "
+                      "its box [r0,r1) x [c0,c1) in global coordinates, element size.")
+Verified = namedtuple("Verified", "verified mismatches")
+Verified.__doc__ = "Shards checksummed against the pattern, and how many did not match."
+
+
+class NereusLibraryError(OSError):
+    """libnereus could not be loaded, or is older than this binding."""
+
+
+class NereusError(Exception):
+    """A worker API call failed: code (NRS_ERR_*), message (nrs_worker_last_error)."""
+
+    def __init__(self, code, message=""):
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    @property
+    def name(self):
+        """nrs_worker_strerror(code)."""
+        return strerror(self.code)
+
+    def __str__(self):
+        return f"{self.name}: {self.message}" if self.message else self.name
+
+
+# ---- loading ---------------------------------------------------------------
+
+_P = ctypes.c_void_p
+_I, _LL, _D, _S = ctypes.c_int, ctypes.c_longlong, ctypes.c_double, ctypes.c_char_p
+_PI, _PLL = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_longlong)
+REPORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+
+# name: (restype, argtypes), for every function this module calls
+_PUBLIC = {
+    "nrs_worker_api_version": (_I, []),
+    "nrs_worker_strerror": (_S, [_I]),
+    "nrs_worker_init": (_I, [ctypes.POINTER(_P), _S]),
+    "nrs_worker_finalize": (_I, [_P]),
+    "nrs_worker_last_error": (_S, [_P]),
+    "nrs_worker_rank": (_I, [_P]),
+    "nrs_worker_size": (_I, [_P]),
+    "nrs_worker_is_singleton": (_I, [_P]),
+    "nrs_worker_transport": (_S, [_P]),
+    "nrs_worker_control": (_S, [_P]),
+    "nrs_worker_epoch": (_I, [_P]),
+    "nrs_worker_nroles": (_I, [_P]),
+    "nrs_worker_role": (_I, [_P, _I] + [_PI] * 7),
+    "nrs_worker_group": (_I, [_P, _I, _I, _PI, _I]),
+    "nrs_worker_ms_name": (_S, [_I]),
+    "nrs_worker_alloc_state": (_I, [_P, _I, _I]),
+    "nrs_worker_mem_kind": (_I, [_P]),
+    "nrs_worker_nbuffers": (_I, [_P]),
+    "nrs_worker_buffer": (_I, [_P, _I, ctypes.POINTER(_P), _PLL]),
+    "nrs_worker_buffer_desc": (_I, [_P, _I] + [_PI] * 8),
+    "nrs_worker_verify_state": (_I, [_P, _PLL, _PLL]),
+    "nrs_worker_set_report_sink": (_I, [_P, REPORT_FN, _P]),
+    "nrs_worker_report_stage": (_I, [_P, _I, _D]),
+    "nrs_worker_report_memory": (_I, [_P, _LL, _LL, _I]),
+    "nrs_worker_report_step": (_I, [_P, _I, _D]),
+    "nrs_worker_transition_stat": (_D, [_P, _I]),
+    "nrs_worker_set_checkpoint_dir": (_I, [_P, _S]),
+    "nrs_worker_checkpoint": (_I, [_P, ctypes.c_long]),
+    "nrs_worker_joined_at": (_I, [_P]),
+    "nrs_worker_control_plan": (_I, [_P, _D]),
+    "nrs_worker_control_poll": (_I, [_P, _D]),
+    "nrs_worker_gpu": (_I, [_P]),
+}
+# runtime/worker/worker.h: exported, not in nereus.h (see the module's doc)
+_INTERNAL = {
+    "nrs_worker_control_step": (_I, [_P]),
+    "nrs_worker_weight_sync": (_I, [_P]),
+    "nrs_worker_sync_stat": (_D, [_P, _I]),
+    "nrs_worker_verify_generation": (_I, [_P, _PLL, _PLL]),
+}
+
+_lib = None
+
+
+def _find_library():
+    path = os.environ.get("NEREUS_LIB")
+    if path:
+        return path
+    return ctypes.util.find_library("nereus") or "libnereus.so.0"
+
+
+def _declare(lib, table, required):
+    """Set restype and argtypes of every function of table; False if one is
+    missing (raised instead when required)."""
+    ok = True
+    for name, (restype, argtypes) in table.items():
+        try:
+            fn = getattr(lib, name)  # cached on lib: the types stay set
+        except AttributeError:
+            if required:
+                raise NereusLibraryError(f"{lib._name}: no symbol {name}") from None
+            ok = False
+            continue
+        fn.restype, fn.argtypes = restype, argtypes
+    return ok
+
+
+def load(path=None, want=API_VERSION):
+    """Load libnereus (path, else the default search above), declare every
+    function's types and check its API version: a library older than `want`
+    lacks functions this binding calls (the API only grows, so a newer one is
+    fine). Returns the ctypes.CDLL; later calls return the same one."""
+    global _lib
+    if _lib is not None and path is None:
+        return _lib
+    name = path or _find_library()
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as e:
+        raise NereusLibraryError(f"cannot load libnereus ({name}): {e}; "
+                                 "set NEREUS_LIB to its path") from None
+    # checked before the other symbols: an old library would fail on those
+    # with a less helpful message
+    try:
+        version = lib.nrs_worker_api_version
+    except AttributeError:
+        raise NereusLibraryError(f"{name} is not libnereus: no nrs_worker_api_version") from None
+    version.restype, version.argtypes = _I, []
+    have = version()
+    if have < want:
+        raise NereusLibraryError(f"{name}: worker API version {have}, this binding "
+                                 f"(nereus_worker.py) needs {want}: install a newer libnereus")
+    _declare(lib, _PUBLIC, True)
+    lib.nereus_internal = _declare(lib, _INTERNAL, False)
+    if path is None:
+        _lib = lib
+    return lib
+
+
+def _text(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def _path(p):
+    return None if p is None else os.fsencode(p)
+
+
+def api_version():
+    """nrs_worker_api_version() of the loaded library."""
+    return load().nrs_worker_api_version()
+
+
+def strerror(code):
+    """nrs_worker_strerror(code): the name of an NRS_ERR_* code."""
+    return _text(load().nrs_worker_strerror(code))
+
+
+def ms_name(ms):
+    """nrs_worker_ms_name(ms): e.g. 'actor.train'; '?' for an unknown id."""
+    return _text(load().nrs_worker_ms_name(ms))
+
+
+# ---- the handle ------------------------------------------------------------
+
+class Worker:
+    """One rank's handle (nrs_worker_t *): joins the job on construction
+    (nrs_worker_init), leaves it on finalize() or at the end of a with block.
+
+    spec_path: the job's YAML (None: $NEREUS_SPEC). The state is the spec's
+    models at full size: nrs_worker_init does not apply
+    runtime.emulation_scale (nereus-worker scales the spec itself).
+    """
+
+    def __init__(self, spec_path=None, lib=None):
+        self._lib = lib or load()
+        self._sink = None  # keeps the report callback alive while C holds it
+        h = _P()
+        rc = self._lib.nrs_worker_init(ctypes.byref(h), _path(spec_path))
+        self._h = h
+        if rc:
+            # on failure the handle may exist: read why, then free it
+            msg = _text(self._lib.nrs_worker_last_error(h)) if h.value else ""
+            self._lib.nrs_worker_finalize(h)
+            self._h = None
+            raise NereusError(rc, msg)
+
+    # -- plumbing
+
+    def _handle(self):
+        # the C accessors dereference the handle without a NULL check
+        if self._h is None:
+            raise NereusError(NRS_ERR_INVAL, "the worker was finalized")
+        return self._h
+
+    def _call(self, name, *args, why=None):
+        """Call nrs_worker_<name>(handle, args...); raise NereusError if < 0.
+        why: the message for calls that fail without setting last_error
+        (it would still say what an earlier call did)."""
+        h = self._handle()
+        rc = getattr(self._lib, "nrs_worker_" + name)(h, *args)
+        if rc < 0:
+            raise NereusError(rc, why or _text(self._lib.nrs_worker_last_error(h)))
+        return rc
+
+    def _get(self, name):
+        return getattr(self._lib, "nrs_worker_" + name)(self._handle())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()
+        return False
+
+    def finalize(self):
+        """Leave the job (survivors' barrier, bounded) and free the handle.
+        Idempotent. A failure is raised after the handle is gone, so its
+        message is the code's name only."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        self._sink = None
+        rc = self._lib.nrs_worker_finalize(h)
+        if rc:
+            raise NereusError(rc, "finalize (the handle is freed: no detail)")
+
+    @property
+    def finalized(self):
+        return self._h is None
+
+    # -- who and where
+
+    @property
+    def last_error(self):
+        """nrs_worker_last_error: what the last failing call (or a warning) said."""
+        return _text(self._get("last_error"))
+
+    @property
+    def rank(self):
+        return self._get("rank")
+
+    @property
+    def size(self):
+        return self._get("size")
+
+    @property
+    def is_singleton(self):
+        return bool(self._get("is_singleton"))
+
+    @property
+    def transport(self):
+        """'ucx' or 'local'."""
+        return _text(self._get("transport"))
+
+    @property
+    def control(self):
+        """The control channel: 'connected', 'none', or why it failed."""
+        return _text(self._get("control"))
+
+    @property
+    def joined_at(self):
+        """The step the job was at when this rank joined it; -1 if it started with the job."""
+        return self._get("joined_at")
+
+    # -- the plan and this rank's place in it
+
+    def control_plan(self, timeout_s=30.0):
+        """Wait for the controller's plan of the committed epoch and take it."""
+        self._call("control_plan", float(timeout_s))
+
+    def control_poll(self, timeout_s=0.0):
+        """Handle what the controller sent (waiting up to timeout_s for the
+        first frame); an announced transition runs here, as a collective.
+        True: a transition committed (new epoch, GPU index and state);
+        False: nothing to do. Raises NereusError with NRS_ERR_ABORTED (old
+        epoch intact), NRS_ERR_PARTIAL, NRS_ERR_RETIRED, ..."""
+        return self._call("control_poll", float(timeout_s)) == 1
+
+    @property
+    def epoch(self):
+        """Epoch of the current plan; -1 before any."""
+        return self._get("epoch")
+
+    @property
+    def gpu(self):
+        """This rank's GPU in the current plan; -1 when it holds none."""
+        return self._get("gpu")
+
+    @property
+    def nroles(self):
+        return self._get("nroles")
+
+    def role(self, i):
+        """The i-th model-stage this rank runs, as a Role."""
+        v = [ctypes.c_int() for _ in range(7)]
+        self._call("role", i, *[ctypes.byref(x) for x in v],
+                   why=f"role {i}: this rank runs {self.nroles} model-stage(s)")
+        ms, tp, pp, dp, t, p, d = (x.value for x in v)
+        return Role(ms, ms_name(ms), tp, pp, dp, t, p, d)
+
+    def roles(self):
+        return [self.role(i) for i in range(self.nroles)]
+
+    def group(self, ms, which):
+        """Ranks of this rank's tp, pp or dp group (NRS_GROUP_*) of model-stage ms."""
+        why = f"group {which} of model-stage {ms}: not run by this rank, or no such group"
+        n = self._call("group", ms, which, None, 0, why=why)  # the count first
+        ranks = (ctypes.c_int * max(n, 1))()
+        n = self._call("group", ms, which, ranks, n, why=why)
+        return list(ranks[:n])
+
+    # -- state
+
+    def alloc_state(self, mem=NRS_MEM_AUTO, fill=False):
+        """Allocate this rank's EMU state under the current plan (NRS_MEM_*);
+        fill writes the deterministic pattern verify_state checks."""
+        self._call("alloc_state", mem, 1 if fill else 0)
+
+    @property
+    def mem_kind(self):
+        """NRS_MEM_HOST or NRS_MEM_CUDA."""
+        return self._get("mem_kind")
+
+    @property
+    def nbuffers(self):
+        return self._get("nbuffers")
+
+    def _no_buffer(self, i):
+        n = self.nbuffers
+        return f"buffer {i}: this rank holds {n} buffer(s)" if n else "no state allocated"
+
+    def buffer(self, i):
+        """Buffer i: Buffer(ptr, nbytes). Valid until the state changes
+        (a transition, finalize)."""
+        ptr, n = _P(), ctypes.c_longlong()
+        self._call("buffer", i, ctypes.byref(ptr), ctypes.byref(n), why=self._no_buffer(i))
+        return Buffer(ptr.value or 0, n.value)
+
+    def buffer_view(self, i):
+        """A writable memoryview of buffer i (host memory only). It points
+        into the C state: do not use it after a transition or finalize."""
+        if self.mem_kind != NRS_MEM_HOST:
+            raise NereusError(NRS_ERR_UNSUPPORTED, f"buffer {i} is in CUDA memory: no host view")
+        b = self.buffer(i)
+        if not b.ptr or b.nbytes <= 0:
+            return memoryview(b"")
+        return memoryview((ctypes.c_ubyte * b.nbytes).from_address(b.ptr)).cast("B")
+
+    def buffer_desc(self, i):
+        """What buffer i holds, as a BufferDesc."""
+        v = [ctypes.c_int() for _ in range(8)]
+        self._call("buffer_desc", i, *[ctypes.byref(x) for x in v], why=self._no_buffer(i))
+        return BufferDesc(*(x.value for x in v))
+
+    def verify_state(self):
+        """Checksum every buffer against the pattern: Verified(verified,
+        mismatches). A mismatch is reported in the counts, not raised."""
+        ver, bad = ctypes.c_longlong(), ctypes.c_longlong()
+        h = self._handle()
+        rc = self._lib.nrs_worker_verify_state(h, ctypes.byref(ver), ctypes.byref(bad))
+        if rc < 0 and rc != NRS_ERR_VERIFY:
+            raise NereusError(rc, "no state allocated" if rc == NRS_ERR_INVAL
+                              else _text(self._lib.nrs_worker_last_error(h)))
+        return Verified(ver.value, bad.value)
+
+    # -- reports
+
+    def set_report_sink(self, fn):
+        """fn(json_line: str) receives each report (None: back to
+        $NEREUS_REPORT_FILE). Exceptions in fn are printed and ignored."""
+        cb = REPORT_FN(lambda _arg, js: fn(_text(js))) if fn else REPORT_FN()  # NULL
+        self._call("set_report_sink", cb, None)
+        self._sink = cb
+
+    def report_stage(self, ms, seconds):
+        """Add a measured stage time (NRS_MS_*) to the current step's report."""
+        self._call("report_stage", ms, float(seconds), why=f"report_stage({ms}, {seconds})")
+
+    def report_memory(self, used_bytes, cap_bytes, alloc_failed=False):
+        self._call("report_memory", int(used_bytes), int(cap_bytes), 1 if alloc_failed else 0,
+                   why=f"report_memory({used_bytes}, {cap_bytes})")
+
+    def report_step(self, step, response_len=0.0):
+        """Close step `step` (response_len: mean tokens, 0 unknown): one report."""
+        self._call("report_step", step, float(response_len),
+                   why=f"report_step({step}, {response_len})")
+
+    # -- transitions
+
+    def transition_stat(self, which):
+        """A figure of the last transition (NRS_TS_*); 0 when unknown."""
+        return self._lib.nrs_worker_transition_stat(self._handle(), which)
+
+    def transition_stats(self):
+        """Every NRS_TS_* figure, by name ('seconds', 'bytes_sent', ...)."""
+        return {n: self.transition_stat(i) for i, n in enumerate(_TS_NAMES)}
+
+    # -- checkpoints and joins
+
+    def set_checkpoint_dir(self, path):
+        """Where checkpoints go (None turns them off)."""
+        self._call("set_checkpoint_dir", _path(path))
+
+    def checkpoint(self, step):
+        """Collective at a step boundary: write and publish the checkpoint of `step`."""
+        self._call("checkpoint", step)
+
+    # -- internal per-step collectives (runtime/worker/worker.h), when exported
+
+    @property
+    def has_internal(self):
+        """Whether the worker.h collectives are bound (nereus-worker's per-step loop)."""
+        return self._lib.nereus_internal
+
+    def control_step(self):
+        """Internal: the step boundary of a job with per-step collectives (the
+        ranks agree on when to take a PREPARE). As control_poll."""
+        return self._call("control_step") == 1
+
+    def weight_sync(self):
+        """Internal: the actor's train -> generate weight sync, a collective."""
+        self._call("weight_sync")
+
+    def sync_stat(self, which):
+        """Internal: a weight-sync figure (NRS_SS_*)."""
+        return self._lib.nrs_worker_sync_stat(self._handle(), which)
+
+    def verify_generation(self):
+        """Internal: checksum every generation weight shard: Verified(...)."""
+        ver, bad = ctypes.c_longlong(), ctypes.c_longlong()
+        h = self._handle()
+        rc = self._lib.nrs_worker_verify_generation(h, ctypes.byref(ver), ctypes.byref(bad))
+        if rc < 0 and rc != NRS_ERR_VERIFY:
+            raise NereusError(rc, _text(self._lib.nrs_worker_last_error(h)))
+        return Verified(ver.value, bad.value)

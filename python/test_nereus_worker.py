@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Tests of python/nereus_worker.py that need no job (run by
+tests/mp/test_python.sh; alone: NEREUS_LIB=<build>/.libs/libnereus.so.0
+python3 python/test_nereus_worker.py -v).
+
+- the constants and the API version mirror the C headers (parsed here, so a
+  header change the binding did not follow fails);
+- the library's version check, the error paths (bad, malformed or missing
+  spec; calls out of order; a finalized handle) raise NereusError with the C
+  library's message, never crash;
+- a singleton handle (no PMIx server, no controller) answers every accessor,
+  and reports reach a Python sink as JSON.
+
+The tests that call libnereus are skipped when it cannot be loaded and
+$NEREUS_LIB is unset; with $NEREUS_LIB set, a load failure is a failure.
+"""
+
+import ctypes.util
+import json
+import os
+import re
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import nereus_worker as nw  # noqa: E402
+
+SRC = os.environ.get("NRS_SRCDIR") or os.path.dirname(HERE)
+INCLUDE = os.path.join(SRC, "include", "nereus")
+SPEC = os.path.join(SRC, "tests", "mp", "e2e.yaml")
+
+# header -> (prefixes of the constants the binding mirrors, enum name or None
+# for every anonymous enum of the header)
+MIRRORED = [
+    ("include/nereus/nereus.h", ("NRS_OK", "NRS_ERR_", "NRS_MEM_", "NRS_GROUP_", "NRS_TS_"), None),
+    ("include/nereus/spec.h", ("NRS_MS_",), "nrs_ms_t"),
+    ("include/nereus/spec.h", ("NRS_ROLE_",), "nrs_role_t"),
+    ("include/nereus/emu.h", ("NRS_EMU_",), "nrs_emu_kind_t"),
+    ("runtime/worker/worker.h", ("NRS_SS_",), None),
+]
+
+
+def strip_comments(text):
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
+
+
+def c_int_expr(expr, known):
+    """The value of a constant integer expression of C (literals, earlier
+    enumerators, + - * ~ << >> | & and parentheses); None if it is more."""
+    expr = re.sub(r"\b(\d+)[uUlL]+\b", r"\1", expr)
+    expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(known.get(m.group(0), "?")), expr)
+    if not re.fullmatch(r"[0-9xXa-fA-F\s()<>|&+\-*~]+", expr):
+        return None
+    return int(eval(expr, {"__builtins__": {}}))  # only the characters above
+
+
+def c_enums(text):
+    """[(typedef name or None, {NAME: value})] of every enum in C source text,
+    with C's implicit +1 after the last explicit value."""
+    out, known = [], {}
+    pat = r"(typedef\s+)?enum\s*\w*\s*\{(.*?)\}\s*(\w*)\s*;"
+    for m in re.finditer(pat, strip_comments(text), flags=re.S):
+        values, nxt = {}, 0
+        for item in filter(None, (x.strip() for x in m.group(2).split(","))):
+            name, _, val = (s.strip() for s in item.partition("="))
+            nxt = c_int_expr(val, known) if val else nxt
+            values[name] = known[name] = nxt
+            nxt = None if nxt is None else nxt + 1
+        out.append((m.group(3) or None, values))
+    return out
+
+
+def c_define(text, name):
+    m = re.search(rf"^\s*#\s*define\s+{name}\s+(\S+)", text, flags=re.M)
+    return int(m.group(1), 0) if m else None
+
+
+def header_constants():
+    """{NAME: value} of every constant the binding must mirror."""
+    want = {}
+    for rel, prefixes, enum_name in MIRRORED:
+        with open(os.path.join(SRC, rel)) as f:
+            text = f.read()
+        for name, values in c_enums(text):
+            if enum_name is not None and name != enum_name:
+                continue
+            want.update({k: v for k, v in values.items() if k.startswith(prefixes)})
+    return want
+
+
+_lib_error = None
+
+
+def lib_or_skip(test):
+    """The loaded library; skips test when it cannot be found (see the docstring)."""
+    global _lib_error
+    try:
+        return nw.load()
+    except nw.NereusLibraryError as e:
+        _lib_error = e
+        if os.environ.get("NEREUS_LIB"):
+            raise
+        test.skipTest(f"libnereus not found ({e}); set NEREUS_LIB")
+
+
+class Constants(unittest.TestCase):
+    def test_api_version_matches_header(self):
+        with open(os.path.join(INCLUDE, "nereus.h")) as f:
+            v = c_define(f.read(), "NRS_WORKER_API_VERSION")
+        self.assertEqual(nw.API_VERSION, v, "nereus.h's NRS_WORKER_API_VERSION moved: "
+                         "bind the new functions and raise API_VERSION")
+
+    def test_parser_sees_the_headers(self):
+        # the comparison below is only as good as the parse
+        want = header_constants()
+        # values the API promises to keep, one per group and header
+        fixed = {"NRS_OK": 0, "NRS_ERR_INVAL": -1, "NRS_MEM_HOST": 1, "NRS_GROUP_DP": 2,
+                 "NRS_TS_SECONDS": 0, "NRS_MS_ACTOR_GENERATE": 0, "NRS_ROLE_ACTOR": 0,
+                 "NRS_EMU_WEIGHT": 0, "NRS_SS_STEPS": 0}
+        self.assertEqual({k: want.get(k) for k in fixed}, fixed)
+        for count in ("NRS_TS_COUNT", "NRS_MS_COUNT", "NRS_ROLE_COUNT", "NRS_EMU_KIND_COUNT"):
+            self.assertIsInstance(want.get(count), int, count)
+        self.assertNotIn("NRS_EMU_ELOST", want)  # another enum of emu.h than the kinds
+
+    def test_constants_match_headers(self):
+        want = header_constants()
+        have = {k: v for k, v in vars(nw).items() if k.startswith("NRS_") and isinstance(v, int)}
+        missing = sorted(set(want) - set(have))
+        extra = sorted(set(have) - set(want))
+        wrong = sorted(f"{k}: header {want[k]}, binding {have[k]}"
+                       for k in set(want) & set(have) if want[k] != have[k])
+        self.assertEqual((missing, extra, wrong), ([], [], []),
+                         "nereus_worker.py's constants drifted from the headers "
+                         "(missing, not in any header, different values)")
+
+
+class Library(unittest.TestCase):
+    def setUp(self):
+        self.lib = lib_or_skip(self)
+
+    def test_version_check(self):
+        self.assertGreaterEqual(nw.api_version(), nw.API_VERSION)
+        path = os.environ.get("NEREUS_LIB") or nw._find_library()
+        with self.assertRaisesRegex(nw.NereusLibraryError, rf"version {nw.api_version()}.*"
+                                    rf"needs {nw.API_VERSION + 1}"):
+            nw.load(path, want=nw.API_VERSION + 1)
+        with self.assertRaisesRegex(nw.NereusLibraryError, "cannot load libnereus.*NEREUS_LIB"):
+            nw.load("/nonexistent/libnereus.so.0")
+        libc = ctypes.util.find_library("c")
+        if libc:
+            with self.assertRaisesRegex(nw.NereusLibraryError, "is not libnereus"):
+                nw.load(libc)
+
+    def test_every_function_has_types(self):
+        for name, (restype, argtypes) in nw._PUBLIC.items():
+            fn = getattr(self.lib, name)
+            self.assertIs(fn.restype, restype, name)
+            self.assertEqual(fn.argtypes, argtypes, name)
+
+    def test_strerror_names_every_code(self):
+        codes = {k: v for k, v in vars(nw).items() if k.startswith(("NRS_ERR_", "NRS_OK"))}
+        for name, code in codes.items():
+            self.assertNotEqual(nw.strerror(code), "unknown error", name)
+        self.assertEqual(nw.strerror(-999), "unknown error")
+        self.assertEqual(str(nw.NereusError(nw.NRS_ERR_VERIFY, "x")), "checksum mismatch: x")
+
+    def test_ms_names(self):
+        self.assertEqual(nw.ms_name(nw.NRS_MS_ACTOR_GENERATE), "actor.generate")
+        self.assertEqual(nw.ms_name(nw.NRS_MS_CRITIC_TRAIN), "critic.train")
+        self.assertEqual(nw.ms_name(nw.NRS_MS_COUNT), "?")
+
+    def test_bad_spec_path(self):
+        with self.assertRaises(nw.NereusError) as cm:
+            nw.Worker("/nonexistent/job.yaml")
+        e = cm.exception
+        self.assertEqual(e.code, nw.NRS_ERR_SPEC)
+        self.assertRegex(e.message, r"^/nonexistent/job.yaml:1:1: .*No such file")
+        self.assertTrue(str(e).startswith("job spec could not be loaded: "))
+
+    def test_malformed_spec(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("cluster:\n  gpus_per_node: [1, 2\n")
+        try:
+            with self.assertRaises(nw.NereusError) as cm:
+                nw.Worker(f.name)
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(cm.exception.code, nw.NRS_ERR_SPEC)
+        self.assertRegex(cm.exception.message, rf"^{re.escape(f.name)}:\d+:\d+: ")
+
+    def test_no_spec(self):
+        saved = os.environ.pop("NEREUS_SPEC", None)
+        try:
+            with self.assertRaisesRegex(nw.NereusError, "no job spec"):
+                nw.Worker(None)
+        finally:
+            if saved is not None:
+                os.environ["NEREUS_SPEC"] = saved
+
+
+class Singleton(unittest.TestCase):
+    """One handle of a job of one rank: no PMIx server, no controller."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.w = None
+        lib_or_skip(unittest.TestCase())
+        for v in ("NEREUS_SOCKET_DIR", "NEREUS_JOB_DIR", "NEREUS_JOIN", "NEREUS_CHECKPOINT_DIR"):
+            os.environ.pop(v, None)
+        cls.w = nw.Worker(SPEC)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.w:
+            cls.w.finalize()
+
+    def setUp(self):
+        if self.w is None:
+            self.skipTest(f"no library: {_lib_error}")
+
+    def test_accessors(self):
+        w = self.w
+        self.assertEqual((w.rank, w.size, w.is_singleton), (0, 1, True))
+        self.assertEqual((w.transport, w.control), ("local", "none"))
+        self.assertEqual((w.epoch, w.gpu, w.nroles, w.nbuffers, w.joined_at), (-1, -1, 0, 0, -1))
+        self.assertEqual(w.roles(), [])
+        self.assertEqual(w.transition_stats()["seconds"], 0)
+
+    def assertCode(self, code, pattern, fn, *args):
+        with self.assertRaises(nw.NereusError) as cm:
+            fn(*args)
+        self.assertEqual(cm.exception.code, code, str(cm.exception))
+        self.assertRegex(cm.exception.message, pattern)
+
+    def test_out_of_order(self):
+        w = self.w
+        self.assertCode(nw.NRS_ERR_INVAL, "no control channel: none", w.control_plan, 0.1)
+        self.assertCode(nw.NRS_ERR_INVAL, "no usable plan", w.alloc_state, nw.NRS_MEM_HOST, True)
+        # these fail without setting last_error: the binding says what, not a stale message
+        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.buffer, 0)
+        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.buffer_desc, 0)
+        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.verify_state)
+        self.assertCode(nw.NRS_ERR_INVAL, "role 0: this rank runs 0", w.role, 0)
+        self.assertCode(nw.NRS_ERR_INVAL, "not run by this rank", w.group,
+                        nw.NRS_MS_ACTOR_TRAIN, nw.NRS_GROUP_TP)
+        self.assertCode(nw.NRS_ERR_INVAL, "no checkpoint directory", w.checkpoint, 1)
+        self.assertCode(nw.NRS_ERR_INVAL, r"report_stage\(99", w.report_stage, 99, 1.0)
+        self.assertCode(nw.NRS_ERR_INVAL, r"report_step\(-1", w.report_step, -1, 0.0)
+        self.assertFalse(w.control_poll(0))  # no channel: nothing to do
+
+    def test_reports_reach_a_python_sink(self):
+        w, got = self.w, []
+        w.set_report_sink(got.append)
+        try:
+            w.report_stage(nw.NRS_MS_ACTOR_TRAIN, 0.25)
+            w.report_stage(nw.NRS_MS_ACTOR_TRAIN, 0.25)  # the same stage again adds up
+            w.report_memory(1 << 20, 2 << 20)
+            w.report_step(7, 128)
+        finally:
+            w.set_report_sink(None)
+        self.assertEqual(len(got), 1)
+        r = json.loads(got[0])
+        self.assertEqual((r["type"], r["rank"], r["step"]), ("report", 0, 7))
+        self.assertEqual(r["response_len"], 128)
+        self.assertEqual(r["stages"], {"actor.train": 0.5})
+        self.assertEqual((r["mem_used"], r["mem_cap"]), (1 << 20, 2 << 20))
+
+    def test_checkpoint_dir(self):
+        self.w.set_checkpoint_dir(tempfile.gettempdir())
+        self.w.set_checkpoint_dir(None)
+        self.assertCode(nw.NRS_ERR_INVAL, "no checkpoint directory", self.w.checkpoint, 1)
+
+
+class Finalized(unittest.TestCase):
+    def test_finalized_handle_raises(self):
+        lib_or_skip(self)
+        w = nw.Worker(SPEC)
+        w.finalize()
+        w.finalize()  # idempotent
+        self.assertTrue(w.finalized)
+        # the C accessors would dereference NULL: the binding refuses first
+        for fn in (lambda: w.rank, lambda: w.epoch, lambda: w.buffer(0), w.verify_state,
+                   lambda: w.control_poll(0)):
+            with self.assertRaisesRegex(nw.NereusError, "finalized"):
+                fn()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# The worker API from Python (python/nereus_worker.py, ctypes): the binding
+# against the headers and the library, then Python ranks in real jobs under
+# the tests' PMIx server with nereus-controller on tests/mp/e2e.yaml
+# (controller --gpus 4: node0's 4 GPUs):
+#   1. the binding alone (python/test_nereus_worker.py): constants and API
+#      version equal to the headers' (and a header changed in a copy is
+#      caught), the library's version check, error paths (bad, malformed or
+#      no spec; calls out of order; a finalized handle) raise NereusError with
+#      the library's message, a singleton handle, reports into a Python sink;
+#      py_worker.py on a missing spec fails cleanly (no traceback, no crash);
+#   2. buffers: one Python rank (PMIx singleton) under a controller: reads
+#      its host state through memoryviews (sizes match the boxes, zero
+#      exactly where the pattern is: grads), flips one byte -> verify_state
+#      counts exactly 1 mismatch, restores it -> 0;
+#   3. 4 Python ranks (tests/mp/py_worker.py, nereus-worker's loop), 24
+#      steps, response length 32 -> 512: from the ranks' reports the
+#      controller admits a workload transition, every rank executes it in
+#      control_poll and verifies every shard, the controller commits it;
+#   4. a mixed job: ranks 0-1 Python (py_worker.py --sync: the per-step
+#      agreement and weight sync of runtime/worker/worker.h), ranks 2-3
+#      nereus-worker, one PMIx namespace (a wrapper picks the program by
+#      PMIX_RANK, as test_e2e.sh's half.sh): they take the same transitions
+#      and weight syncs, all 4 verify every shard and generation shard.
+# Hard time-outs everywhere; prints the lines scripts/test counts.
+# The build: $NRS_BUILDDIR, else $B (B=<build> bash tests/mp/test_python.sh).
+[ -n "${B:-}" ] && [ -z "${NRS_BUILDDIR:-}" ] && export NRS_BUILDDIR="$B"
+export NRS_SRCDIR="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+. "$(dirname "$0")/lib.sh"
+S="$NRS_SRCDIR"
+CTL="$B/nereus-controller"
+NRS="$B/nereus"
+WK="$B/nereus-worker"
+PYW="$S/tests/mp/py_worker.py"
+SPEC="$S/tests/mp/e2e.yaml"
+export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the source tree (read-only under distcheck)
+unset NEREUS_SOCKET_DIR NEREUS_JOB_DIR NEREUS_SPEC NEREUS_JOIN NEREUS_CHECKPOINT_DIR
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-py.XXXXXX")
+cpid=""
+cleanup() {
+    [ -n "$cpid" ] && kill -KILL "$cpid" 2>/dev/null
+    if [ "${mp_fail:-0}" -gt 0 ]; then # a failed run keeps what explains it
+        grep -HnE 'Traceback|Error|Sanitizer|Assertion|signal|core dumped' "$tmp"/*.log 2>/dev/null |
+            grep -v 'transition aborted\|ABORT before\|signal 15' | head -n 40 | sed 's/^/    ! /'
+    fi
+    rm -rf "$tmp" "$mp_out"
+}
+trap cleanup EXIT
+ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
+ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
+wait_for() { # seconds command...
+    local n=$(( $1 * 10 )); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+start_ctl() { # dir log [controller options...]
+    local d="$1" log="$2"
+    shift 2
+    "$CTL" --socket-dir "$d" --transition-timeout 15 --hello-timeout 2 --log "$log" "$@" \
+        "$SPEC" 2>>"$tmp/ctl-stderr.log" &
+    cpid=$!
+    wait_for 10 test -S "$d/ctl.sock"
+}
+stop_ctl() { # name
+    if ! kill -0 "$cpid" 2>/dev/null; then
+        ko "$1: the controller was still running" "$(grep -v '^$' "$tmp/ctl-stderr.log" | tail -n 20)"
+    fi
+    # ours only: a reaped child's pid may be another suite's process by now
+    [ "$(cat /proc/"$cpid"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$cpid"
+    local rc=124
+    for _ in $(seq 100); do
+        if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
+    done
+    [ "$rc" -eq 0 ] && ok "$1: controller stopped cleanly" || ko "$1: controller stopped cleanly" "exit $rc"
+    cpid=""
+}
+jq_ok() { # dir filter: the controller answers and the filter holds
+    local j
+    j=$(timeout 5 "$NRS" status --json --socket-dir "$1") && [ -n "$j" ] &&
+        echo "$j" | jq -e "$2" >/dev/null
+}
+count() { grep -cE -- "$1" "$2"; } # lines of file $2 matching $1
+has() { grep -qE -- "$2" "$1"; }     # file $1 has a line matching $2
+show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
+
+echo "[==========] the worker API from Python: python/nereus_worker.py, tests/mp/py_worker.py"
+if ! command -v python3 >/dev/null || ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))'; then
+    mp_skip "python" "needs python3 >= 3.8"; mp_done
+fi
+NEREUS_LIB=""
+for f in "$B/.libs/libnereus.so.0" "$B/.libs/libnereus.so" "$B/libnereus.so.0"; do
+    [ -e "$f" ] && { NEREUS_LIB="$f"; break; }
+done
+if [ -z "$NEREUS_LIB" ] || [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
+    mp_skip "python" "needs libnereus, nereus-controller and tests/mp/pmix_srv in $B (make; make tests/mp/pmix_srv)"
+    mp_done
+fi
+export NEREUS_LIB
+# An ASan build: python3 is not instrumented, so the runtime must come first,
+# and CPython's own allocations are not ours to report.
+PY=(python3)
+if asan=$(ldd "$NEREUS_LIB" 2>/dev/null | sed -n 's/.*libasan[^ ]* => \([^ ]*\).*/\1/p' | head -n 1) &&
+    [ -n "$asan" ]; then
+    PY=(env LD_PRELOAD="$asan" ASAN_OPTIONS="${ASAN_OPTIONS}:detect_leaks=0" python3)
+fi
+
+# --- 1. the binding alone -------------------------------------------------------------
+mp_case "binding: constants, version check, error paths, singleton (python/test_nereus_worker.py)" \
+    0 60 "${PY[@]}" "$S/python/test_nereus_worker.py" -v
+cp "$mp_out" "$tmp/unit.log"
+for t in test_api_version_matches_header test_constants_match_headers test_version_check \
+    test_every_function_has_types test_bad_spec_path test_malformed_spec test_no_spec \
+    test_out_of_order test_reports_reach_a_python_sink test_finalized_handle_raises; do
+    check "binding: $t" "grep -qE '^$t .* \.\.\. ok$' '$tmp/unit.log'" "not run or not ok"
+done
+check "binding: nothing skipped" "! grep -q 'skipped' '$tmp/unit.log'"
+
+# the constants check catches a header change: run it on a copy with one value moved
+# and one constant added
+mkdir -p "$tmp/drift/include/nereus" "$tmp/drift/runtime/worker"
+cp "$S"/include/nereus/*.h "$tmp/drift/include/nereus/"
+cp "$S/runtime/worker/worker.h" "$tmp/drift/runtime/worker/"
+sed -i 's/NRS_GROUP_DP = 2/NRS_GROUP_DP = 3/; s/NRS_ERR_CHECKPOINT = -12/NRS_ERR_CHECKPOINT = -12, NRS_ERR_NEW = -13/' \
+    "$tmp/drift/include/nereus/nereus.h"
+mp_case "binding: a drifted header copy fails the constants check" 1 30 \
+    env NRS_SRCDIR="$tmp/drift" python3 "$S/python/test_nereus_worker.py" Constants.test_constants_match_headers
+mp_grep "binding: the drift names the moved value" "NRS_GROUP_DP: header 3, binding 2"
+mp_grep "binding: the drift names the new constant" "'NRS_ERR_NEW'"
+
+mp_case "binding: py_worker on a missing spec fails cleanly" 1 30 \
+    "${PY[@]}" "$PYW" --spec "$tmp/missing.yaml"
+mp_grep "binding: the spec error reaches Python" \
+    "py_worker: init: job spec could not be loaded: $tmp/missing.yaml:1:1: cannot open: No such file"
+check "binding: no traceback" "! grep -q Traceback '$mp_out'"
+
+# --- 2. buffers through memoryviews -------------------------------------------------------
+D="$tmp/s2"
+start_ctl "$D" "$tmp/c2.log" --gpus 1
+mp_case "buffers: 1 Python rank (PMIx singleton), host state read and corrupted through memoryviews" \
+    0 40 env NEREUS_SOCKET_DIR="$D" "${PY[@]}" "$PYW" --spec "$SPEC" --steps 3 --mem host \
+    --check-buffers --quiet-s 0.5
+cp "$mp_out" "$tmp/w2.log"
+V='verify_state: [1-9][0-9]* shards'
+check "buffers: non-zero state, zero exactly in the grads, sizes as their boxes, all verified" \
+    'has "$tmp/w2.log" "^rank 0: buffers: [1-9][0-9]* host buffer\(s\), [1-9][0-9]* bytes, 0 with the wrong zeroness for their kind, sizes match their boxes; $V, 0 mismatches"'
+check "buffers: one byte flipped through a memoryview -> exactly 1 mismatch" \
+    'has "$tmp/w2.log" "^rank 0: byte [0-9]+ of weight buffer [0-9]+ flipped through a memoryview: $V, 1 mismatches"'
+check "buffers: restored -> 0 mismatches, and still at the end" \
+    'has "$tmp/w2.log" "^rank 0: byte restored: $V, 0 mismatches" &&
+     has "$tmp/w2.log" "^rank 0: epoch 1, 0 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches"'
+stop_ctl "buffers"
+
+# --- 3. 4 Python ranks: a workload-driven transition --------------------------------------
+D="$tmp/s3"
+start_ctl "$D" "$tmp/c3.log" --gpus 4
+mp_case "python: 4 ranks, 24 steps, response length 32 -> 512" 0 60 \
+    env NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 55 -- "${PY[@]}" "$PYW" --spec "$SPEC" \
+    --steps 24 --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 512
+cp "$mp_out" "$tmp/w3.log"
+n=$(count '^rank [0-3] of 4: pid [0-9]+, epoch 1, GPU [0-3], [1-9][0-9]* buffer\(s\), control connected' "$tmp/w3.log")
+check "python: 4 ranks took the controller's epoch 1 and allocated state" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E '^rank [0-3]: step [0-9]+: epoch 2 committed' "$tmp/w3.log" | cut -d: -f1 | sort -u | wc -l)
+check "python: 4 ranks executed and committed epoch 2" "[ $n -eq 4 ]" "$n of 4"
+n=$(count '^rank [0-3]: epoch ([2-9]|[1-9][0-9]+), [1-9][0-9]* transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w3.log")
+check "python: 4 ranks verified every shard after the transition(s)" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E '^rank [0-3]: epoch [0-9]+,' "$tmp/w3.log" | sed 's/^rank [0-3]: //; s/: verified.*//' | sort -u | wc -l)
+check "python: the 4 ranks ended on the same epoch after as many transitions" "[ $n -eq 1 ]" \
+    "$(grep -E '^rank [0-3]: epoch [0-9]+,' "$tmp/w3.log" | tr '\n' ';')"
+check "python: the controller admitted a workload transition and committed it" \
+    "grep -q 'trigger workload: ADMITTED' '$tmp/c3.log' && grep -q 'epoch 2 committed in' '$tmp/c3.log'" \
+    "$(grep -c ADMITTED "$tmp/c3.log") admissions"
+if command -v jq >/dev/null; then
+    check "python: status: epoch >= 2, commits, no abort" \
+        "jq_ok '$D' '.epoch >= 2 and .transitions.committed >= 1 and .transitions.aborted == 0'"
+    check "python: the ranks' stage times calibrated the model" \
+        "jq_ok '$D' '[.calibration | to_entries[] | select(.key != \"sync\") | .value.samples] | length == 7 and min >= 20'" \
+        "$(timeout 5 "$NRS" status --json --socket-dir "$D" | jq -c .calibration)"
+else
+    mp_skip "python: status checks" "needs jq"
+fi
+[ "$mp_fail" -gt 0 ] && { show "$tmp/w3.log" 30; grep -v report "$tmp/c3.log" | show /dev/stdin 20; }
+stop_ctl "python"
+
+# --- 4. a mixed job: Python and C ranks ---------------------------------------------------
+cat >"$tmp/mixed.sh" <<EOS
+#!/bin/sh
+# ranks 0-1 Python, 2-3 nereus-worker: one job, one PMIx namespace
+if [ "\${PMIX_RANK:-0}" -lt 2 ]; then exec ${PY[*]} "$PYW" --sync "\$@"; fi
+exec "$WK" "\$@"
+EOS
+chmod +x "$tmp/mixed.sh"
+D="$tmp/s4"
+start_ctl "$D" "$tmp/c4.log" --gpus 4
+mp_case "mixed: ranks 0-1 Python, 2-3 nereus-worker, 24 steps, response length 32 -> 512" 0 60 \
+    env NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 55 -- "$tmp/mixed.sh" --spec "$SPEC" \
+    --steps 24 --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 512
+cp "$mp_out" "$tmp/w4.log"
+c2=$(grep -E '^rank [0-3]: step [0-9]+: epoch 2 committed' "$tmp/w4.log")
+n=$(echo "$c2" | cut -d: -f1 | sort -u | wc -l)
+m=$(echo "$c2" | cut -d: -f2 | sort -u | wc -l)
+check "mixed: the 4 ranks committed epoch 2, at the same step" "[ $n -eq 4 ] && [ $m -eq 1 ]" \
+    "$n of 4, at $m step(s): $(echo "$c2" | tr '\n' ';')"
+n=$(count '^rank [0-3]: epoch ([2-9]|[1-9][0-9]+), [1-9][0-9]* transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w4.log")
+check "mixed: 4 ranks verified every shard" "[ $n -eq 4 ]" "$n of 4"
+G='weight sync: 24 steps, [0-9]+ bytes, 0 failed, [0-9.]+ s/step; verified [1-9][0-9]* generation shards, 0 mismatches'
+n=$(count "^rank [01]: $G" "$tmp/w4.log")
+m=$(count "^rank [23]: $G" "$tmp/w4.log")
+check "mixed: 2 Python and 2 C ranks synced every step and verified their generation shards" \
+    "[ $n -eq 2 ] && [ $m -eq 2 ]" "$n Python, $m C"
+check "mixed: the controller committed epoch 2" "grep -q 'epoch 2 committed in' '$tmp/c4.log'"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/w4.log" 30; grep -v report "$tmp/c4.log" | show /dev/stdin 20; }
+stop_ctl "mixed"
+mp_done
