@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/util.h"
+#include "worker/census.h"
 #include "worker/dtrans.h"
 
 #define DT_TAG_OP_BITS 28 /* ucx carries 32 bits of tag: 4 of attempt, 28 of op */
@@ -415,78 +416,58 @@ out:
 
 /* ---- past the point of no return: who holds what ---------------------------------- */
 
-static int same_box(const nrs_emu_buf_t *a, const nrs_emu_buf_t *b)
+static int census_owner(const void *arg, int32_t id)
 {
-    return a->role == b->role && a->tensor == b->tensor && a->kind == b->kind &&
-           !memcmp(&a->box, &b->box, sizeof a->box);
+    return rank_of(arg, id);
 }
 
-/* Every survivor contributes a bit per buffer (1 = held here, complete) in
- * the gather, and each computes the same census of the new state. */
+/* Every survivor contributes a bit per buffer it owns (1 = held here,
+ * complete) in the gather, and each computes the same census of the new
+ * state (census.h). */
 static void census(dt_t *D, uint64_t epoch)
 {
     const nrs_emu_graph_t *g = D->g;
     nrs_dtrans_result_t *res = D->res;
-    int n = D->o->nranks;
-    size_t nb = (g->nbuf + 7) / 8;
-    unsigned char *have = calloc(nb + 1, 1), *all = calloc(g->nbuf + 1, 1);
-    unsigned char *every = calloc((size_t)n * nb + 1, 1), *got = calloc((size_t)n + 1, 1);
+    int n = D->o->nranks, me = D->o->me;
+    nrs_census_t c;
+    nrs_census_count_t cnt;
+    unsigned char *held = NULL, *mine = NULL, *all = NULL, *every = NULL, *got = NULL;
     char name[48], err[384], lostmsg[256] = "";
-    if (!have || !all || !every || !got) {
-        free(have);
-        free(all);
-        free(every);
-        free(got);
+    size_t len;
+
+    if (nrs_census_init(&c, g, n, census_owner, D))
         return;
-    }
+    len = c.len ? c.len : 1; /* a gather carries at least a byte */
+    held = calloc(g->nbuf + 1, 1);
+    all = calloc(g->nbuf + 1, 1);
+    mine = calloc(len, 1);
+    every = calloc((size_t)n * len + 1, 1);
+    got = calloc((size_t)n + 1, 1);
+    if (!held || !all || !mine || !every || !got)
+        goto out;
     for (size_t i = 0; i < g->nbuf; i++)
-        if (D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i])
-            have[i / 8] |= (unsigned char)(1u << (i % 8));
+        held[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i];
+    nrs_census_pack(&c, me, held, mine);
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
-    if (gather(D, epoch, name, have, nb, every, got, err, sizeof err)) {
+    if (gather(D, epoch, name, mine, len, every, got, err, sizeof err)) {
         memset(got, 0, (size_t)n); /* only what this rank holds is known */
-        memcpy(every + (size_t)D->o->me * nb, have, nb);
-        got[D->o->me] = 1;
+        memcpy(every + (size_t)me * len, mine, len);
+        got[me] = 1;
     }
-    for (int i = 0; i < n; i++) {
-        const unsigned char *h = every + (size_t)i * nb;
-        if (!got[i] || (i != D->o->me && (is_out(D, i) || peer_dead(D, i))))
-            continue;
-        for (size_t k = 0; k < g->nbuf; k++)
-            if ((h[k / 8] >> (k % 8)) & 1 && rank_of(D, (int32_t)k) == i)
-                all[k] = 1;
-    }
-    res->present = res->rebuildable = res->lost = 0;
-    for (int32_t j = g->nold; D->o->present_out && j < g->nold + g->nnew; j++)
-        D->o->present_out[j - g->nold] = all[nrs_emu_canon(g, j)];
-    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
-        int32_t c = nrs_emu_canon(g, j);
-        const nrs_emu_buf_t *b = &g->buf[j].b;
-        if (all[c]) {
-            res->present++;
-            continue;
-        }
-        int rebuild = b->kind == NRS_EMU_GRAD; /* zeros */
-        for (int32_t k = g->nold; !rebuild && k < g->nold + g->nnew; k++)
-            rebuild = k != j && all[nrs_emu_canon(g, k)] && same_box(&g->buf[k].b, b);
-        if (!rebuild && g->buf[j].alias < 0) { /* every region's source survives */
-            int any = 0, srcs = 1;
-            for (size_t m = 0; m < g->nmoves; m++)
-                if (g->moves[m].dst == j) {
-                    any = 1;
-                    srcs &= all[g->moves[m].src];
-                }
-            rebuild = any && srcs;
-        }
-        if (rebuild) {
-            res->rebuildable++;
-        } else if (res->lost++ < 3) {
-            size_t l = strlen(lostmsg);
-            snprintf(lostmsg + l, sizeof lostmsg - l, "%s%s t%d %s [%d,%d)x[%d,%d) on GPU %d",
-                     l ? "; " : "", nrs_role_name((nrs_role_t)b->role), b->tensor,
-                     nrs_emu_kind_name(b->kind), b->box.r0, b->box.r1, b->box.c0, b->box.c1,
-                     b->gpu);
-        }
+    for (int i = 0; i < n; i++)
+        if (got[i] && (i == me || !(is_out(D, i) || peer_dead(D, i))))
+            nrs_census_unpack(&c, i, every + (size_t)i * len, all);
+    if (nrs_census_classify(g, all, D->o->present_out, &cnt))
+        goto out;
+    res->present = cnt.present;
+    res->rebuildable = cnt.rebuildable;
+    res->lost = cnt.lost;
+    for (int k = 0; k < 3 && cnt.first_lost[k] >= 0; k++) {
+        const nrs_emu_buf_t *b = &g->buf[cnt.first_lost[k]].b;
+        size_t l = strlen(lostmsg);
+        snprintf(lostmsg + l, sizeof lostmsg - l, "%s%s t%d %s [%d,%d)x[%d,%d) on GPU %d",
+                 l ? "; " : "", nrs_role_name((nrs_role_t)b->role), b->tensor,
+                 nrs_emu_kind_name(b->kind), b->box.r0, b->box.r1, b->box.c0, b->box.c1, b->gpu);
     }
     size_t l = strlen(res->msg);
     snprintf(res->msg + l, sizeof res->msg - l,
@@ -495,7 +476,10 @@ static void census(dt_t *D, uint64_t epoch)
              (long long)res->rebuildable, (long long)res->lost, res->lost ? " (" : "", lostmsg,
              res->lost ? (res->lost > 3 ? ", ...): checkpoint needed" : "): checkpoint needed")
                        : ": a recover transition from the surviving state can rebuild it");
-    free(have);
+out:
+    nrs_census_free(&c);
+    free(held);
+    free(mine);
     free(all);
     free(every);
     free(got);
