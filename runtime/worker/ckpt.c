@@ -184,6 +184,35 @@ long nrs_ckpt_latest(const char *dir)
     return s >= 0 && !stat(p, &sb) && S_ISDIR(sb.st_mode) ? s : -1;
 }
 
+/* Files by (model, tensor, kind), then box: a buffer's candidates are one run. */
+static int file_cmp(const void *x, const void *y)
+{
+    const ck_file_t *a = x, *b = y;
+    const int ka[] = {a->role, a->tensor, a->kind, a->box.r0, a->box.c0, a->box.r1, a->box.c1};
+    const int kb[] = {b->role, b->tensor, b->kind, b->box.r0, b->box.c0, b->box.r1, b->box.c1};
+    for (size_t i = 0; i < sizeof ka / sizeof ka[0]; i++)
+        if (ka[i] != kb[i])
+            return ka[i] < kb[i] ? -1 : 1;
+    return 0;
+}
+
+/* The first file of (role, tensor, kind), or c->n. */
+static size_t first_file(const nrs_ckpt_t *c, int role, int tensor, int kind)
+{
+    size_t lo = 0, hi = c->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const ck_file_t *f = &c->f[mid];
+        int less = f->role != role ? f->role < role : f->tensor != tensor ? f->tensor < tensor
+                                                                          : f->kind < kind;
+        if (less)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_t errlen)
 {
     nrs_ckpt_t *c = calloc(1, sizeof(*c));
@@ -227,6 +256,7 @@ int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_
         c->f[c->n++] = f;
     }
     closedir(dp);
+    qsort(c->f, c->n, sizeof(*c->f), file_cmp); /* nrs_ckpt_fill searches by tensor */
     *out = c;
     return 0;
 }
@@ -264,11 +294,12 @@ int nrs_ckpt_fill(const nrs_ckpt_t *c, const nrs_emu_buf_t *b, void *dst, char *
         memset(dst, 0, (size_t)b->bytes);
         return 0;
     }
-    for (size_t i = 0; i < c->n; i++) {
+    for (size_t i = first_file(c, b->role, b->tensor, b->kind); i < c->n; i++) {
         const ck_file_t *f = &c->f[i];
         nrs_emu_rect_t m;
-        if (f->role != b->role || f->tensor != b->tensor || f->kind != b->kind ||
-            !nrs_emu_rect_meet(&f->box, &b->box, &m))
+        if (f->role != b->role || f->tensor != b->tensor || f->kind != b->kind)
+            break; /* past b's run */
+        if (!nrs_emu_rect_meet(&f->box, &b->box, &m))
             continue;
         unsigned char *src = load(c, f, es, err, errlen);
         if (!src)
