@@ -121,6 +121,32 @@ int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
     return rc;
 }
 
+/* nrs_adapt_transition_makespan from the current plan, remembered for the
+ * next identical question when no GPU is lost (a resize's question comes
+ * once). */
+static int price(nrs_adapt_t *a, const nrs_plan_t *to, const nrs_resize_t *rz, double *makespan,
+                 int *lost_boxes, char *err, size_t errlen)
+{
+    if (!rz && a->priced.valid && nrs_plan_same_layout(&a->priced.from, &a->plan) &&
+        nrs_plan_same_layout(&a->priced.to, to)) {
+        *makespan = a->priced.makespan_s;
+        *lost_boxes = a->priced.lost_boxes;
+        return a->priced.rc;
+    }
+    a->graphs_built++;
+    int rc = nrs_adapt_transition_makespan(a->spec, &a->plan, to, rz, makespan, lost_boxes, err,
+                                           errlen);
+    if (!rz && rc != -1) {
+        a->priced.valid = true;
+        a->priced.from = a->plan;
+        a->priced.to = *to;
+        a->priced.rc = rc;
+        a->priced.makespan_s = *makespan;
+        a->priced.lost_boxes = *lost_boxes;
+    }
+    return rc;
+}
+
 static double current_time(const nrs_adapt_t *a, const nrs_cond_t *now, const nrs_calib_t *f,
                            bool resources, bool memory_failed)
 {
@@ -162,8 +188,8 @@ int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_re
     double cur = current_time(a, now, &f, resources || lost, memory_failed);
     if (cur != NRS_POLICY_INFEASIBLE && nrs_plan_same_layout(&out->cand, &a->plan))
         return 0; /* the best plan is the one we run */
-    int rc = nrs_adapt_transition_makespan(a->spec, &a->plan, &out->cand, lost ? rz : NULL,
-                                           &out->makespan_s, &out->lost_boxes, err, errlen);
+    int rc = price(a, &out->cand, lost ? rz : NULL, &out->makespan_s, &out->lost_boxes, err,
+                   errlen);
     if (rc == -1)
         return -1;
     out->cost_s = (out->makespan_s + a->setup_s) * f.sync;

@@ -31,6 +31,16 @@ typedef struct {
     nrs_calib_t planned_f; /* calibration of the last planning */
     int recheck_step;      /* re-plan then (hysteresis ran out); -1 none */
     double setup_s;        /* fixed set-up cost of a transition (communicators) */
+    /* The last transition priced without lost GPUs. Its graph is a pure
+     * function of the two layouts, and a candidate comes back after a
+     * rejection or a drift: it is not built again (1.8 s at 1,024 GPUs). */
+    struct {
+        bool valid;
+        nrs_plan_t from, to;
+        int rc, lost_boxes;
+        double makespan_s;
+    } priced;
+    long graphs_built;     /* transition graphs built to price a candidate */
 } nrs_adapt_t;
 
 typedef struct {

@@ -208,6 +208,41 @@ static void test_adapt_forced_on_loss(void **st)
     assert_true(out.lost_boxes > 0);
 }
 
+/* A candidate rejected, then asked about again under the same layouts: its
+ * transition is priced from the first graph, not built again, with the same
+ * makespan. */
+static void test_adapt_prices_once(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c;
+    nrs_adapt_out_t first, again;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    s.policy.min_gain = 100; /* nothing pays: every candidate is rejected */
+    s.policy.hysteresis = 0;
+    c.gpus = 16;
+    nrs_work_from_spec(&s, &c.work);
+    double base = c.work.response_len;
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    c.work.response_len = base / 4;
+    assert_int_equal(nrs_adapt_step(&a, 1, &c, NULL, false, &first, err, sizeof(err)), 0);
+    assert_int_equal(first.trigger, NRS_TRIGGER_WORKLOAD);
+    assert_false(first.changed);
+    assert_int_equal(a.graphs_built, 1); /* a new layout was priced */
+    c.work.response_len = base;
+    assert_int_equal(nrs_adapt_step(&a, 2, &c, NULL, false, &again, err, sizeof(err)), 0);
+    long built = a.graphs_built;
+    c.work.response_len = base / 4;
+    assert_int_equal(nrs_adapt_step(&a, 3, &c, NULL, false, &again, err, sizeof(err)), 0);
+    assert_int_equal(again.trigger, NRS_TRIGGER_WORKLOAD);
+    assert_true(nrs_plan_same_layout(&again.cand, &first.cand));
+    assert_int_equal(a.graphs_built, built); /* the same question: not built again */
+    assert_true(again.makespan_s == first.makespan_s && again.cost_s > 0);
+    assert_false(again.changed);
+}
+
 static int setup(void **st)
 {
     (void)st;
@@ -230,6 +265,7 @@ int main(void)
         cmocka_unit_test(test_policy_ordering),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_adapt_forced_on_loss),
+        cmocka_unit_test(test_adapt_prices_once),
     };
     return cmocka_run_group_tests_name("sim", tests, setup, teardown);
 }
