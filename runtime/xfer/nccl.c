@@ -16,11 +16,16 @@
 #include "util/util.h"
 #include "xfer/nccl.h"
 
+_Static_assert(sizeof(ncclUniqueId) == NRS_NCCL_ID_BYTES, "NRS_NCCL_ID_BYTES != ncclUniqueId");
+_Static_assert(NRS_NCCL_NOCOLOR == NCCL_SPLIT_NOCOLOR, "NRS_NCCL_NOCOLOR != NCCL_SPLIT_NOCOLOR");
+
 struct nrs_nccl {
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t ready; /* recorded on the legacy stream: our stream waits on it */
     int rank, size, device;
     bool aborted;
+    bool shrunk; /* parent of a shrink (NCCL_SHRINK_ABORT): abort, never reuse */
 };
 
 int nrs_cuda_device_count(int *n, char *err, size_t errlen)
@@ -37,10 +42,12 @@ int nrs_cuda_device_count(int *n, char *err, size_t errlen)
 int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 {
     cudaError_t e = cudaSetDevice(device);
+    *ptr = NULL;
     if (e == cudaSuccess)
         e = cudaMalloc(ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         nrs_seterr(err, errlen, "cuda: %zu bytes on GPU %d: %s", bytes, device, cudaGetErrorString(e));
+        *ptr = NULL;
         return -1;
     }
     return 0;
@@ -57,11 +64,23 @@ int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err
     enum cudaMemcpyKind k = kind == 'h' ? cudaMemcpyHostToDevice
                           : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
     cudaError_t e = cudaMemcpy(dst, src, bytes, k);
+    /* cudaMemcpy returns before a device->device copy, or the DMA of a
+     * pageable host->device one, is done; a non-blocking stream (NCCL's)
+     * would not wait for it. */
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
     if (e != cudaSuccess) {
         nrs_seterr(err, errlen, "cuda: copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
         return -1;
     }
     return 0;
+}
+
+void nrs_nccl_version(int *lib, int *header)
+{
+    if (ncclGetVersion(lib) != ncclSuccess)
+        *lib = 0;
+    *header = NCCL_VERSION_CODE;
 }
 
 int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t errlen)
@@ -76,67 +95,85 @@ int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t er
     return 0;
 }
 
-/* Until the communicator leaves ncclInProgress; abort on error or time-out. */
-static int wait_comm(nrs_nccl_t *c, double timeout_s, const char *what, char *err, size_t errlen)
+/* Until the communicator leaves ncclInProgress (polled at least once, also
+ * past the deadline); abort on error or time-out. */
+static int wait_comm(nrs_nccl_t *c, double end, const char *what, char *err, size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
-    ncclResult_t st = ncclInProgress;
-    while (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st == ncclInProgress &&
+    ncclResult_t st = ncclInProgress, q;
+    while ((q = ncclCommGetAsyncError(c->comm, &st)) == ncclSuccess && st == ncclInProgress &&
            nrs_now_s() < end)
         nrs_nap_us(20);
-    if (st == ncclSuccess)
+    if (q == ncclSuccess && st == ncclSuccess)
         return 0;
-    nrs_seterr(err, errlen, "nccl: %s: %s", what,
-           st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
+    if (q != ncclSuccess)
+        nrs_seterr(err, errlen, "nccl: %s: ncclCommGetAsyncError: %s", what, ncclGetErrorString(q));
+    else if (st == ncclInProgress)
+        nrs_seterr(err, errlen, "nccl: %s: timed out: aborting the communicator", what);
+    else
+        nrs_seterr(err, errlen, "nccl: %s: %s (%s)", what, ncclGetErrorString(st),
+                   ncclGetLastError(c->comm));
     nrs_nccl_abort(c);
     return -1;
 }
 
-static nrs_nccl_t *comm_new(int device)
-{
-    nrs_nccl_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        return NULL;
-    c->device = device;
-    if (cudaSetDevice(device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
 static void comm_free(nrs_nccl_t *c)
 {
+    if (c->ready)
+        cudaEventDestroy(c->ready);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
+}
+
+static nrs_nccl_t *comm_new(int device, char *err, size_t errlen)
+{
+    nrs_nccl_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        nrs_seterr(err, errlen, "nccl: out of memory");
+        return NULL;
+    }
+    c->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "nccl: cannot set up GPU %d: %s", device, cudaGetErrorString(e));
+        comm_free(c);
+        return NULL;
+    }
+    return c;
 }
 
 int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
                   const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
                   size_t errlen)
 {
-    nrs_nccl_t *c = comm_new(device);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    ncclUniqueId u;
-    if (!c) {
-        nrs_seterr(err, errlen, "nccl: cannot set up GPU %d", device);
+    double end = nrs_now_s() + timeout_s;
+    *out = NULL;
+    if (size < 1 || rank < 0 || rank >= size || device < 0) {
+        nrs_seterr(err, errlen, "nccl: rank %d of %d on GPU %d: invalid", rank, size, device);
         return -1;
     }
+    nrs_nccl_t *c = comm_new(device, err, errlen);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId u;
+    if (!c)
+        return -1;
     cfg.blocking = 0;
     memcpy(u.internal, id, NRS_NCCL_ID_BYTES);
     c->rank = rank;
     c->size = size;
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, u, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        nrs_seterr(err, errlen, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
-        if (c->comm)
-            ncclCommAbort(c->comm);
+        nrs_seterr(err, errlen, "nccl: ncclCommInitRankConfig (rank %d of %d, GPU %d): %s", rank,
+                   size, device, ncclGetErrorString(r));
+        nrs_nccl_abort(c);
         comm_free(c);
         return -1;
     }
-    if (wait_comm(c, timeout_s, "communicator set-up", err, errlen)) {
+    if (wait_comm(c, end, "communicator set-up", err, errlen)) {
         comm_free(c);
         return -1;
     }
@@ -144,60 +181,134 @@ int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
     return 0;
 }
 
-static int derive(nrs_nccl_t *c, nrs_nccl_t **out, int split, int color, int key,
-                  const int *exclude, int nexclude, double timeout_s, char *err, size_t errlen)
+/* After a split or shrink was started on c: the child, once NCCL has stored
+ * it in d->comm (by the end of the parent's asynchronous job; NULL for
+ * NCCL_SPLIT_NOCOLOR), ready. */
+static int derive_wait(nrs_nccl_t *c, nrs_nccl_t *d, nrs_nccl_t **out, double end, const char *what,
+                       char *err, size_t errlen)
 {
-    nrs_nccl_t *d = comm_new(c->device);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    if (!d) {
-        nrs_seterr(err, errlen, "nccl: out of memory");
-        return -1;
-    }
-    cfg.blocking = 0;
-    ncclResult_t r = split ? ncclCommSplit(c->comm, color, key, &d->comm, &cfg)
-                           : ncclCommShrink(c->comm, (int *)exclude, nexclude, &d->comm, &cfg,
-                                            NCCL_SHRINK_ABORT);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        nrs_seterr(err, errlen, "nccl: %s: %s", split ? "ncclCommSplit" : "ncclCommShrink",
-               ncclGetErrorString(r));
+    /* Aborting the parent (wait_comm on error or time-out) joins its job,
+     * so d->comm is final then too, and a half-made child is aborted. */
+    if (wait_comm(c, end, what, err, errlen)) {
+        nrs_nccl_abort(d);
         comm_free(d);
         return -1;
     }
-    if (wait_comm(c, timeout_s, split ? "split" : "shrink", err, errlen)) {
+    if (!d->comm) {
         comm_free(d);
-        return -1;
-    }
-    if (!d->comm) { /* not a member (split with NCCL_SPLIT_NOCOLOR) */
-        comm_free(d);
-        *out = NULL;
         return 0;
     }
-    if (wait_comm(d, timeout_s, "new communicator", err, errlen)) {
+    if (wait_comm(d, end, "new communicator", err, errlen) ||
+        ncclCommUserRank(d->comm, &d->rank) != ncclSuccess ||
+        ncclCommCount(d->comm, &d->size) != ncclSuccess) {
+        if (!d->aborted)
+            nrs_seterr(err, errlen, "nccl: %s: new communicator: no rank", what);
+        nrs_nccl_abort(d);
         comm_free(d);
         return -1;
     }
-    ncclCommUserRank(d->comm, &d->rank);
-    ncclCommCount(d->comm, &d->size);
     *out = d;
+    return 0;
+}
+
+static int usable(const nrs_nccl_t *c, char *err, size_t errlen)
+{
+    if (!c || !c->comm)
+        nrs_seterr(err, errlen, "nccl: no communicator");
+    else if (c->aborted)
+        nrs_seterr(err, errlen, "nccl: communicator was aborted");
+    else if (c->shrunk)
+        nrs_seterr(err, errlen, "nccl: communicator was shrunk: use the survivors' one");
+    else
+        return 1;
     return 0;
 }
 
 int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
                     double timeout_s, char *err, size_t errlen)
 {
-    return derive(c, out, 0, 0, 0, exclude, nexclude, timeout_s, err, errlen);
+    double end = nrs_now_s() + timeout_s;
+    *out = NULL;
+    if (!usable(c, err, errlen))
+        return -1;
+    if (nexclude < 1 || nexclude >= c->size) {
+        nrs_seterr(err, errlen, "nccl: shrink: %d of %d ranks excluded", nexclude, c->size);
+        return -1;
+    }
+    /* NCCL sorts the list in place, and refuses a caller that is in it. */
+    int *ex = malloc((size_t)nexclude * sizeof(*ex));
+    if (!ex) {
+        nrs_seterr(err, errlen, "nccl: out of memory");
+        return -1;
+    }
+    bool me = false;
+    for (int i = 0; i < nexclude; i++) {
+        ex[i] = exclude[i];
+        me |= ex[i] == c->rank;
+        /* NCCL counts survivors as size - nexclude: a repeated or foreign
+         * rank would make ranks disagree on the new size and hang. */
+        bool bad = ex[i] < 0 || ex[i] >= c->size;
+        for (int j = 0; j < i && !bad; j++)
+            bad = ex[j] == ex[i];
+        if (bad) {
+            nrs_seterr(err, errlen, "nccl: shrink: excluded rank %d: out of range or repeated",
+                       ex[i]);
+            free(ex);
+            return -1;
+        }
+    }
+    c->shrunk = true;
+    if (me) {
+        free(ex);
+        return 0;
+    }
+    nrs_nccl_t *d = comm_new(c->device, err, errlen);
+    if (!d) {
+        free(ex);
+        return -1;
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommShrink(c->comm, ex, nexclude, &d->comm, &cfg, NCCL_SHRINK_ABORT);
+    free(ex);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        nrs_seterr(err, errlen, "nccl: ncclCommShrink: %s", ncclGetErrorString(r));
+        nrs_nccl_abort(c);
+        nrs_nccl_abort(d);
+        comm_free(d);
+        return -1;
+    }
+    return derive_wait(c, d, out, end, "shrink", err, errlen);
 }
 
 int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
                    char *err, size_t errlen)
 {
-    return derive(c, out, 1, color, key, NULL, 0, timeout_s, err, errlen);
+    double end = nrs_now_s() + timeout_s;
+    *out = NULL;
+    if (!usable(c, err, errlen))
+        return -1;
+    nrs_nccl_t *d = comm_new(c->device, err, errlen);
+    if (!d)
+        return -1;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &d->comm,
+                                   &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        nrs_seterr(err, errlen, "nccl: ncclCommSplit: %s", ncclGetErrorString(r));
+        nrs_nccl_abort(c);
+        nrs_nccl_abort(d);
+        comm_free(d);
+        return -1;
+    }
+    return derive_wait(c, d, out, end, "split", err, errlen);
 }
 
 void nrs_nccl_abort(nrs_nccl_t *c)
 {
     if (c && c->comm && !c->aborted) {
-        ncclCommAbort(c->comm);
+        ncclCommAbort(c->comm); /* blocking even when the communicator is not */
         c->aborted = true;
     }
 }
@@ -206,14 +317,16 @@ void nrs_nccl_fini(nrs_nccl_t *c)
 {
     if (!c)
         return;
-    if (c->comm && !c->aborted) { /* wait_comm aborts what does not finalize */
+    if (c->comm && !c->aborted && !c->shrunk) { /* wait_comm aborts what does not finalize */
         char err[64];
         ncclResult_t r = ncclCommFinalize(c->comm);
         if ((r == ncclSuccess || r == ncclInProgress) &&
-            wait_comm(c, 10.0, "finalize", err, sizeof err) == 0)
+            wait_comm(c, nrs_now_s() + 10.0, "finalize", err, sizeof err) == 0)
             ncclCommDestroy(c->comm);
         else
             nrs_nccl_abort(c);
+    } else {
+        nrs_nccl_abort(c);
     }
     comm_free(c);
 }
@@ -235,7 +348,8 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
         ncclResult_t st;
         if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress) {
-            nrs_seterr(err, errlen, "nccl: %s", ncclGetErrorString(st));
+            nrs_seterr(err, errlen, "nccl: %s (%s)", ncclGetErrorString(st),
+                       ncclGetLastError(c->comm));
             break;
         }
         if (nrs_now_s() > end) {
@@ -248,43 +362,79 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
     return -1;
 }
 
+/* Every rank must issue the same groups, so a bad batch is refused before
+ * anything is posted; chunks: of the longest transfer. */
+static int check_batch(const nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk,
+                       size_t *nchunks, char *err, size_t errlen)
+{
+    size_t maxb = 0;
+    if (n < 0 || (n > 0 && !x)) {
+        nrs_seterr(err, errlen, "nccl: exchange: %d transfers", n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (x[i].peer < 0 || x[i].peer >= c->size || (x[i].bytes && !x[i].buf)) {
+            nrs_seterr(err, errlen, "nccl: exchange: transfer %d: peer %d of %d, buffer %p", i,
+                       x[i].peer, c->size, x[i].buf);
+            return -1;
+        }
+        if (x[i].bytes > maxb)
+            maxb = x[i].bytes;
+    }
+    *nchunks = maxb / chunk + (maxb % chunk != 0); /* no overflow near SIZE_MAX */
+    return 0;
+}
+
+/* Group ch: chunk ch of every transfer that has one. */
+static ncclResult_t post_group(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk,
+                               size_t ch)
+{
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess)
+        return r;
+    for (int i = 0; i < n && r == ncclSuccess; i++) {
+        size_t off = ch * chunk;
+        if (off >= x[i].bytes)
+            continue;
+        size_t len = x[i].bytes - off < chunk ? x[i].bytes - off : chunk;
+        char *p = (char *)x[i].buf + off;
+        r = x[i].is_send ? ncclSend(p, len, ncclUint8, x[i].peer, c->comm, c->stream)
+                         : ncclRecv(p, len, ncclUint8, x[i].peer, c->comm, c->stream);
+    }
+    ncclResult_t g = ncclGroupEnd();
+    return r == ncclSuccess ? g : r;
+}
+
 int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
                       double timeout_s, char *err, size_t errlen)
 {
     double end = nrs_now_s() + timeout_s;
-    size_t maxb = 0;
-    if (c->aborted) {
-        nrs_seterr(err, errlen, "nccl: communicator was aborted");
+    size_t nchunks;
+    if (!usable(c, err, errlen))
         return -1;
-    }
     if (!chunk_bytes)
         chunk_bytes = 16u << 20;
-    for (int i = 0; i < n; i++)
-        if (x[i].bytes > maxb)
-            maxb = x[i].bytes;
-    size_t nchunks = maxb ? (maxb + chunk_bytes - 1) / chunk_bytes : 0;
-    cudaSetDevice(c->device);
+    if (check_batch(c, x, n, chunk_bytes, &nchunks, err, errlen))
+        return -1;
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->ready, cudaStreamLegacy);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(c->stream, c->ready, 0);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "nccl: GPU %d: %s", c->device, cudaGetErrorString(e));
+        return -1;
+    }
     for (size_t ch = 0; ch < nchunks; ch++) {
-        ncclResult_t r = ncclGroupStart();
-        for (int i = 0; i < n && r == ncclSuccess; i++) {
-            size_t off = ch * chunk_bytes;
-            if (off >= x[i].bytes)
-                continue;
-            size_t len = x[i].bytes - off < chunk_bytes ? x[i].bytes - off : chunk_bytes;
-            char *p = (char *)x[i].buf + off;
-            r = x[i].is_send ? ncclSend(p, len, ncclUint8, x[i].peer, c->comm, c->stream)
-                             : ncclRecv(p, len, ncclUint8, x[i].peer, c->comm, c->stream);
-        }
-        ncclResult_t g = ncclGroupEnd();
-        if (r == ncclSuccess)
-            r = g;
+        ncclResult_t r = post_group(c, x, n, chunk_bytes, ch);
         if (r != ncclSuccess && r != ncclInProgress) {
-            nrs_seterr(err, errlen, "nccl: group %zu: %s", ch, ncclGetErrorString(r));
+            nrs_seterr(err, errlen, "nccl: group %zu of %zu: %s (%s)", ch, nchunks,
+                       ncclGetErrorString(r), ncclGetLastError(c->comm));
             nrs_nccl_abort(c);
             return -1;
         }
         /* Non-blocking communicator: wait for the enqueue itself, then go on. */
-        if (r == ncclInProgress && wait_comm(c, end - nrs_now_s(), "enqueue", err, errlen))
+        if (r == ncclInProgress && wait_comm(c, end, "enqueue", err, errlen))
             return -1;
     }
     return wait_stream(c, end, err, errlen);

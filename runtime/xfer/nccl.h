@@ -25,19 +25,33 @@ typedef struct nrs_nccl nrs_nccl_t;
 int nrs_cuda_device_count(int *n, char *err, size_t errlen);
 int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
 void nrs_cuda_free(void *ptr);
-/* Synchronous copies; kind: 'h' host->device, 'd' device->host, 'x' device->device. */
+/* Synchronous copies (done when it returns, also device->device and from
+ * pageable host memory, which cudaMemcpy alone does not wait for);
+ * kind: 'h' host->device, 'd' device->host, 'x' device->device. */
 int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen);
+
+/* NCCL_VERSION_CODE of the library loaded (2.28.9 = 22809) and of the header
+ * built against. */
+void nrs_nccl_version(int *lib, int *header);
 
 /* A fresh unique id (rank 0 makes it, the rendezvous carries it). */
 int nrs_nccl_unique_id(unsigned char id[NRS_NCCL_ID_BYTES], char *err, size_t errlen);
 
+/* device: the CUDA device of this rank (its local rank on the node, or 0
+ * when the resource manager gives each rank one GPU by CUDA_VISIBLE_DEVICES). */
 int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
                   const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
                   size_t errlen);
-/* Survivors' communicator without excluded ranks (ncclCommShrink). */
+/* Survivors' communicator without the excluded ranks, after a failure
+ * (ncclCommShrink with NCCL_SHRINK_ABORT: c's pending operations are
+ * killed). Only survivors take part; an excluded rank that calls it gets
+ * *out = NULL and 0. Either way c is done: it refuses transfers and
+ * nrs_nccl_fini aborts it. */
 int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
                     double timeout_s, char *err, size_t errlen);
-/* A sub-communicator by colour (ncclCommSplit); key orders ranks. */
+/* A sub-communicator by colour (ncclCommSplit; every rank of c calls it);
+ * key orders ranks; color NRS_NCCL_NOCOLOR (negative) gives *out = NULL. */
+#define NRS_NCCL_NOCOLOR (-1)
 int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
                    char *err, size_t errlen);
 void nrs_nccl_abort(nrs_nccl_t *c);
@@ -53,8 +67,12 @@ typedef struct {
     size_t bytes;
 } nrs_nccl_xfer_t;
 
-/* Run a batch of transfers (the same batch, mirrored, on every rank involved),
- * chunked; waits at most timeout_s, aborting the communicator on failure. */
+/* Run a batch of transfers (the same batch, mirrored, on every rank involved,
+ * with the same chunk_bytes everywhere: 0 = 16 MiB), chunked; waits at most
+ * timeout_s, aborting the communicator on failure or time-out. Transfers to
+ * one peer pair up in the order they are listed. Work queued before on the
+ * legacy default stream (cudaMemcpy, cudaMemset, kernels on stream 0) is
+ * waited for; when it returns 0 the bytes are in place. */
 int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
                       double timeout_s, char *err, size_t errlen);
 

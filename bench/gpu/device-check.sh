@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Every GPU check in one short run, for a GPU machine lent for minutes: the
+# NCCL tests (tests/mp/test_nccl.sh), the worker API once with its state in
+# GPU memory (when DIR has tests/mp/mp_worker), and the GPU bench
+# (bench/gpu/run.sh), each step under its own time-out, a log per step.
+# Builds nothing.
+#
+#   bench/gpu/device-check.sh DIR
+#
+# DIR: a folder made by bench/gpu/pack.sh (binaries + the libraries they
+# need), or a build directory on the machine it was built on. Libraries: DIR's
+# first, then NCCL found on this machine (NRS_NCCL_LIBDIR, Python's
+# nvidia-nccl wheel, /usr/local/cuda/lib64, the system; else a bounded find).
+# Logs: $OUT/ when set (the device tool brings them back), else DIR/logs/.
+# Exit 0 only when every step passed; a GPU that is not found is a failure
+# here. Last line: "device-check: PASSED" or "device-check: FAILED: <steps>".
+# Time: about a minute on one H200 (estimate); all steps together stop by
+# NRS_DEVCHECK_BUDGET (540 s), and after a step times out the rest are not
+# run (a wedged GPU would hang each of them in turn).
+set -u
+if [ $# -ne 1 ] || [ "$1" = --help ]; then
+    awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; [ "${1:-}" = --help ]; exit
+fi
+D=$(cd "$1" && pwd) || exit 2
+R=$(cd "$(dirname "$0")/../.." && pwd)
+LOG="${OUT:-$D/logs}"
+mkdir -p "$LOG"
+failed="" hung=""
+t_start=$(date +%s)
+budget="${NRS_DEVCHECK_BUDGET:-540}" # seconds for all steps together
+
+step() { # name limit_s cmd...: run under timeout, log, remember failures
+    local name="$1" limit="$2" t0 rc left; shift 2
+    t0=$(date +%s)
+    left=$((budget - (t0 - t_start)))
+    if [ -n "$hung" ] || [ "$left" -lt 10 ]; then # a wedged GPU would hang every step
+        echo "=== $name: NOT RUN ($([ -n "$hung" ] && echo "after the time-out of$hung" || echo "no time left"))"
+        failed="$failed $name(not-run)"; return 1
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (limit ${limit} s)"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$LOG/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc after $(($(date +%s) - t0)) s"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "=== $name: TIME-OUT"; hung="$hung $name"
+    fi
+    [ "$rc" -eq 0 ] || failed="$failed $name"
+    return "$rc"
+}
+
+find_nccl() {
+    local d f py
+    py=$(command -v python3 || true)
+    for d in "${NRS_NCCL_LIBDIR:-}" \
+        $([ -n "$py" ] && timeout 30 "$py" -c 'import nvidia.nccl as m, os; print(" ".join(os.path.join(p, "lib") for p in m.__path__))' 2>/dev/null) \
+        /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/local/lib; do
+        [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { echo "$d"; return 0; }
+    done
+    for d in $([ -n "$py" ] && timeout 30 "$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /opt /usr; do
+        f=$(timeout 60 find "$d" -name libnccl.so.2 2>/dev/null | head -1)
+        [ -n "$f" ] && { dirname "$f"; return 0; }
+    done
+    return 1
+}
+
+env_report() {
+    uname -a; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    echo "NCCL: ${nccl_dir:-NOT FOUND}"; ls -l "${nccl_dir:-/nonexistent}"/libnccl.so* 2>&1
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    echo "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda\.so\.1' || echo 'not in ldconfig')"
+    local rc=0
+    for b in tests/mp/mp_nccl bench/gpu/gpu_bench tests/mp/pmix_srv tests/mp/mp_worker; do
+        [ -e "$D/$b" ] || continue
+        f="$D/$b"; [ -f "$D/$(dirname "$b")/.libs/$(basename "$b")" ] && f="$D/$(dirname "$b")/.libs/$(basename "$b")"
+        echo "--- ldd $b"; ldd "$f" || rc=1
+        ldd "$f" | grep -q 'not found' && { echo "MISSING libraries for $b"; rc=1; }
+    done
+    [ -n "${nccl_dir:-}" ] || rc=1
+    return "$rc"
+}
+
+nccl_dir=$(find_nccl) || nccl_dir=""
+export LD_LIBRARY_PATH="$D/lib:$D/.libs${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The driver's libcuda, where the loader would not look by itself.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib64; do
+        [ -e "$d/libcuda.so.1" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+    done
+fi
+[ -d "$D/lib/pmix" ] && export PMIX_MCA_mca_base_component_path="$D/lib/pmix"
+[ -d "$D/lib/ucx" ] && export UCX_MODULE_DIR="$D/lib/ucx"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NRS_BUILDDIR="$D" NRS_SRCDIR="$R"
+
+export D nccl_dir
+step environment 60 bash -c "$(declare -f env_report); env_report"
+step gpu-visible 45 "$D/tests/mp/mp_nccl" --count
+v=$(sed -n 's/.*; NCCL \([0-9]*\) .*/\1/p' "$LOG/gpu-visible.log" 2>/dev/null | head -1)
+[ -n "$v" ] && [ "$v" -lt 22700 ] && echo "=== WARNING: NCCL $v < 2.27: no ncclCommShrink"
+step test_nccl 240 bash "$R/tests/mp/test_nccl.sh"
+[ -f "$LOG/test_nccl.log" ] && grep -q '^skipped: no GPU' "$LOG/test_nccl.log" &&
+    failed="$failed test_nccl(no-GPU)"
+# The worker API (runtime/worker) keeps its state in GPU memory when it can
+# (NRS_MEM_AUTO): 4 ranks, all on GPU 0, 4 random plans, every shard checked.
+worker_gpu() {
+    local out rc ok
+    out=$(mktemp)
+    env UCX_TLS=sm UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15 "$D/tests/mp/pmix_srv" -q -n 4 \
+        -t 80 -- "$D/tests/mp/mp_worker" --seed 15 --count 4 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    ok=$(grep -c "transition(s) committed, every shard verified" "$out")
+    echo "worker_gpu: exit $rc, $ok of 4 ranks verified"
+    if grep -q "state in host memory" "$out"; then
+        echo "worker_gpu: state stayed in host memory: the CUDA path did not run"; rc=1
+    fi
+    rm -f "$out"
+    [ "$rc" -eq 0 ] && [ "$ok" -eq 4 ]
+}
+if [ -x "$D/tests/mp/mp_worker" ]; then
+    step worker_gpu 90 bash -c "$(declare -f worker_gpu); worker_gpu"
+fi
+step gpu_bench 190 bash "$R/bench/gpu/run.sh" "$D"
+[ -f "$LOG/gpu_bench.log" ] && ! grep -q '^gpu_bench: ok$' "$LOG/gpu_bench.log" &&
+    failed="$failed gpu_bench(no-ok-line)"
+
+echo "device-check: $(($(date +%s) - t_start)) s in all; logs in $LOG"
+if [ -z "$failed" ]; then
+    echo "device-check: PASSED" | tee "$LOG/summary.log"; exit 0
+fi
+echo "device-check: FAILED:$failed" | tee "$LOG/summary.log"; exit 1
