@@ -13,15 +13,17 @@ docs/worker-api.md says what each call does. This module mirrors it:
             train_one_step(w.roles())      # your trainer
             w.report_stage(NRS_MS_ACTOR_TRAIN, seconds)
             w.report_step(step, response_len)
-            if w.control_poll(0):          # True: a transition committed
+            if w.control_step():           # True: a transition committed
                 rebuild_communicators(w)   # new epoch, GPU index and buffers
+            w.weight_sync()                # actor.train -> actor.generate, a collective
 
 Conventions:
 
 - Every C call that fails raises NereusError(code, message): code is the
-  NRS_ERR_* value, message nrs_worker_last_error(), str() adds
-  nrs_worker_strerror(code). verify_state() is the exception: a checksum
-  mismatch is a result (its counts), not an error.
+  NRS_ERR_* value, message nrs_worker_last_error() (the C call sets it on
+  every failure, naming the call and the reason), str() adds
+  nrs_worker_strerror(code). verify_state() and verify_generation() are the
+  exception: a checksum mismatch is a result (its counts), not an error.
 - Strings come back as str; paths go in as str (or bytes, or os.PathLike).
 - The library is $NEREUS_LIB if set, else ctypes.util.find_library("nereus"),
   else "libnereus.so.0" (the dynamic loader's search path).
@@ -30,12 +32,14 @@ Conventions:
   spec by path and let nereus-controller hand the plans over
   (docs/worker-api.md section 1).
 - Not thread-safe, like the C handle: one thread drives a Worker.
+- Worker(path, emulated=True) is nrs_worker_init_emulated: the spec's models
+  scaled by runtime.emulation_scale, as nereus-worker runs them. Every rank
+  of a job must take the same one (a job that mixes Python ranks with
+  nereus-worker ranks: emulated=True).
 
-The per-step collectives of runtime/worker/worker.h (control_step,
-weight_sync, sync_stat, verify_generation) are exported by libnereus but not
-part of nereus.h, so NRS_WORKER_API_VERSION does not cover them; they are
-bound when present (Worker.has_internal) for jobs that mix Python ranks with
-nereus-worker ranks, and may change without notice.
+API 4 made the per-step collectives public (nereus.h): control_step (the
+step boundary), weight_sync (the actor's train -> generate weights),
+sync_stat and verify_generation; this binding needs a library of API 4.
 """
 
 import ctypes
@@ -44,10 +48,11 @@ import os
 from collections import namedtuple
 
 __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "BufferDesc",
-           "Verified", "load", "api_version", "strerror", "ms_name", "API_VERSION"]
+           "Verified", "load", "api_version", "strerror", "ms_name", "last_error",
+           "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 3
+API_VERSION = 4
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -116,7 +121,7 @@ NRS_EMU_ADAM_M = 3
 NRS_EMU_ADAM_V = 4
 NRS_EMU_KIND_COUNT = 5
 
-# Fields of nrs_worker_sync_stat (runtime/worker/worker.h, internal).
+# Fields of nrs_worker_sync_stat (nereus.h, API 4).
 NRS_SS_STEPS = 0
 NRS_SS_FAILED = 1
 NRS_SS_BYTES = 2
@@ -178,6 +183,7 @@ _PUBLIC = {
     "nrs_worker_api_version": (_I, []),
     "nrs_worker_strerror": (_S, [_I]),
     "nrs_worker_init": (_I, [ctypes.POINTER(_P), _S]),
+    "nrs_worker_init_emulated": (_I, [ctypes.POINTER(_P), _S]),
     "nrs_worker_finalize": (_I, [_P]),
     "nrs_worker_last_error": (_S, [_P]),
     "nrs_worker_rank": (_I, [_P]),
@@ -207,9 +213,6 @@ _PUBLIC = {
     "nrs_worker_control_plan": (_I, [_P, _D]),
     "nrs_worker_control_poll": (_I, [_P, _D]),
     "nrs_worker_gpu": (_I, [_P]),
-}
-# runtime/worker/worker.h: exported, not in nereus.h (see the module's doc)
-_INTERNAL = {
     "nrs_worker_control_step": (_I, [_P]),
     "nrs_worker_weight_sync": (_I, [_P]),
     "nrs_worker_sync_stat": (_D, [_P, _I]),
@@ -226,20 +229,14 @@ def _find_library():
     return ctypes.util.find_library("nereus") or "libnereus.so.0"
 
 
-def _declare(lib, table, required):
-    """Set restype and argtypes of every function of table; False if one is
-    missing (raised instead when required)."""
-    ok = True
+def _declare(lib, table):
+    """Set restype and argtypes of every function of table."""
     for name, (restype, argtypes) in table.items():
         try:
             fn = getattr(lib, name)  # cached on lib: the types stay set
         except AttributeError:
-            if required:
-                raise NereusLibraryError(f"{lib._name}: no symbol {name}") from None
-            ok = False
-            continue
+            raise NereusLibraryError(f"{lib._name}: no symbol {name}") from None
         fn.restype, fn.argtypes = restype, argtypes
-    return ok
 
 
 def load(path=None, want=API_VERSION):
@@ -267,8 +264,7 @@ def load(path=None, want=API_VERSION):
     if have < want:
         raise NereusLibraryError(f"{name}: worker API version {have}, this binding "
                                  f"(nereus_worker.py) needs {want}: install a newer libnereus")
-    _declare(lib, _PUBLIC, True)
-    lib.nereus_internal = _declare(lib, _INTERNAL, False)
+    _declare(lib, _PUBLIC)
     if path is None:
         _lib = lib
     return lib
@@ -297,26 +293,37 @@ def ms_name(ms):
     return _text(load().nrs_worker_ms_name(ms))
 
 
+def last_error():
+    """nrs_worker_last_error(NULL): the message of the last call of this
+    thread that failed without a handle to keep it (an init, a finalize, a
+    call given a NULL handle); '' if none."""
+    return _text(load().nrs_worker_last_error(None))
+
+
 # ---- the handle ------------------------------------------------------------
 
 class Worker:
     """One rank's handle (nrs_worker_t *): joins the job on construction
     (nrs_worker_init), leaves it on finalize() or at the end of a with block.
 
-    spec_path: the job's YAML (None: $NEREUS_SPEC). The state is the spec's
-    models at full size: nrs_worker_init does not apply
-    runtime.emulation_scale (nereus-worker scales the spec itself).
+    spec_path: the job's YAML (None: $NEREUS_SPEC). emulated=False
+    (nrs_worker_init): the state is the spec's models at full size;
+    emulated=True (nrs_worker_init_emulated): scaled down by the spec's
+    runtime.emulation_scale, as nereus-worker does. Every rank of a job must
+    take the same one: their graphs differ otherwise.
     """
 
-    def __init__(self, spec_path=None, lib=None):
+    def __init__(self, spec_path=None, lib=None, emulated=False):
         self._lib = lib or load()
         self._sink = None  # keeps the report callback alive while C holds it
         h = _P()
-        rc = self._lib.nrs_worker_init(ctypes.byref(h), _path(spec_path))
+        init = self._lib.nrs_worker_init_emulated if emulated else self._lib.nrs_worker_init
+        rc = init(ctypes.byref(h), _path(spec_path))
         self._h = h
         if rc:
-            # on failure the handle may exist: read why, then free it
-            msg = _text(self._lib.nrs_worker_last_error(h)) if h.value else ""
+            # on failure the handle may exist: read why (the library keeps it
+            # for nrs_worker_last_error(NULL) too), then free it
+            msg = _text(self._lib.nrs_worker_last_error(h if h.value else None))
             self._lib.nrs_worker_finalize(h)
             self._h = None
             raise NereusError(rc, msg)
@@ -324,19 +331,19 @@ class Worker:
     # -- plumbing
 
     def _handle(self):
-        # the C accessors dereference the handle without a NULL check
+        # the C calls refuse a NULL handle, but a finalized one is freed
+        # memory: refuse it here
         if self._h is None:
             raise NereusError(NRS_ERR_INVAL, "the worker was finalized")
         return self._h
 
-    def _call(self, name, *args, why=None):
-        """Call nrs_worker_<name>(handle, args...); raise NereusError if < 0.
-        why: the message for calls that fail without setting last_error
-        (it would still say what an earlier call did)."""
+    def _call(self, name, *args):
+        """Call nrs_worker_<name>(handle, args...); raise NereusError with the
+        call's message (nrs_worker_last_error) if it returns < 0."""
         h = self._handle()
         rc = getattr(self._lib, "nrs_worker_" + name)(h, *args)
         if rc < 0:
-            raise NereusError(rc, why or _text(self._lib.nrs_worker_last_error(h)))
+            raise NereusError(rc, _text(self._lib.nrs_worker_last_error(h)))
         return rc
 
     def _get(self, name):
@@ -351,15 +358,15 @@ class Worker:
 
     def finalize(self):
         """Leave the job (survivors' barrier, bounded) and free the handle.
-        Idempotent. A failure is raised after the handle is gone, so its
-        message is the code's name only."""
+        Idempotent. A failure is raised after the handle is gone, with the
+        message the library kept (nrs_worker_last_error(NULL))."""
         if self._h is None:
             return
         h, self._h = self._h, None
         self._sink = None
         rc = self._lib.nrs_worker_finalize(h)
         if rc:
-            raise NereusError(rc, "finalize (the handle is freed: no detail)")
+            raise NereusError(rc, _text(self._lib.nrs_worker_last_error(None)))
 
     @property
     def finalized(self):
@@ -430,8 +437,7 @@ class Worker:
     def role(self, i):
         """The i-th model-stage this rank runs, as a Role."""
         v = [ctypes.c_int() for _ in range(7)]
-        self._call("role", i, *[ctypes.byref(x) for x in v],
-                   why=f"role {i}: this rank runs {self.nroles} model-stage(s)")
+        self._call("role", i, *[ctypes.byref(x) for x in v])
         ms, tp, pp, dp, t, p, d = (x.value for x in v)
         return Role(ms, ms_name(ms), tp, pp, dp, t, p, d)
 
@@ -440,10 +446,9 @@ class Worker:
 
     def group(self, ms, which):
         """Ranks of this rank's tp, pp or dp group (NRS_GROUP_*) of model-stage ms."""
-        why = f"group {which} of model-stage {ms}: not run by this rank, or no such group"
-        n = self._call("group", ms, which, None, 0, why=why)  # the count first
+        n = self._call("group", ms, which, None, 0)  # the count first
         ranks = (ctypes.c_int * max(n, 1))()
-        n = self._call("group", ms, which, ranks, n, why=why)
+        n = self._call("group", ms, which, ranks, n)
         return list(ranks[:n])
 
     # -- state
@@ -462,15 +467,11 @@ class Worker:
     def nbuffers(self):
         return self._get("nbuffers")
 
-    def _no_buffer(self, i):
-        n = self.nbuffers
-        return f"buffer {i}: this rank holds {n} buffer(s)" if n else "no state allocated"
-
     def buffer(self, i):
         """Buffer i: Buffer(ptr, nbytes). Valid until the state changes
         (a transition, finalize)."""
         ptr, n = _P(), ctypes.c_longlong()
-        self._call("buffer", i, ctypes.byref(ptr), ctypes.byref(n), why=self._no_buffer(i))
+        self._call("buffer", i, ctypes.byref(ptr), ctypes.byref(n))
         return Buffer(ptr.value or 0, n.value)
 
     def buffer_view(self, i):
@@ -486,7 +487,7 @@ class Worker:
     def buffer_desc(self, i):
         """What buffer i holds, as a BufferDesc."""
         v = [ctypes.c_int() for _ in range(8)]
-        self._call("buffer_desc", i, *[ctypes.byref(x) for x in v], why=self._no_buffer(i))
+        self._call("buffer_desc", i, *[ctypes.byref(x) for x in v])
         return BufferDesc(*(x.value for x in v))
 
     def verify_state(self):
@@ -496,8 +497,7 @@ class Worker:
         h = self._handle()
         rc = self._lib.nrs_worker_verify_state(h, ctypes.byref(ver), ctypes.byref(bad))
         if rc < 0 and rc != NRS_ERR_VERIFY:
-            raise NereusError(rc, "no state allocated" if rc == NRS_ERR_INVAL
-                              else _text(self._lib.nrs_worker_last_error(h)))
+            raise NereusError(rc, _text(self._lib.nrs_worker_last_error(h)))
         return Verified(ver.value, bad.value)
 
     # -- reports
@@ -511,21 +511,22 @@ class Worker:
 
     def report_stage(self, ms, seconds):
         """Add a measured stage time (NRS_MS_*) to the current step's report."""
-        self._call("report_stage", ms, float(seconds), why=f"report_stage({ms}, {seconds})")
+        self._call("report_stage", ms, float(seconds))
 
     def report_memory(self, used_bytes, cap_bytes, alloc_failed=False):
-        self._call("report_memory", int(used_bytes), int(cap_bytes), 1 if alloc_failed else 0,
-                   why=f"report_memory({used_bytes}, {cap_bytes})")
+        self._call("report_memory", int(used_bytes), int(cap_bytes), 1 if alloc_failed else 0)
 
     def report_step(self, step, response_len=0.0):
-        """Close step `step` (response_len: mean tokens, 0 unknown): one report."""
-        self._call("report_step", step, float(response_len),
-                   why=f"report_step({step}, {response_len})")
+        """Close step `step` (response_len: mean tokens, 0 unknown): one report.
+        A step not above the last one (re-run after a checkpoint restore) is
+        ignored by the controller, which keeps the channel."""
+        self._call("report_step", step, float(response_len))
 
     # -- transitions
 
     def transition_stat(self, which):
-        """A figure of the last transition (NRS_TS_*); 0 when unknown."""
+        """A figure of the last transition (NRS_TS_*); before any, 0 (-1 for
+        failed_rank and restored_step)."""
         return self._lib.nrs_worker_transition_stat(self._handle(), which)
 
     def transition_stats(self):
@@ -542,28 +543,31 @@ class Worker:
         """Collective at a step boundary: write and publish the checkpoint of `step`."""
         self._call("checkpoint", step)
 
-    # -- internal per-step collectives (runtime/worker/worker.h), when exported
-
-    @property
-    def has_internal(self):
-        """Whether the worker.h collectives are bound (nereus-worker's per-step loop)."""
-        return self._lib.nereus_internal
+    # -- the step boundary and the actor's weight sync (API 4)
 
     def control_step(self):
-        """Internal: the step boundary of a job with per-step collectives (the
-        ranks agree on when to take a PREPARE). As control_poll."""
+        """The step boundary, once per step on every rank of a job with the
+        weight sync: the ranks of the plan agree on a pending PREPARE and
+        take it at the same step. True: a transition committed (new epoch,
+        GPU index and state); False: nothing to do. Raises as control_poll."""
         return self._call("control_step") == 1
 
     def weight_sync(self):
-        """Internal: the actor's train -> generate weight sync, a collective."""
+        """The actor's train -> generate weight sync of the current plan, a
+        collective of the ranks holding its GPUs (after control_step each
+        step). Raises NereusError: NRS_ERR_ABORTED (failed or skipped; the
+        training state is intact), NRS_ERR_VERIFY (the shard checked after it
+        does not match), NRS_ERR_PLAN (no actor.train and actor.generate)."""
         self._call("weight_sync")
 
     def sync_stat(self, which):
-        """Internal: a weight-sync figure (NRS_SS_*)."""
+        """A weight-sync figure of this rank (NRS_SS_*)."""
         return self._lib.nrs_worker_sync_stat(self._handle(), which)
 
     def verify_generation(self):
-        """Internal: checksum every generation weight shard: Verified(...)."""
+        """Checksum every generation weight shard of this rank (filled by the
+        last sync): Verified(verified, mismatches). Raises NRS_ERR_INVAL when
+        no sync ran since the last epoch change."""
         ver, bad = ctypes.c_longlong(), ctypes.c_longlong()
         h = self._handle()
         rc = self._lib.nrs_worker_verify_generation(h, ctypes.byref(ver), ctypes.byref(bad))

@@ -7,9 +7,14 @@ python3 python/test_nereus_worker.py -v).
   header change the binding did not follow fails);
 - the library's version check, the error paths (bad, malformed or missing
   spec; calls out of order; a finalized handle) raise NereusError with the C
-  library's message, never crash;
-- a singleton handle (no PMIx server, no controller) answers every accessor,
-  and reports reach a Python sink as JSON.
+  library's message, which names the call and the reason, never a stale one;
+- every function nereus.h declares, called through ctypes with a NULL handle
+  (and NULL for every pointer), returns its failure value without crashing
+  and says which call in nrs_worker_last_error(NULL); the message of a failed
+  init outlives its handle;
+- a singleton handle (no PMIx server, no controller) answers every accessor
+  (no transition yet: failed_rank -1), takes NULL output pointers, and
+  reports reach a Python sink as JSON.
 
 The tests that call libnereus are skipped when it cannot be loaded and
 $NEREUS_LIB is unset; with $NEREUS_LIB set, a load failure is a failure.
@@ -34,11 +39,11 @@ SPEC = os.path.join(SRC, "tests", "mp", "e2e.yaml")
 # header -> (prefixes of the constants the binding mirrors, enum name or None
 # for every anonymous enum of the header)
 MIRRORED = [
-    ("include/nereus/nereus.h", ("NRS_OK", "NRS_ERR_", "NRS_MEM_", "NRS_GROUP_", "NRS_TS_"), None),
+    ("include/nereus/nereus.h", ("NRS_OK", "NRS_ERR_", "NRS_MEM_", "NRS_GROUP_", "NRS_TS_",
+                                 "NRS_SS_"), None),
     ("include/nereus/spec.h", ("NRS_MS_",), "nrs_ms_t"),
     ("include/nereus/spec.h", ("NRS_ROLE_",), "nrs_role_t"),
     ("include/nereus/emu.h", ("NRS_EMU_",), "nrs_emu_kind_t"),
-    ("runtime/worker/worker.h", ("NRS_SS_",), None),
 ]
 
 
@@ -69,6 +74,18 @@ def c_enums(text):
             values[name] = known[name] = nxt
             nxt = None if nxt is None else nxt + 1
         out.append((m.group(3) or None, values))
+    return out
+
+
+def c_prototypes(text):
+    """{name: (return type, [parameter declarations])} of every nrs_worker_*
+    function C header text declares."""
+    out = {}
+    pat = r"([A-Za-z_][\w\s*]*?)\b(nrs_worker_\w+)\s*\(([^()]*)\)\s*;"
+    for m in re.finditer(pat, strip_comments(text)):
+        ret = " ".join(m.group(1).replace("*", " * ").split())
+        params = [" ".join(p.split()) for p in m.group(3).split(",")]
+        out[m.group(2)] = (ret, [] if params == ["void"] else params)
     return out
 
 
@@ -159,6 +176,20 @@ class Library(unittest.TestCase):
             self.assertIs(fn.restype, restype, name)
             self.assertEqual(fn.argtypes, argtypes, name)
 
+    def test_every_stable_function_is_bound(self):
+        # API 4: the per-step collectives are in nereus.h, and bound as stable
+        with open(os.path.join(INCLUDE, "nereus.h")) as f:
+            declared = set(c_prototypes(f.read()))
+        for name in ("nrs_worker_init_emulated", "nrs_worker_control_step",
+                     "nrs_worker_weight_sync", "nrs_worker_sync_stat",
+                     "nrs_worker_verify_generation"):
+            self.assertIn(name, declared)
+            self.assertIn(name, nw._PUBLIC)
+        # what is not bound takes Nereus structs (module doc) or is bound otherwise
+        unbound = declared - set(nw._PUBLIC)
+        self.assertEqual(unbound, {"nrs_worker_init_spec", "nrs_worker_set_plan",
+                                   "nrs_worker_transition", "nrs_worker_plan"})
+
     def test_strerror_names_every_code(self):
         codes = {k: v for k, v in vars(nw).items() if k.startswith(("NRS_ERR_", "NRS_OK"))}
         for name, code in codes.items():
@@ -195,9 +226,101 @@ class Library(unittest.TestCase):
         try:
             with self.assertRaisesRegex(nw.NereusError, "no job spec"):
                 nw.Worker(None)
+            with self.assertRaisesRegex(nw.NereusError, "no job spec"):
+                nw.Worker(None, emulated=True)
         finally:
             if saved is not None:
                 os.environ["NEREUS_SPEC"] = saved
+
+    def test_failed_init_message_outlives_the_handle(self):
+        # the binding finalizes the handle of a failed init, then reads why
+        # from nrs_worker_last_error(NULL)
+        for emulated in (False, True):
+            with self.assertRaises(nw.NereusError) as cm:
+                nw.Worker("/nonexistent/job.yaml", emulated=emulated)
+            self.assertRegex(cm.exception.message, r"^/nonexistent/job.yaml:1:1: .*No such file")
+            self.assertEqual(nw.last_error(), cm.exception.message)
+        # a call given a NULL handle says which call, there too
+        self.assertEqual(self.lib.nrs_worker_epoch(None), -1)
+        self.assertEqual(nw.last_error(), "nrs_worker_epoch: no handle (NULL)")
+
+
+# (restype, value) of each parameter declaration of nereus.h, for NULL calls
+def _null_arg(decl):
+    if "*" in decl or decl.startswith("nrs_report_fn"):
+        return ctypes.c_void_p, None
+    if decl.startswith("double"):
+        return ctypes.c_double, 0.0
+    if decl.startswith("long long"):
+        return ctypes.c_longlong, 0
+    if decl.startswith("long"):
+        return ctypes.c_long, 0
+    if decl.startswith("int"):
+        return ctypes.c_int, 0
+    raise AssertionError(f"parameter {decl!r}: no ctypes type for it")
+
+
+_RESTYPES = {"int": ctypes.c_int, "const char *": ctypes.c_char_p, "double": ctypes.c_double,
+             "void": None}
+
+
+class NullHandle(unittest.TestCase):
+    """Every function of nereus.h called with a NULL handle and NULL for every
+    pointer, straight through ctypes (not the binding, which refuses first)."""
+
+    def setUp(self):
+        lib_or_skip(self)
+        path = os.environ.get("NEREUS_LIB") or nw._find_library()
+        self.raw = ctypes.CDLL(path)  # its own function objects: the binding's keep their types
+        with open(os.path.join(INCLUDE, "nereus.h")) as f:
+            self.protos = c_prototypes(f.read())
+
+    def call(self, name):
+        ret, params = self.protos[name]
+        fn = self.raw[name]
+        fn.restype = _RESTYPES[ret]
+        types, args = zip(*[_null_arg(p) for p in params]) if params else ((), ())
+        fn.argtypes = list(types)
+        return fn(*args)
+
+    def test_parser_sees_every_function(self):
+        # every line of nereus.h that starts a declaration of an nrs_worker_ call
+        with open(os.path.join(INCLUDE, "nereus.h")) as f:
+            starts = set(re.findall(r"^[a-z][^;(]*?\b(nrs_worker_\w+)\(", strip_comments(f.read()),
+                                    flags=re.M))
+        self.assertEqual(set(self.protos), starts)
+        self.assertGreaterEqual(len(self.protos), 41)
+        self.assertEqual(self.protos["nrs_worker_role"][0], "int")
+        self.assertEqual(len(self.protos["nrs_worker_buffer_desc"][1]), 10)
+        self.assertEqual(self.protos["nrs_worker_transport"][0], "const char *")
+        self.assertTrue(set(nw._PUBLIC) <= set(self.protos), set(nw._PUBLIC) - set(self.protos))
+
+    def test_every_function_refuses_null(self):
+        zero = {"nrs_worker_is_singleton", "nrs_worker_transition_stat", "nrs_worker_sync_stat"}
+        strings = {"nrs_worker_transport": "none", "nrs_worker_control": "no handle"}
+        called = 0
+        for name, (ret, params) in sorted(self.protos.items()):
+            if not params or "nrs_worker_t" not in params[0]:
+                continue  # api_version, strerror, ms_name: no handle
+            with self.subTest(name):
+                got = self.call(name)
+                called += 1
+                if name == "nrs_worker_finalize":
+                    self.assertEqual(got, nw.NRS_OK)  # documented: NULL is fine
+                    continue
+                if name == "nrs_worker_last_error":
+                    self.assertIsInstance(got, bytes)  # the thread's message
+                    continue
+                if "**" in params[0]:  # init*: nowhere to put the handle
+                    self.assertEqual(got, nw.NRS_ERR_INVAL)
+                    self.assertEqual(nw.last_error(), f"{name}: out is NULL")
+                    continue
+                if ret == "const char *":
+                    self.assertEqual(got, strings[name].encode())
+                else:
+                    self.assertEqual(got, 0 if name in zero else -1)
+                self.assertEqual(nw.last_error(), f"{name}: no handle (NULL)")
+        self.assertGreaterEqual(called, 38)
 
 
 class Singleton(unittest.TestCase):
@@ -226,7 +349,32 @@ class Singleton(unittest.TestCase):
         self.assertEqual((w.transport, w.control), ("local", "none"))
         self.assertEqual((w.epoch, w.gpu, w.nroles, w.nbuffers, w.joined_at), (-1, -1, 0, 0, -1))
         self.assertEqual(w.roles(), [])
-        self.assertEqual(w.transition_stats()["seconds"], 0)
+        self.assertEqual(w.sync_stat(nw.NRS_SS_STEPS), 0)
+
+    def test_no_transition_yet(self):
+        # -1 = none: before any transition no rank failed and nothing was restored
+        st = self.w.transition_stats()
+        self.assertEqual((st["seconds"], st["bytes_sent"], st["lost"]), (0, 0, 0))
+        self.assertEqual(st["failed_rank"], -1)
+        self.assertEqual(st["restored_step"], -1)
+        self.assertEqual(self.w.transition_stat(nw.NRS_TS_FAILED_RANK), -1)
+
+    def test_null_outputs(self):
+        # output pointers may be NULL: the calls still check and say why
+        lib, h = self.w._lib, self.w._handle()
+        cases = [("buffer", (0, None, None), "nrs_worker_buffer: buffer 0: no state allocated"),
+                 ("buffer_desc", (0,) + (None,) * 8,
+                  "nrs_worker_buffer_desc: buffer 0: no state allocated"),
+                 ("verify_state", (None, None), "nrs_worker_verify_state: no state allocated"),
+                 ("verify_generation", (None, None),
+                  "nrs_worker_verify_generation: no weight sync since epoch -1"),
+                 ("role", (0,) + (None,) * 7, "nrs_worker_role: role 0: this rank runs 0"),
+                 ("group", (nw.NRS_MS_ACTOR_TRAIN, nw.NRS_GROUP_DP, None, 8),
+                  r"nrs_worker_group: model-stage 5 \(actor.train\) is not run by this rank")]
+        for name, args, pattern in cases:
+            with self.subTest(name):
+                self.assertEqual(getattr(lib, "nrs_worker_" + name)(h, *args), nw.NRS_ERR_INVAL)
+                self.assertRegex(self.w.last_error, "^" + pattern)
 
     def assertCode(self, code, pattern, fn, *args):
         with self.assertRaises(nw.NereusError) as cm:
@@ -236,19 +384,43 @@ class Singleton(unittest.TestCase):
 
     def test_out_of_order(self):
         w = self.w
-        self.assertCode(nw.NRS_ERR_INVAL, "no control channel: none", w.control_plan, 0.1)
-        self.assertCode(nw.NRS_ERR_INVAL, "no usable plan", w.alloc_state, nw.NRS_MEM_HOST, True)
-        # these fail without setting last_error: the binding says what, not a stale message
-        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.buffer, 0)
-        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.buffer_desc, 0)
-        self.assertCode(nw.NRS_ERR_INVAL, "no state allocated", w.verify_state)
-        self.assertCode(nw.NRS_ERR_INVAL, "role 0: this rank runs 0", w.role, 0)
-        self.assertCode(nw.NRS_ERR_INVAL, "not run by this rank", w.group,
-                        nw.NRS_MS_ACTOR_TRAIN, nw.NRS_GROUP_TP)
-        self.assertCode(nw.NRS_ERR_INVAL, "no checkpoint directory", w.checkpoint, 1)
-        self.assertCode(nw.NRS_ERR_INVAL, r"report_stage\(99", w.report_stage, 99, 1.0)
-        self.assertCode(nw.NRS_ERR_INVAL, r"report_step\(-1", w.report_step, -1, 0.0)
+        self.assertCode(nw.NRS_ERR_INVAL, "^nrs_worker_control_plan: no control channel: none",
+                        w.control_plan, 0.1)
+        self.assertCode(nw.NRS_ERR_INVAL, "^nrs_worker_alloc_state: no usable plan",
+                        w.alloc_state, nw.NRS_MEM_HOST, True)
+        self.assertCode(nw.NRS_ERR_INVAL, "^nrs_worker_checkpoint: no checkpoint directory",
+                        w.checkpoint, 1)
+        self.assertCode(nw.NRS_ERR_INVAL, "^nrs_worker_weight_sync: no plan or no state",
+                        w.weight_sync)
         self.assertFalse(w.control_poll(0))  # no channel: nothing to do
+        self.assertFalse(w.control_step())  # alone: nothing to agree on
+
+    def test_messages_name_the_call(self):
+        # every failure sets the message, naming the call and the reason: each
+        # of these follows another failure, whose message it must not show
+        w = self.w
+        cases = [
+            (w.role, (0,), r"^nrs_worker_role: role 0: this rank runs 0 model-stage\(s\) "
+                           r"\(no plan yet\)$"),
+            (w.buffer, (3,), r"^nrs_worker_buffer: buffer 3: no state allocated$"),
+            (w.group, (nw.NRS_MS_ACTOR_TRAIN, nw.NRS_GROUP_TP),
+             r"^nrs_worker_group: model-stage 5 \(actor.train\) is not run by this rank"),
+            (w.buffer_desc, (0,), r"^nrs_worker_buffer_desc: buffer 0: no state allocated$"),
+            (w.group, (nw.NRS_MS_ACTOR_TRAIN, 7), r"^nrs_worker_group: group 7: not NRS_GROUP_"),
+            (w.verify_state, (), r"^nrs_worker_verify_state: no state allocated$"),
+            (w.report_stage, (99, 1.0), r"^nrs_worker_report_stage: model-stage 99: not an "
+                                        r"nrs_ms_t \(0\.\.6\)$"),
+            (w.report_stage, (nw.NRS_MS_ACTOR_TRAIN, -1.0),
+             r"^nrs_worker_report_stage: actor.train: -1 seconds$"),
+            (w.report_memory, (-1, 10), r"^nrs_worker_report_memory: -1 bytes used of 10"),
+            (w.report_step, (-1, 0.0), r"^nrs_worker_report_step: step -1, response length 0"),
+            (w.verify_generation, (), r"^nrs_worker_verify_generation: no weight sync since "
+                                      r"epoch -1 began"),
+        ]
+        for fn, args, pattern in cases:
+            with self.subTest(fn.__name__):
+                self.assertCode(nw.NRS_ERR_INVAL, pattern, fn, *args)
+                self.assertRegex(w.last_error, pattern)  # the handle says the same
 
     def test_reports_reach_a_python_sink(self):
         w, got = self.w, []

@@ -45,6 +45,8 @@ typedef struct nrs_conn {
     double t_report; /* last REPORT */
     long last_step;  /* -1: none yet */
     unsigned long nreports;
+    unsigned long stale_n;     /* REPORTs of steps not above last_step, this run of them */
+    uint32_t stale_lo, stale_hi; /* their steps */
     int tr_state;    /* transition participation (ctl.c) */
     int joiner;      /* 1: a joining rank without a GPU yet; 2: its world is connected */
     double tr_seconds;

@@ -472,6 +472,36 @@ static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
     }
 }
 
+/* A REPORT of a step not above the rank's last one, as from a trainer that
+ * restored a checkpoint and re-runs steps, or repeats a step number: not a
+ * measurement of a new step, so ignored, but the rank keeps its channel. A
+ * run of them is logged when it starts and counted when it ends. */
+static void stale_report(nrs_ctl_t *c, nrs_conn_t *k, uint32_t step)
+{
+    char nm[96];
+    if (k->stale_n++ == 0) {
+        logf_(c, "%s: REPORT of step %u after step %ld: ignored (steps re-run, e.g. after a "
+              "checkpoint restore); the connection stays", peer_name(k, nm, sizeof(nm)), step,
+              k->last_step);
+        k->stale_lo = k->stale_hi = step;
+    }
+    k->stale_lo = step < k->stale_lo ? step : k->stale_lo;
+    k->stale_hi = step > k->stale_hi ? step : k->stale_hi;
+    c->stale_reports++;
+    k->t_report = c->now; /* not a measurement, but the rank is alive and reporting */
+}
+
+/* k's run of stale REPORTs (if any) ends, for why. */
+static void stale_end(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
+{
+    char nm[96];
+    if (k->stale_n == 0)
+        return;
+    logf_(c, "%s: %lu stale REPORT(s) of steps %u-%u ignored; %s", peer_name(k, nm, sizeof(nm)),
+          k->stale_n, k->stale_lo, k->stale_hi, why);
+    k->stale_n = 0;
+}
+
 int nrs_ctl_attach(nrs_ctl_t *c, nrs_conn_t *k, double now)
 {
     c->now = now;
@@ -497,6 +527,7 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     if (k->slot < 0 || k->slot >= c->nconns || c->conns[k->slot] != k)
         return;
     retire_worker(c, k, "disconnected");
+    stale_end(c, k, "disconnected");
     if (k->role == NRS_ROLE_WORKER)
         nrs_ctl_gather_gone(c, k->rank);
     for (int i = 0; i < c->ndq; i++)
@@ -666,7 +697,11 @@ static void on_report(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     if (m.epoch > newest)
         return drop(c, k, NRS_PERR_UNEXPECTED, "REPORT of epoch %u, newest is %u", m.epoch, newest);
     if ((long)m.step <= k->last_step)
-        return drop(c, k, NRS_PERR_STALE, "REPORT of step %u after step %ld", m.step, k->last_step);
+        return stale_report(c, k, m.step);
+    if (k->stale_n) {
+        snprintf(why, sizeof(why), "step %u is a new one", m.step);
+        stale_end(c, k, why);
+    }
     k->last_step = m.step;
     k->t_report = c->now;
     k->nreports++;

@@ -123,8 +123,8 @@ static void status_json(nrs_ctl_t *c, double now, FILE *f)
             c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
             now > c->t_start ? c->tr_total_s / (now - c->t_start) : 0.0);
     fprintf(f, ",\"counters\":{\"reports\":%lu,\"frames\":%lu,\"dropped\":%lu,\"gathers\":%lu,"
-               "\"gathers_short\":%lu}}\n",
-            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short);
+               "\"gathers_short\":%lu,\"stale_reports\":%lu}}\n",
+            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short, c->stale_reports);
 }
 
 static void status_text(nrs_ctl_t *c, double now, FILE *f)
@@ -178,8 +178,8 @@ static void status_text(nrs_ctl_t *c, double now, FILE *f)
             c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
             now > c->t_start ? 100 * c->tr_total_s / (now - c->t_start) : 0.0);
     fprintf(f, "counters: %lu reports, %lu frames, %lu peers dropped, %lu gathers (%lu without "
-               "every participant)\n",
-            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short);
+               "every participant), %lu stale reports ignored\n",
+            c->reports, c->frames, c->dropped, c->gathers, c->gathers_short, c->stale_reports);
 }
 
 void nrs_ctl_status(nrs_ctl_t *c, bool json, double now, FILE *out)

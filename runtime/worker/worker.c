@@ -94,14 +94,37 @@ struct nrs_worker {
     char err[640];
 };
 
-static int seterr(nrs_worker_t *w, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int seterr(nrs_worker_t *w, int rc, const char *fmt, ...)
+/* The message of the last call of this thread that failed without a handle
+ * to keep it (init, finalize, a NULL handle): nrs_worker_last_error(NULL).
+ * Per thread: a handle is driven by one thread. */
+static _Thread_local char tls_err[640];
+
+/* Every failure says why, in w's message or (w NULL) the thread's. The
+ * message is the one part of a handle that const accessors write too. */
+static int seterr(const nrs_worker_t *w, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int seterr(const nrs_worker_t *w, int rc, const char *fmt, ...)
 {
+    char *buf = w ? ((nrs_worker_t *)w)->err : tls_err;
+    size_t n = w ? sizeof w->err : sizeof tls_err;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(w->err, sizeof w->err, fmt, ap);
+    vsnprintf(buf, n, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* A call given a NULL handle: NRS_ERR_INVAL (-1), and which call it was. */
+static int nohandle(const char *fn)
+{
+    return seterr(NULL, NRS_ERR_INVAL, "%s: no handle (NULL)", fn);
+}
+
+/* Once the controller retired this rank, every call but finalize says so. */
+static int retired_err(nrs_worker_t *w, const char *fn)
+{
+    return seterr(w, NRS_ERR_RETIRED, "%s: retired by the controller (%s)", fn,
+                  w->ctl_err[0] ? w->ctl_err : "control channel closed");
 }
 
 int nrs_worker_api_version(void) { return NRS_WORKER_API_VERSION; }
@@ -402,25 +425,34 @@ static int coll_choice(nrs_worker_t *w)
     return 0;
 }
 
-int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
+/* A handle that holds nothing yet: finalize may take it as it is. */
+static nrs_worker_t *worker_new(void)
 {
     nrs_worker_t *w = calloc(1, sizeof(*w));
-    *out = w;
     if (!w)
-        return NRS_ERR_NOMEM;
-    if (spec)
-        w->spec = *spec;
+        return NULL;
     w->timeout_s = env_double("NRS_WORKER_TIMEOUT", 30);
     w->ctl_fd = -1;
     w->restored_step = -1;
     w->join_step = -1;
     w->last_step = -1;
+    w->my_gpu = -1;
+    return w;
+}
+
+static int init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
+{
+    nrs_worker_t *w = worker_new();
+    *out = w;
+    if (!w)
+        return seterr(NULL, NRS_ERR_NOMEM, "nrs_worker_init: out of memory");
+    if (spec)
+        w->spec = *spec;
     const char *jn = getenv("NEREUS_JOIN");
     w->joiner = jn && *jn && strcmp(jn, "0");
     const char *ck = getenv("NEREUS_CHECKPOINT_DIR");
     if (ck && *ck && !(w->ckpt_dir = strdup(ck)))
         return seterr(w, NRS_ERR_NOMEM, "out of memory");
-    w->my_gpu = -1;
     int rc = join(w);
     if (!rc && (!(w->perm = calloc((size_t)w->n + 1, sizeof(int))) ||
                 !(w->leaving = calloc((size_t)w->n + 1, 1)) ||
@@ -445,31 +477,84 @@ int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     return rc;
 }
 
-int nrs_worker_init(nrs_worker_t **out, const char *spec_path)
+/* An init that failed: its message outlives the handle (last_error(NULL)). */
+static int init_failed(const nrs_worker_t *w, int rc)
 {
-    nrs_spec_t s;
-    char err[512];
-    if (!spec_path)
-        spec_path = getenv("NEREUS_SPEC");
-    if (!spec_path) {
-        *out = calloc(1, sizeof(**out));
-        return *out ? seterr(*out, NRS_ERR_SPEC, "no job spec: pass a path or set NEREUS_SPEC")
-                    : NRS_ERR_NOMEM;
-    }
-    if (nrs_spec_load(spec_path, &s, err, sizeof err)) {
-        *out = calloc(1, sizeof(**out));
-        return *out ? seterr(*out, NRS_ERR_SPEC, "%s", err) : NRS_ERR_NOMEM;
-    }
-    return nrs_worker_init_spec(out, &s);
+    if (rc && w)
+        seterr(NULL, rc, "%s", w->err);
+    return rc;
 }
 
-const char *nrs_worker_last_error(const nrs_worker_t *w) { return w ? w->err : "no handle"; }
-int nrs_worker_rank(const nrs_worker_t *w) { return w->me; }
-int nrs_worker_size(const nrs_worker_t *w) { return w->n; }
-int nrs_worker_is_singleton(const nrs_worker_t *w) { return w->r && nrs_rdv_is_singleton(w->r); }
-const char *nrs_worker_transport(const nrs_worker_t *w) { return w->xport_ucx ? "ucx" : "local"; }
+int nrs_worker_init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
+{
+    if (!out)
+        return seterr(NULL, NRS_ERR_INVAL, "nrs_worker_init_spec: out is NULL");
+    int rc = init_spec(out, spec);
+    return init_failed(*out, rc);
+}
+
+/* nrs_worker_init and _emulated: the spec from spec_path, else $NEREUS_SPEC,
+ * scaled down by its runtime.emulation_scale when emulated, as nereus-worker
+ * runs it: every rank of a job must build the same graphs. */
+static int init_path(nrs_worker_t **out, const char *fn, const char *spec_path, int emulated)
+{
+    nrs_spec_t s, small;
+    char err[512];
+    if (!out)
+        return seterr(NULL, NRS_ERR_INVAL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!spec_path)
+        spec_path = getenv("NEREUS_SPEC");
+    if (!spec_path)
+        snprintf(err, sizeof err, "no job spec: pass a path or set NEREUS_SPEC");
+    if (!spec_path || nrs_spec_load(spec_path, &s, err, sizeof err)) {
+        if (!(*out = worker_new())) /* a handle that says why */
+            return seterr(NULL, NRS_ERR_NOMEM, "%s: out of memory", fn);
+        return init_failed(*out, seterr(*out, NRS_ERR_SPEC, "%s", err));
+    }
+    if (emulated)
+        nrs_emu_scale_spec(&s, s.runtime.emulation_scale, &small);
+    return nrs_worker_init_spec(out, emulated ? &small : &s);
+}
+
+int nrs_worker_init(nrs_worker_t **out, const char *spec_path)
+{
+    return init_path(out, "nrs_worker_init", spec_path, 0);
+}
+
+int nrs_worker_init_emulated(nrs_worker_t **out, const char *spec_path)
+{
+    return init_path(out, "nrs_worker_init_emulated", spec_path, 1);
+}
+
+const char *nrs_worker_last_error(const nrs_worker_t *w) { return w ? w->err : tls_err; }
+int nrs_worker_rank(const nrs_worker_t *w) { return w ? w->me : nohandle(__func__); }
+int nrs_worker_size(const nrs_worker_t *w) { return w ? w->n : nohandle(__func__); }
+
+int nrs_worker_is_singleton(const nrs_worker_t *w)
+{
+    if (!w) {
+        nohandle(__func__);
+        return 0;
+    }
+    return w->r && nrs_rdv_is_singleton(w->r);
+}
+
+const char *nrs_worker_transport(const nrs_worker_t *w)
+{
+    if (!w) {
+        nohandle(__func__);
+        return "none";
+    }
+    return w->xport_ucx ? "ucx" : "local";
+}
+
 const char *nrs_worker_control(const nrs_worker_t *w)
 {
+    if (!w) {
+        nohandle(__func__);
+        return "no handle";
+    }
     return w->ctl_fd >= 0 ? "connected" : w->ctl_err[0] ? w->ctl_err : "none";
 }
 const char *nrs_worker_ms_name(int ms)
@@ -559,8 +644,10 @@ static int plan_ok(nrs_worker_t *w, const nrs_plan_t *p)
 int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
 {
     int rc;
-    if (!w || (rc = plan_ok(w, plan)))
-        return w ? rc : NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if ((rc = plan_ok(w, plan)))
+        return rc;
     free_state(w);
     w->plan = *plan;
     w->have_plan = 1;
@@ -570,7 +657,12 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
     return index_state(w);
 }
 
-int nrs_worker_epoch(const nrs_worker_t *w) { return w->have_plan ? (int)w->plan.epoch : -1; }
+int nrs_worker_epoch(const nrs_worker_t *w)
+{
+    if (!w)
+        return nohandle(__func__);
+    return w->have_plan ? (int)w->plan.epoch : -1;
+}
 
 /* Model-stage ms: 0 and this rank's coordinates, -1 if it does not run it. */
 static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
@@ -591,32 +683,57 @@ static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
 int nrs_worker_nroles(const nrs_worker_t *w)
 {
     int n = 0, t, p, d;
+    if (!w)
+        return nohandle(__func__);
     for (int ms = 0; ms < NRS_MS_COUNT; ms++)
         n += !coords(w, ms, &t, &p, &d);
     return n;
 }
 
+/* An output the caller may leave NULL. */
+static void put(int *out, int v)
+{
+    if (out)
+        *out = v;
+}
+
 int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int *dp, int *t,
                     int *p, int *d)
 {
-    for (int k = 0; k < NRS_MS_COUNT; k++) {
-        if (coords(w, k, t, p, d) || i--)
+    int ct, cp, cd;
+    if (!w)
+        return nohandle(__func__);
+    for (int k = 0, j = i; k < NRS_MS_COUNT; k++) {
+        if (coords(w, k, &ct, &cp, &cd) || j--)
             continue;
         const nrs_layout_t *l = &w->plan.layout[k];
-        *ms = k;
-        *tp = l->tp;
-        *pp = l->pp;
-        *dp = l->dp;
+        put(ms, k);
+        put(tp, l->tp);
+        put(pp, l->pp);
+        put(dp, l->dp);
+        put(t, ct);
+        put(p, cp);
+        put(d, cd);
         return NRS_OK;
     }
-    return NRS_ERR_INVAL;
+    return seterr(w, NRS_ERR_INVAL, "nrs_worker_role: role %d: this rank runs %d model-stage(s)%s",
+                  i, nrs_worker_nroles(w), w->have_plan ? "" : " (no plan yet)");
 }
 
 int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int max)
 {
     int t, p, d, n = 0;
-    if (coords(w, ms, &t, &p, &d) || group < NRS_GROUP_TP || group > NRS_GROUP_DP)
-        return NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (group < NRS_GROUP_TP || group > NRS_GROUP_DP)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_group: group %d: not NRS_GROUP_TP, _PP or _DP",
+                      group);
+    if (coords(w, ms, &t, &p, &d))
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_group: model-stage %d (%s) is not run by "
+                      "this rank%s", ms, nrs_worker_ms_name(ms),
+                      w->have_plan ? "" : " (no plan yet)");
+    if (!ranks)
+        max = 0; /* the count only */
     const nrs_layout_t *l = &w->plan.layout[ms];
     int first = w->plan.pools[w->plan.pool_of[ms]].first_gpu;
     int len = group == NRS_GROUP_TP ? l->tp : group == NRS_GROUP_PP ? l->pp : l->dp;
@@ -641,9 +758,11 @@ static int cuda_ok(nrs_worker_t *w, char *why, size_t len)
 
 int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
 {
-    if (!w || !w->have_plan || w->allocated || w->broken)
-        return w ? seterr(w, NRS_ERR_INVAL, w->allocated ? "state already allocated"
-                                                          : "no usable plan") : NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (!w->have_plan || w->allocated || w->broken)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_alloc_state: %s",
+                      w->allocated ? "state already allocated" : "no usable plan");
     w->mem_kind = NRS_MEM_HOST;
     w->err[0] = '\0';
     if (mem == NRS_MEM_CUDA || mem == NRS_MEM_AUTO) {
@@ -682,33 +801,61 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
     return NRS_OK;
 }
 
-int nrs_worker_mem_kind(const nrs_worker_t *w) { return w->mem_kind ? w->mem_kind : NRS_MEM_HOST; }
-int nrs_worker_nbuffers(const nrs_worker_t *w) { return w->allocated ? w->nmine : 0; }
+int nrs_worker_mem_kind(const nrs_worker_t *w)
+{
+    if (!w)
+        return nohandle(__func__);
+    return w->mem_kind ? w->mem_kind : NRS_MEM_HOST;
+}
+
+int nrs_worker_nbuffers(const nrs_worker_t *w)
+{
+    if (!w)
+        return nohandle(__func__);
+    return w->allocated ? w->nmine : 0;
+}
+
+/* Buffer i of this rank, or why there is none (fn: the call). */
+static int buffer_ok(const nrs_worker_t *w, int i, const char *fn)
+{
+    if (!w)
+        return nohandle(fn);
+    if (!w->allocated)
+        return seterr(w, NRS_ERR_INVAL, "%s: buffer %d: no state allocated", fn, i);
+    if (i < 0 || i >= w->nmine)
+        return seterr(w, NRS_ERR_INVAL, "%s: buffer %d: this rank holds %d buffer(s)", fn, i,
+                      w->nmine);
+    return NRS_OK;
+}
 
 int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes)
 {
-    if (!w->allocated || i < 0 || i >= w->nmine)
-        return NRS_ERR_INVAL;
+    int rc = buffer_ok(w, i, __func__);
+    if (rc)
+        return rc;
     int k = w->mine[i];
-    *ptr = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
-    *bytes = w->st.buf[k].bytes;
+    if (ptr)
+        *ptr = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+    if (bytes)
+        *bytes = w->st.buf[k].bytes;
     return NRS_OK;
 }
 
 int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor, int *kind,
                            int *r0, int *r1, int *c0, int *c1, int *esize)
 {
-    if (!w->allocated || i < 0 || i >= w->nmine)
-        return NRS_ERR_INVAL;
+    int rc = buffer_ok(w, i, __func__);
+    if (rc)
+        return rc;
     const nrs_emu_buf_t *b = &w->st.buf[w->mine[i]];
-    *role = b->role;
-    *tensor = b->tensor;
-    *kind = b->kind;
-    *r0 = b->box.r0;
-    *r1 = b->box.r1;
-    *c0 = b->box.c0;
-    *c1 = b->box.c1;
-    *esize = b->esize;
+    put(role, b->role);
+    put(tensor, b->tensor);
+    put(kind, b->kind);
+    put(r0, b->box.r0);
+    put(r1, b->box.r1);
+    put(c0, b->box.c0);
+    put(c1, b->box.c1);
+    put(esize, b->esize);
     return NRS_OK;
 }
 
@@ -732,37 +879,56 @@ static int sync_host(nrs_worker_t *w, char dir)
     return 0;
 }
 
+/* Counts the caller may leave NULL: written where given, zero first. */
+static void counts(long long *verified, long long *mismatches, long long v, long long m)
+{
+    if (verified)
+        *verified = v;
+    if (mismatches)
+        *mismatches = m;
+}
+
 int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long long *mismatches)
 {
     int64_t maxb = 1;
-    *verified = *mismatches = 0;
+    long long v = 0, m = 0;
+    int rc;
+    counts(verified, mismatches, 0, 0);
+    if (!w)
+        return nohandle(__func__);
     if (!w->allocated)
-        return NRS_ERR_INVAL;
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_verify_state: no state allocated");
     for (int k = 0; k < w->nmine; k++)
         if (w->st.buf[w->mine[k]].bytes > maxb)
             maxb = w->st.buf[w->mine[k]].bytes;
     unsigned char *scratch = malloc((size_t)maxb);
     if (!scratch)
-        return NRS_ERR_NOMEM;
-    if (sync_host((nrs_worker_t *)w, 'd')) {
+        return seterr(w, NRS_ERR_NOMEM, "nrs_worker_verify_state: out of memory");
+    if ((rc = sync_host((nrs_worker_t *)w, 'd'))) {
         free(scratch);
-        return NRS_ERR_XPORT;
+        return rc;
     }
     for (int k = 0; k < w->nmine; k++) {
         const nrs_emu_buf_t *b = &w->st.buf[w->mine[k]];
         const void *p = w->mem[w->mine[k]].ptr;
-        (*verified)++;
+        v++;
         if (!p || nrs_emu_checksum(p, (size_t)b->bytes) != nrs_emu_pattern_checksum(b, scratch))
-            (*mismatches)++;
+            m++;
     }
     free(scratch);
-    return *mismatches ? NRS_ERR_VERIFY : NRS_OK;
+    counts(verified, mismatches, v, m);
+    return m ? seterr(w, NRS_ERR_VERIFY, "nrs_worker_verify_state: %lld of %lld shard(s) do not "
+                      "match the pattern", m, v) : NRS_OK;
 }
 
 /* ---- reports ------------------------------------------------------------------------ */
 
 void nrs_worker_set_report_hook(nrs_worker_t *w, nrs_worker_report_hook_fn fn, void *arg)
 {
+    if (!w) {
+        nohandle(__func__);
+        return;
+    }
     w->hook = fn;
     w->hook_arg = arg;
 }
@@ -770,7 +936,7 @@ void nrs_worker_set_report_hook(nrs_worker_t *w, nrs_worker_report_hook_fn fn, v
 int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 {
     if (!w)
-        return NRS_ERR_INVAL;
+        return nohandle(__func__);
     w->sink = fn;
     w->sink_arg = arg;
     return NRS_OK;
@@ -778,8 +944,14 @@ int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 
 int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 {
-    if (!w || ms < 0 || ms >= NRS_MS_COUNT || !(seconds >= 0))
-        return NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (ms < 0 || ms >= NRS_MS_COUNT)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: model-stage %d: not an "
+                      "nrs_ms_t (0..%d)", ms, NRS_MS_COUNT - 1);
+    if (!(seconds >= 0))
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: %s: %g seconds",
+                      nrs_worker_ms_name(ms), seconds);
     for (int i = 0; i < w->rep.nstages; i++)
         if (w->rep.ms[i] == ms) {
             w->rep.seconds[i] += seconds; /* the stage ran again this step */
@@ -793,8 +965,11 @@ int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long cap_bytes,
                              int alloc_failed)
 {
-    if (!w || used_bytes < 0 || cap_bytes < 0)
-        return NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (used_bytes < 0 || cap_bytes < 0)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_report_memory: %lld bytes used of %lld: "
+                      "negative", used_bytes, cap_bytes);
     w->rep.mem_used = used_bytes > w->rep.mem_used ? used_bytes : w->rep.mem_used;
     w->rep.mem_cap = cap_bytes;
     if (cap_bytes && used_bytes * 100 >= cap_bytes * 95)
@@ -816,8 +991,11 @@ static void file_sink(const char *json)
 
 int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
 {
-    if (!w || step < 0 || !(response_len >= 0))
-        return NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (step < 0 || !(response_len >= 0))
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response length %g: "
+                      "negative", step, response_len);
     nrs_worker_report_t *r = &w->rep;
     char json[2048];
     w->last_step = step;
@@ -873,11 +1051,10 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     int rc;
     /* after a failure past the point of no return only a restore from a checkpoint
      * (a controller's transition) can make the state whole again */
-    int recover = w && w->broken && ctl && (w->ckpt_dir || w->present);
-    if (!w || !w->have_plan || !w->allocated || (w->broken && !recover))
-        return w ? seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past its "
-                          "point of no return (no checkpoint to restore)" : "no plan or no state")
-                 : NRS_ERR_INVAL;
+    int recover = w->broken && ctl && (w->ckpt_dir || w->present);
+    if (!w->have_plan || !w->allocated || (w->broken && !recover))
+        return seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past its "
+                      "point of no return (no checkpoint to restore)" : "no plan or no state");
     if ((rc = plan_ok(w, next)))
         return rc;
     if (next->epoch <= w->plan.epoch)
@@ -1053,6 +1230,8 @@ static int do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
 
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
 {
+    if (!w)
+        return nohandle(__func__);
     return do_transition(w, next, NULL, NULL, 0, 0);
 }
 
@@ -1070,10 +1249,10 @@ static int someone_leaving(const nrs_worker_t *w);
 int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
 {
     if (!w)
-        return NRS_ERR_INVAL;
+        return nohandle(__func__);
     char *d = dir && *dir ? strdup(dir) : NULL;
     if (dir && *dir && !d)
-        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+        return seterr(w, NRS_ERR_NOMEM, "nrs_worker_set_checkpoint_dir: out of memory");
     free(w->ckpt_dir);
     w->ckpt_dir = d;
     return NRS_OK;
@@ -1113,13 +1292,16 @@ out:
 
 int nrs_worker_checkpoint(nrs_worker_t *w, long step)
 {
-    char err[512], name[48];
-    if (!w || step < 0)
-        return NRS_ERR_INVAL;
+    char err[512] = "", name[48];
+    if (!w)
+        return nohandle(__func__);
+    if (step < 0)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: step %ld: negative", step);
     if (!w->ckpt_dir)
-        return seterr(w, NRS_ERR_INVAL, "no checkpoint directory ($NEREUS_CHECKPOINT_DIR)");
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: no checkpoint directory "
+                      "($NEREUS_CHECKPOINT_DIR)");
     if (!w->have_plan || !w->allocated || w->broken)
-        return seterr(w, NRS_ERR_INVAL, "no plan or no state");
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: no plan or no state");
     /* every rank of the plan takes part: a checkpoint without one is not one */
     int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
     unsigned char *in = calloc((size_t)w->n + 1, 1);
@@ -1138,8 +1320,10 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step)
     if (w->n > 1 && !in[w->me])
         goto done; /* holds nothing of the plan */
     int32_t ok = 0;
-    if ((rc = sync_host(w, 'd')))
+    if ((rc = sync_host(w, 'd'))) { /* this rank votes no, with why */
+        snprintf(err, sizeof err, "%.500s", w->err);
         ok = 1;
+    }
     for (int k = 0; k < w->nmine; k++)
         bytes[k] = w->mem[w->mine[k]].ptr;
     if (!ok && nrs_ckpt_write(w->ckpt_dir, step, &w->st, w->mine, w->nmine, bytes, err, sizeof err))
@@ -1459,15 +1643,19 @@ int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
 {
     nrs_hdr_t h;
     if (!w)
-        return NRS_ERR_INVAL;
+        return nohandle(__func__);
+    if (w->retired)
+        return retired_err(w, __func__);
     if (w->ctl_fd < 0)
-        return seterr(w, NRS_ERR_INVAL, "no control channel: %s", nrs_worker_control(w));
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_control_plan: no control channel: %s",
+                      nrs_worker_control(w));
     double end = nrs_now_s() + timeout_s;
     while (!w->have_plan) {
         double left = end - nrs_now_s();
         int k = left > 0 ? ctl_recv(w, left, &h) : 0;
         if (k < 0)
-            return w->retired ? NRS_ERR_RETIRED : seterr(w, NRS_ERR_INVAL, "%s", w->ctl_err);
+            return w->retired ? retired_err(w, __func__)
+                              : seterr(w, NRS_ERR_INVAL, "%s", w->ctl_err);
         if (k == 0)
             return seterr(w, NRS_ERR_PLAN, "no plan from the controller within %.1f s", timeout_s);
         int rc = ctl_frame(w, &h);
@@ -1482,26 +1670,28 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
     nrs_hdr_t h;
     int first = 1;
     if (!w)
-        return NRS_ERR_INVAL;
+        return nohandle(__func__);
     if (w->retired)
-        return NRS_ERR_RETIRED;
+        return retired_err(w, __func__);
     while (w->ctl_fd >= 0) {
         int k = ctl_recv(w, first ? timeout_s : 0, &h);
         first = 0;
         if (k <= 0)
-            return w->retired ? NRS_ERR_RETIRED : NRS_OK;
+            return NRS_OK; /* nothing more, or the channel is gone: the job runs on */
         int rc = ctl_frame(w, &h);
         if (rc != NRS_OK && rc != 2)
             return rc; /* a transition ran (1, or its failure), or an error */
     }
-    return w->retired ? NRS_ERR_RETIRED : NRS_OK;
+    return NRS_OK;
 }
 
 double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
 {
+    if (!w)
+        nohandle(__func__);
+    if (!w || !w->have_last) /* no transition yet: no rank failed, nothing restored */
+        return which == NRS_TS_FAILED_RANK || which == NRS_TS_RESTORED_STEP ? -1 : 0;
     const nrs_dtrans_result_t *r = &w->last;
-    if (!w->have_last)
-        return 0;
     switch (which) {
     case NRS_TS_SECONDS: return r->total_s;
     case NRS_TS_PREPARE_S: return r->prepare_s;
@@ -1840,7 +2030,7 @@ static int join_world(nrs_worker_t *w)
     return index_state(w);
 }
 
-int nrs_worker_joined_at(const nrs_worker_t *w) { return w ? w->join_step : -1; }
+int nrs_worker_joined_at(const nrs_worker_t *w) { return w ? w->join_step : nohandle(__func__); }
 
 /* ---- the step boundary and the per-step weight sync ----------------------------- */
 
@@ -1929,14 +2119,14 @@ int nrs_worker_control_step(nrs_worker_t *w)
     nrs_hdr_t h;
     int rc = NRS_OK;
     if (!w)
-        return NRS_ERR_INVAL;
+        return nohandle(__func__);
     int in_plan = w->n > 1 && w->have_plan && w->my_gpu >= 0 && w->allocated;
     if (w->retired) {
         if (in_plan && !w->leaving[w->me]) { /* told by a REPORT's refusal: say so */
             agree_prepare(w, AGREE_LEAVING);
             w->leaving[w->me] = 1;
         }
-        return NRS_ERR_RETIRED;
+        return retired_err(w, __func__);
     }
     if (!in_plan)
         return nrs_worker_control_poll(w, 0); /* nobody to agree with */
@@ -2121,10 +2311,15 @@ static int64_t gen_max_bytes(const nrs_worker_t *w)
 int nrs_worker_weight_sync(nrs_worker_t *w)
 {
     int rc;
-    if (!w || !w->have_plan || !w->allocated || w->broken)
-        return w ? seterr(w, NRS_ERR_INVAL, "no plan or no state") : NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (!w->have_plan || !w->allocated || w->broken)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_weight_sync: %s", w->broken
+                      ? "the state is partial (a transition failed past its point of no return)"
+                      : "no plan or no state");
     if (!w->plan.has[NRS_MS_ACTOR_TRAIN] || !w->plan.has[NRS_MS_ACTOR_GENERATE])
-        return seterr(w, NRS_ERR_PLAN, "the plan has no actor.train and actor.generate");
+        return seterr(w, NRS_ERR_PLAN, "nrs_worker_weight_sync: the plan of epoch %u has no "
+                      "actor.train and actor.generate", w->plan.epoch);
     if (w->n > 1 && w->my_gpu < 0)
         return NRS_OK; /* not in the plan */
     if (someone_leaving(w)) {
@@ -2209,7 +2404,7 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
         return NRS_OK;
     unsigned char *scratch = malloc((size_t)gen_max_bytes(w));
     if (!scratch)
-        return seterr(w, NRS_ERR_NOMEM, "out of memory");
+        return seterr(w, NRS_ERR_NOMEM, "nrs_worker_weight_sync: out of memory");
     int pick = (int)(w->sync_sample++ % (unsigned)mine), bad = 0;
     for (int32_t j = 0; j < g->nnew; j++) {
         if (buf_rank(w, &g->buf[g->nold + j].b) != w->me || pick--)
@@ -2225,6 +2420,10 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
 
 double nrs_worker_sync_stat(const nrs_worker_t *w, int which)
 {
+    if (!w) {
+        nohandle(__func__);
+        return 0;
+    }
     switch (which) {
     case NRS_SS_STEPS: return (double)w->sync_steps;
     case NRS_SS_FAILED: return (double)w->sync_failed;
@@ -2239,25 +2438,32 @@ double nrs_worker_sync_stat(const nrs_worker_t *w, int which)
 
 int nrs_worker_verify_generation(nrs_worker_t *w, long long *verified, long long *mismatches)
 {
-    *verified = *mismatches = 0;
-    if (!w || !w->sg || !w->synced)
-        return NRS_ERR_INVAL;
+    long long v = 0, m = 0;
+    int rc;
+    counts(verified, mismatches, 0, 0);
+    if (!w)
+        return nohandle(__func__);
+    if (!w->sg || !w->synced)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_verify_generation: no weight sync since "
+                      "epoch %d began: nothing to check", nrs_worker_epoch(w));
     unsigned char *scratch = malloc((size_t)gen_max_bytes(w));
     if (!scratch)
-        return NRS_ERR_NOMEM;
-    if (sync_host(w, 'd')) {
+        return seterr(w, NRS_ERR_NOMEM, "nrs_worker_verify_generation: out of memory");
+    if ((rc = sync_host(w, 'd'))) {
         free(scratch);
-        return NRS_ERR_XPORT;
+        return rc;
     }
     for (int32_t j = 0; j < w->sg->nnew; j++) {
         int r = gen_check(w, j, scratch);
         if (r < 0)
             continue;
-        (*verified)++;
-        *mismatches += r;
+        v++;
+        m += r;
     }
     free(scratch);
-    return *mismatches ? NRS_ERR_VERIFY : NRS_OK;
+    counts(verified, mismatches, v, m);
+    return m ? seterr(w, NRS_ERR_VERIFY, "nrs_worker_verify_generation: %lld of %lld generation "
+                      "shard(s) do not match the pattern", m, v) : NRS_OK;
 }
 
 /* ---- finalize ----------------------------------------------------------------------- */
@@ -2312,16 +2518,26 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->ckpt_dir);
     free(w->world_pend);
     free(w->present);
+    if (rc) /* the handle goes: its message stays (last_error(NULL)) */
+        seterr(NULL, rc, "nrs_worker_finalize: %s", w->err);
     free(w);
     return rc;
 }
 
-int nrs_worker_gpu(const nrs_worker_t *w) { return w && w->have_plan ? w->my_gpu : -1; }
+int nrs_worker_gpu(const nrs_worker_t *w)
+{
+    if (!w)
+        return nohandle(__func__);
+    return w->have_plan ? w->my_gpu : -1;
+}
 
 int nrs_worker_plan(const nrs_worker_t *w, nrs_plan_t *out)
 {
-    if (!w || !out || !w->have_plan)
-        return NRS_ERR_INVAL;
+    if (!w)
+        return nohandle(__func__);
+    if (!out || !w->have_plan)
+        return seterr(w, NRS_ERR_INVAL, "nrs_worker_plan: %s", !out ? "out is NULL"
+                      : "no plan yet");
     *out = w->plan;
     return NRS_OK;
 }

@@ -1,6 +1,6 @@
 /* nereus-worker: a synthetic PPO/GRPO job over the public worker API
  * (include/nereus/nereus.h): the template for integrating a real trainer.
- * See usage() and docs/worker-api.md §6. */
+ * See usage() and docs/worker-api.md §5. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
@@ -11,11 +11,9 @@
 #include <unistd.h>
 
 #include "nereus/cost.h"
-#include "nereus/emu.h"
 #include "nereus/nereus.h"
 #include "nereus/plan.h"
 #include "nereus/spec.h"
-#include "worker/worker.h" /* the weight sync: not in the public API yet */
 
 static void usage(FILE *f)
 {
@@ -172,7 +170,7 @@ int main(int argc, char **argv)
                     : "bad arguments (--help)");
         return 2;
     }
-    nrs_spec_t spec, small;
+    nrs_spec_t spec; /* at full size: the cost model's times and the workload */
     char err[512];
     if (nrs_spec_load(spec_path, &spec, err, sizeof err)) {
         fprintf(stderr, "nereus-worker: %s\n", err);
@@ -190,13 +188,14 @@ int main(int argc, char **argv)
         snprintf(host, sizeof host, "node%d", (pr ? atoi(pr) : 0) / gph);
         setenv("NEREUS_HOSTNAME", host, 1);
     }
-    nrs_emu_scale_spec(&spec, spec.runtime.emulation_scale, &small);
 
+    /* the state: the spec's models scaled by runtime.emulation_scale, as every
+     * rank of the job (Python ones too) takes it */
     nrs_worker_t *w = NULL;
-    int rc = nrs_worker_init_spec(&w, &small);
+    int rc = nrs_worker_init_emulated(&w, spec_path);
     if (rc) {
         fprintf(stderr, "nereus-worker: init: %s: %s\n", nrs_worker_strerror(rc),
-                w ? nrs_worker_last_error(w) : "");
+                nrs_worker_last_error(w));
         nrs_worker_finalize(w);
         return 1;
     }

@@ -17,6 +17,12 @@
  * and exits 3. --kill-ponr R: R dies right after the PONR vote of the first
  * transition; survivors print the census (present / rebuildable / lost)
  * and exit 6.
+ *
+ * Before the chain every rank calls each public function with a NULL
+ * handle (each must return its failure value and name itself in
+ * nrs_worker_last_error(NULL)) and the calls with output pointers with
+ * NULL ones on its real handle, then prints
+ *   mp_worker[i]: NULL checks: N calls refused a NULL handle, NULL outputs taken
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -85,6 +91,101 @@ static int check(nrs_worker_t *w, const char *when, long long *nv)
     return rc;
 }
 
+/* fn(NULL, ...) returned got: it must be want, and say so in last_error(NULL). */
+static int refused(const char *fn, double got, double want, const char *why)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s: %s", fn, why);
+    if (got == want && !strcmp(nrs_worker_last_error(NULL), msg))
+        return 0;
+    fprintf(stderr, "mp_worker: %s(NULL): %g, wanted %g; last_error(NULL) '%s', wanted '%s'\n",
+            fn, got, want, nrs_worker_last_error(NULL), msg);
+    return 1;
+}
+
+#define REFUSED(fn, want, ...) (n++, bad += refused(#fn, (double)fn(__VA_ARGS__), want, \
+                                                     "no handle (NULL)"))
+#define NO_OUT(fn, ...) (n++, bad += refused(#fn, (double)fn(__VA_ARGS__), NRS_ERR_INVAL, \
+                                             "out is NULL"))
+
+/* Every public call with a NULL handle: the number of failures, *calls. */
+static int null_handle(int *calls)
+{
+    int bad = 0, n = 0;
+    NO_OUT(nrs_worker_init, NULL, NULL);
+    NO_OUT(nrs_worker_init_spec, NULL, NULL);
+    NO_OUT(nrs_worker_init_emulated, NULL, NULL);
+    bad += nrs_worker_finalize(NULL) != NRS_OK, n++;
+    REFUSED(nrs_worker_rank, -1, NULL);
+    REFUSED(nrs_worker_size, -1, NULL);
+    REFUSED(nrs_worker_is_singleton, 0, NULL);
+    bad += strcmp(nrs_worker_transport(NULL), "none") != 0, n++;
+    bad += strcmp(nrs_worker_control(NULL), "no handle") != 0, n++;
+    REFUSED(nrs_worker_set_plan, NRS_ERR_INVAL, NULL, NULL);
+    REFUSED(nrs_worker_epoch, -1, NULL);
+    REFUSED(nrs_worker_nroles, NRS_ERR_INVAL, NULL);
+    REFUSED(nrs_worker_role, NRS_ERR_INVAL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    REFUSED(nrs_worker_group, NRS_ERR_INVAL, NULL, 0, NRS_GROUP_TP, NULL, 0);
+    REFUSED(nrs_worker_alloc_state, NRS_ERR_INVAL, NULL, NRS_MEM_HOST, 1);
+    REFUSED(nrs_worker_mem_kind, NRS_ERR_INVAL, NULL);
+    REFUSED(nrs_worker_nbuffers, NRS_ERR_INVAL, NULL);
+    REFUSED(nrs_worker_buffer, NRS_ERR_INVAL, NULL, 0, NULL, NULL);
+    REFUSED(nrs_worker_buffer_desc, NRS_ERR_INVAL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL);
+    REFUSED(nrs_worker_verify_state, NRS_ERR_INVAL, NULL, NULL, NULL);
+    REFUSED(nrs_worker_set_report_sink, NRS_ERR_INVAL, NULL, NULL, NULL);
+    REFUSED(nrs_worker_report_stage, NRS_ERR_INVAL, NULL, 0, 1.0);
+    REFUSED(nrs_worker_report_memory, NRS_ERR_INVAL, NULL, 0, 0, 0);
+    REFUSED(nrs_worker_report_step, NRS_ERR_INVAL, NULL, 0, 0.0);
+    REFUSED(nrs_worker_transition, NRS_ERR_INVAL, NULL, NULL);
+    REFUSED(nrs_worker_transition_stat, 0, NULL, NRS_TS_SECONDS);
+    REFUSED(nrs_worker_transition_stat, -1, NULL, NRS_TS_FAILED_RANK);
+    REFUSED(nrs_worker_set_checkpoint_dir, NRS_ERR_INVAL, NULL, NULL);
+    REFUSED(nrs_worker_checkpoint, NRS_ERR_INVAL, NULL, 1);
+    REFUSED(nrs_worker_joined_at, -1, NULL);
+    REFUSED(nrs_worker_control_plan, NRS_ERR_INVAL, NULL, 0.0);
+    REFUSED(nrs_worker_control_poll, NRS_ERR_INVAL, NULL, 0.0);
+    REFUSED(nrs_worker_gpu, -1, NULL);
+    REFUSED(nrs_worker_plan, NRS_ERR_INVAL, NULL, NULL);
+    REFUSED(nrs_worker_control_step, NRS_ERR_INVAL, NULL);
+    REFUSED(nrs_worker_weight_sync, NRS_ERR_INVAL, NULL);
+    REFUSED(nrs_worker_sync_stat, 0, NULL, NRS_SS_STEPS);
+    REFUSED(nrs_worker_verify_generation, NRS_ERR_INVAL, NULL, NULL, NULL);
+    *calls = n;
+    return bad;
+}
+
+/* The calls with outputs, every output NULL, on w with its state (and, before
+ * any transition, no failed rank): the number of failures. */
+static int null_outputs(nrs_worker_t *w)
+{
+    int bad = 0, tp = 0, nb = nrs_worker_nbuffers(w), ms = 0;
+    bad += nrs_worker_verify_state(w, NULL, NULL) != NRS_OK;
+    bad += nrs_worker_plan(w, NULL) != NRS_ERR_INVAL ||
+           !strstr(nrs_worker_last_error(w), "nrs_worker_plan: out is NULL");
+    bad += nrs_worker_transition_stat(w, NRS_TS_FAILED_RANK) != -1;
+    bad += nrs_worker_transition_stat(w, NRS_TS_RESTORED_STEP) != -1;
+    if (nrs_worker_nroles(w) > 0) {
+        bad += nrs_worker_role(w, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL) != NRS_OK;
+        bad += nrs_worker_role(w, 0, &ms, &tp, NULL, NULL, NULL, NULL, NULL) != NRS_OK;
+        bad += nrs_worker_group(w, ms, NRS_GROUP_TP, NULL, 8) != tp;
+    }
+    if (nb > 0) {
+        bad += nrs_worker_buffer(w, 0, NULL, NULL) != NRS_OK;
+        bad += nrs_worker_buffer_desc(w, nb - 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                      NULL) != NRS_OK;
+    }
+    char want[96];
+    snprintf(want, sizeof want, "nrs_worker_buffer: buffer %d: this rank holds %d buffer(s)", nb,
+             nb);
+    bad += nrs_worker_buffer(w, nb, NULL, NULL) != NRS_ERR_INVAL ||
+           strcmp(nrs_worker_last_error(w), want);
+    if (bad)
+        fprintf(stderr, "mp_worker[%d]: NULL outputs: %d check(s) failed (last: %s)\n",
+                nrs_worker_rank(w), bad, nrs_worker_last_error(w));
+    return bad;
+}
+
 static void show_roles(nrs_worker_t *w)
 {
     int ms, tp, pp, dp, t, p, d, ranks[64];
@@ -139,6 +240,11 @@ int main(int argc, char **argv)
     }
     if (me == 0 && nrs_worker_last_error(w)[0])
         printf("mp_worker[0]: %s\n", nrs_worker_last_error(w));
+    int ncalls = 0;
+    if (null_handle(&ncalls) || null_outputs(w))
+        goto out;
+    printf("mp_worker[%d]: NULL checks: %d calls refused a NULL handle, NULL outputs taken\n", me,
+           ncalls);
     show_roles(w);
     int armed = 0, skips = 0;
     double t_kill0 = 0;

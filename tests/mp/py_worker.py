@@ -3,7 +3,9 @@
 binding python/nereus_worker.py: the essential loop of nereus-worker
 (runtime/worker/worker_main.c), for tests/mp/test_python.sh.
 
-Per rank: join the job (nrs_worker_init), take the controller's plan
+Per rank: join the job (nrs_worker_init_emulated: the spec scaled by its
+runtime.emulation_scale, as nereus-worker, so both build the same graphs in
+one job), take the controller's plan
 (control_plan), allocate the EMU state filled with the pattern
 (alloc_state(fill=1)), then per step: "run" the model-stages this rank holds
 (sleeps whose measured wall time is reported, report_stage), close the step
@@ -23,10 +25,14 @@ runs takes --step-ms / 7 at step 0 and grows with the tokens it processes
 of $NEREUS_EMU_FACTORS ('actor.generate=1.3,...', as nereus-worker).
 
 --sync: also run nereus-worker's per-step collectives (the step boundary
-agreement and the actor's weight sync, runtime/worker/worker.h, bound by the
-binding when exported) so Python ranks can share a job with nereus-worker
-ranks. --check-buffers: before the loop, read and corrupt the state through
-memoryviews and check verify_state sees it (then restore it).
+agreement and the actor's weight sync: control_step, weight_sync, API 4) so
+Python ranks can share a job with nereus-worker ranks. --check-buffers:
+before the loop, read and corrupt the state through memoryviews and check
+verify_state sees it (then restore it). --rerun A:B: after step B go back to
+step A and run (and report) steps A..B again, as a trainer that restored the
+checkpoint of step A would; the controller ignores those reports and keeps
+the channel (printed at the end: "rank R: control connected after the last
+step").
 
 Exit status as nereus-worker: 0 every checksum verified; 1 a mismatch or a
 failure; 2 usage; 3 a transition failed past its point of no return; 4
@@ -63,7 +69,9 @@ def parse_args(argv):
     ap.add_argument("--mem", choices=("auto", "host", "cuda"), default="auto")
     ap.add_argument("--join", action="store_true", help="a join step's rank ($NEREUS_JOIN=1)")
     ap.add_argument("--sync", action="store_true",
-                    help="per-step agreement and weight sync, as nereus-worker (internal API)")
+                    help="per-step agreement and weight sync, as nereus-worker")
+    ap.add_argument("--rerun", metavar="A:B", default=None,
+                    help="after step B, run steps A..B again (as after a checkpoint restore)")
     ap.add_argument("--check-buffers", action="store_true",
                     help="check buffer access through memoryviews before the loop")
     a = ap.parse_args(argv)
@@ -73,6 +81,13 @@ def parse_args(argv):
         ap.error("bad arguments")
     if a.checkpoint_every and not a.checkpoint_dir:
         ap.error("--checkpoint-every needs --checkpoint-dir (or $NEREUS_CHECKPOINT_DIR)")
+    if a.rerun is not None:
+        try:
+            a.rerun = tuple(int(x) for x in a.rerun.split(":"))
+        except ValueError:
+            a.rerun = ()
+        if len(a.rerun) != 2 or not 0 <= a.rerun[0] <= a.rerun[1] < a.steps:
+            ap.error("--rerun A:B needs 0 <= A <= B < --steps")
     return a
 
 
@@ -222,14 +237,27 @@ class Job:
             except nw.NereusError as e:
                 say(f"rank {self.me}: step {s}: {e}")
 
+    def schedule(self, s0):
+        """The steps to run: s0 .. steps-1, with A..B twice under --rerun A:B."""
+        a = self.a
+        if not a.rerun or a.rerun[1] < s0:
+            return list(range(s0, a.steps))
+        lo, hi = a.rerun
+        return list(range(s0, hi + 1)) + list(range(max(lo, s0), a.steps))
+
     def steps(self):
         a, w, f = self.a, self.w, factors()
         s0 = max(w.joined_at, 0)
         if w.joined_at >= 0:
             say(f"rank {self.me} of {w.size}: joined the job at step {s0}")
-        for s in range(s0, a.steps):
+        prev = -1
+        for s in self.schedule(s0):
             if self.exitc:
                 break
+            if s <= prev:
+                say(f"rank {self.me}: step {prev}: re-running from step {s} (as after a "
+                    "checkpoint restore)")
+            prev = s
             rl = (a.response_len + (a.max_response_len - a.response_len) * s / (a.steps - 1)
                   if a.steps > 1 else a.response_len)
             run_step(w, a, rl, f)
@@ -262,6 +290,8 @@ class Job:
 
     def verify(self):
         w = self.w
+        if self.a.rerun:  # the controller ignored the re-run steps' reports, kept the channel
+            say(f"rank {self.me}: control {w.control} after the last step")
         if self.partial and not self.exitc:
             say(f"rank {self.me}: epoch {w.epoch}: the state is still partial: no recovery came")
             self.exitc = 3
@@ -286,7 +316,12 @@ class Job:
                 return
             # a transition after the last step: its generation buffers are not filled yet
             self.weight_sync(self.a.steps)
-            g = w.verify_generation()
+            try:
+                g = w.verify_generation()
+            except nw.NereusError as e2:  # no sync ever succeeded on this epoch
+                say(f"rank {self.me}: verify generation: {e2}")
+                self.exitc = 1
+                return
         n, st = w.sync_stat(nw.NRS_SS_STEPS), w.sync_stat
         per = st(nw.NRS_SS_TOTAL_S) / n if n > 0 else 0.0
         say(f"rank {self.me}: weight sync: {n:.0f} steps, {st(nw.NRS_SS_BYTES):.0f} bytes, "
@@ -308,9 +343,6 @@ def start(w, a):
         say(f"{PROG}: rank {w.rank}: no control channel ({w.control}): a Python rank takes "
             "its plan from nereus-controller ($NEREUS_SOCKET_DIR)")
         return 1
-    if a.sync and not w.has_internal:
-        say(f"{PROG}: --sync: this libnereus does not export the worker.h collectives")
-        return 1
     try:
         w.control_plan(30)
         w.alloc_state(MEM[a.mem], fill=True)
@@ -330,7 +362,7 @@ def main(argv):
         rank = int(os.environ.get("PMIX_RANK", 0))
         os.environ["NEREUS_HOSTNAME"] = f"node{rank // a.gpus_per_host}"
     try:
-        w = nw.Worker(a.spec)
+        w = nw.Worker(a.spec, emulated=True)  # the state nereus-worker's ranks hold
     except nw.NereusError as e:
         say(f"{PROG}: init: {e}")
         return 1

@@ -7,21 +7,29 @@
 #      version equal to the headers' (and a header changed in a copy is
 #      caught), the library's version check, error paths (bad, malformed or
 #      no spec; calls out of order; a finalized handle) raise NereusError with
-#      the library's message, a singleton handle, reports into a Python sink;
+#      the library's message, which names the call and the reason; every
+#      function of nereus.h called with a NULL handle (ctypes) refuses it; a
+#      failed init's message outlives its handle; a singleton handle (no
+#      transition yet: failed rank -1), reports into a Python sink;
 #      py_worker.py on a missing spec fails cleanly (no traceback, no crash);
 #   2. buffers: one Python rank (PMIx singleton) under a controller: reads
 #      its host state through memoryviews (sizes match the boxes, zero
 #      exactly where the pattern is: grads), flips one byte -> verify_state
-#      counts exactly 1 mismatch, restores it -> 0;
+#      counts exactly 1 mismatch, restores it -> 0; then re-runs steps 2-4
+#      (as after a checkpoint restore): the controller ignores those
+#      reports, logs the run once, keeps the channel, takes step 5;
 #   3. 4 Python ranks (tests/mp/py_worker.py, nereus-worker's loop), 24
 #      steps, response length 32 -> 512: from the ranks' reports the
 #      controller admits a workload transition, every rank executes it in
 #      control_poll and verifies every shard, the controller commits it;
 #   4. a mixed job: ranks 0-1 Python (py_worker.py --sync: the per-step
-#      agreement and weight sync of runtime/worker/worker.h), ranks 2-3
-#      nereus-worker, one PMIx namespace (a wrapper picks the program by
-#      PMIX_RANK, as test_e2e.sh's half.sh): they take the same transitions
-#      and weight syncs, all 4 verify every shard and generation shard.
+#      agreement and weight sync, control_step and weight_sync of API 4),
+#      ranks 2-3 nereus-worker, one PMIx namespace (a wrapper picks the
+#      program by PMIX_RANK, as test_e2e.sh's half.sh), on a copy of e2e.yaml
+#      with runtime.emulation_scale 0.25, so that the Python ranks must scale
+#      the spec as nereus-worker does (nrs_worker_init_emulated) for their
+#      graphs to match: they take the same transitions and weight syncs, all
+#      4 verify every shard and generation shard.
 # Hard time-outs everywhere; prints the lines scripts/test counts.
 # The build: $NRS_BUILDDIR, else $B (B=<build> bash tests/mp/test_python.sh).
 [ -n "${B:-}" ] && [ -z "${NRS_BUILDDIR:-}" ] && export NRS_BUILDDIR="$B"
@@ -111,17 +119,19 @@ mp_case "binding: constants, version check, error paths, singleton (python/test_
     0 60 "${PY[@]}" "$S/python/test_nereus_worker.py" -v
 cp "$mp_out" "$tmp/unit.log"
 for t in test_api_version_matches_header test_constants_match_headers test_version_check \
-    test_every_function_has_types test_bad_spec_path test_malformed_spec test_no_spec \
-    test_out_of_order test_reports_reach_a_python_sink test_finalized_handle_raises; do
+    test_every_function_has_types test_every_stable_function_is_bound test_bad_spec_path \
+    test_malformed_spec test_no_spec test_failed_init_message_outlives_the_handle \
+    test_parser_sees_every_function test_every_function_refuses_null test_no_transition_yet \
+    test_null_outputs test_out_of_order test_messages_name_the_call \
+    test_reports_reach_a_python_sink test_finalized_handle_raises; do
     check "binding: $t" "grep -qE '^$t .* \.\.\. ok$' '$tmp/unit.log'" "not run or not ok"
 done
 check "binding: nothing skipped" "! grep -q 'skipped' '$tmp/unit.log'"
 
 # the constants check catches a header change: run it on a copy with one value moved
 # and one constant added
-mkdir -p "$tmp/drift/include/nereus" "$tmp/drift/runtime/worker"
+mkdir -p "$tmp/drift/include/nereus"
 cp "$S"/include/nereus/*.h "$tmp/drift/include/nereus/"
-cp "$S/runtime/worker/worker.h" "$tmp/drift/runtime/worker/"
 sed -i 's/NRS_GROUP_DP = 2/NRS_GROUP_DP = 3/; s/NRS_ERR_CHECKPOINT = -12/NRS_ERR_CHECKPOINT = -12, NRS_ERR_NEW = -13/' \
     "$tmp/drift/include/nereus/nereus.h"
 mp_case "binding: a drifted header copy fails the constants check" 1 30 \
@@ -139,8 +149,8 @@ check "binding: no traceback" "! grep -q Traceback '$mp_out'"
 D="$tmp/s2"
 start_ctl "$D" "$tmp/c2.log" --gpus 1
 mp_case "buffers: 1 Python rank (PMIx singleton), host state read and corrupted through memoryviews" \
-    0 40 env NEREUS_SOCKET_DIR="$D" "${PY[@]}" "$PYW" --spec "$SPEC" --steps 3 --mem host \
-    --check-buffers --quiet-s 0.5
+    0 40 env NEREUS_SOCKET_DIR="$D" "${PY[@]}" "$PYW" --spec "$SPEC" --steps 6 --mem host \
+    --check-buffers --quiet-s 0.5 --rerun 2:4
 cp "$mp_out" "$tmp/w2.log"
 V='verify_state: [1-9][0-9]* shards'
 check "buffers: non-zero state, zero exactly in the grads, sizes as their boxes, all verified" \
@@ -150,6 +160,16 @@ check "buffers: one byte flipped through a memoryview -> exactly 1 mismatch" \
 check "buffers: restored -> 0 mismatches, and still at the end" \
     'has "$tmp/w2.log" "^rank 0: byte restored: $V, 0 mismatches" &&
      has "$tmp/w2.log" "^rank 0: epoch 1, 0 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches"'
+# steps 2-4 reported again: not new steps, so ignored, and the channel stays
+check "stale reports: the rank re-ran steps 2-4 and kept its control channel" \
+    '[ "$(count "re-running from step" "$tmp/w2.log")" -eq 1 ] &&
+     has "$tmp/w2.log" "^rank 0: step 4: re-running from step 2" &&
+     has "$tmp/w2.log" "^rank 0: control connected after the last step"'
+check "stale reports: ignored, logged once for the run, step 5 taken" \
+    '[ "$(count "REPORT of step [0-9]+ after step [0-9]+: ignored" "$tmp/c2.log")" -eq 1 ] &&
+     has "$tmp/c2.log" "REPORT of step 2 after step 4: ignored" &&
+     has "$tmp/c2.log" "3 stale REPORT\(s\) of steps 2-4 ignored; step 5 is a new one" &&
+     ! grep -q "dropped" "$tmp/c2.log"' "$(grep -E 'stale|ignored|dropped' "$tmp/c2.log" | tr '\n' ';')"
 stop_ctl "buffers"
 
 # --- 3. 4 Python ranks: a workload-driven transition --------------------------------------
@@ -184,6 +204,12 @@ fi
 stop_ctl "python"
 
 # --- 4. a mixed job: Python and C ranks ---------------------------------------------------
+# a non-trivial emulation scale: the Python ranks must scale the spec as nereus-worker does
+# (nrs_worker_init_emulated), or their transition and sync graphs differ from the C ranks'
+sed 's/^\(  emulation_scale:\).*/\1 0.25/' "$S/tests/mp/e2e.yaml" >"$tmp/e2e-scaled.yaml"
+check "mixed: the spec copy has runtime.emulation_scale 0.25" \
+    "grep -qx '  emulation_scale: 0.25' '$tmp/e2e-scaled.yaml'"
+SPEC="$tmp/e2e-scaled.yaml"
 cat >"$tmp/mixed.sh" <<EOS
 #!/bin/sh
 # ranks 0-1 Python, 2-3 nereus-worker: one job, one PMIx namespace

@@ -3,8 +3,10 @@
 # random plans committed with every shard verified; a rank SIGKILLed before
 # the point of no return makes every survivor abort within 10 s with its old
 # state intact; one killed right after it makes every survivor report the
-# census of the new state (present / rebuildable / lost). No hang: hard
-# time-outs on everything.
+# census of the new state (present / rebuildable / lost). Before the chains
+# every rank calls each public function with a NULL handle (refused with its
+# failure value, the call named in nrs_worker_last_error(NULL)) and those
+# with output pointers with NULL ones. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -15,6 +17,9 @@ for tls in sm tcp; do
         got=$(grep -c "transition(s) committed, every shard verified" "$mp_out")
         [ "$got" -eq "$n" ] && { echo "[       OK ] worker $tls $n ranks: $got rank(s) verified"; mp_pass=$((mp_pass + 1)); } \
             || { echo "[  FAILED  ] worker $tls $n ranks: $got of $n rank(s) verified"; mp_fail=$((mp_fail + 1)); }
+        got=$(grep -cE "NULL checks: [1-9][0-9]* calls refused a NULL handle, NULL outputs taken" "$mp_out")
+        [ "$got" -eq "$n" ] && { echo "[       OK ] worker $tls $n ranks: NULL handle and NULL outputs on $got rank(s)"; mp_pass=$((mp_pass + 1)); } \
+            || { echo "[  FAILED  ] worker $tls $n ranks: NULL checks passed on $got of $n rank(s)"; mp_fail=$((mp_fail + 1)); }
     done
 done
 stamp=$(mktemp "${TMPDIR:-/tmp}/nrs-wkill.XXXXXX")

@@ -253,12 +253,25 @@ static void test_reports_calibrate(void **st)
     assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 3);
     assert_int_equal(a->cal.n[NRS_MS_ACTOR_TRAIN], 3);
     assert_int_equal(a->cal.n[NRS_MS_REF_INFER], 0);
-    /* a step out of order from one rank, an epoch from the future: dropped */
+    /* a step not above the rank's last (re-run after a checkpoint restore, or
+     * repeated): ignored, not a measurement, and the rank keeps its channel */
     report(w[0], 1, 1, 1.0);
-    assert_int_equal(w[0]->state, NRS_CONN_CLOSING);
+    report(w[0], 1, 2, 1.0);
+    report(w[0], 1, 2, 1.0);
+    assert_int_equal(w[0]->state, NRS_CONN_READY);
+    assert_int_equal(w[0]->last_step, 2);
+    assert_int_equal(nrs_ctl_reports(ctl), 3 * N);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 3);
+    status_has("\"stale_reports\":3");
+    /* the next higher step is taken again */
+    report(w[0], 1, 3, 1.0);
+    assert_int_equal(w[0]->state, NRS_CONN_READY);
+    assert_int_equal(w[0]->last_step, 3);
+    assert_int_equal(nrs_ctl_reports(ctl), 3 * N + 1);
+    /* an epoch from the future: dropped */
     report(w[1], 9, 5, 1.0);
     assert_int_equal(w[1]->state, NRS_CONN_CLOSING);
-    assert_int_equal(nrs_ctl_nworkers(ctl), N - 2);
+    assert_int_equal(nrs_ctl_nworkers(ctl), N - 1);
 }
 
 static void test_lost_node_commit(void **st)
