@@ -27,7 +27,7 @@
 #include "worker/worker.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
 #include "xfer/nccl.h"
 #endif
 
@@ -47,6 +47,7 @@ struct nrs_worker {
     int *mine;          /* indices into st.buf of this rank's buffers */
     int nmine;
     int mem_kind, allocated;
+    int cuda_dev;       /* the CUDA device this rank's state lives on */
     unsigned attempt;
     nrs_dtrans_result_t last;
     int have_last;
@@ -590,7 +591,7 @@ static void free_state(nrs_worker_t *w)
     for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
         if (w->mem[i].ptr && w->x.ops)
             w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
         if (w->dev && w->dev[i])
             nrs_cuda_free(w->dev[i]);
 #endif
@@ -748,11 +749,40 @@ int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int m
     return n;
 }
 
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
+/* This rank's node-local index: $NRS_CUDA_DEVICE (a device, not an index),
+ * else the launcher's local rank (Slurm, torchrun, Open MPI), else -1. */
+static long local_index(int *is_device)
+{
+    static const char *const vars[] = {"NRS_CUDA_DEVICE", "SLURM_LOCALID", "LOCAL_RANK",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        long x = v && *v ? strtol(v, &end, 10) : -1;
+        if (v && *v && !*end && x >= 0) {
+            *is_device = i == 0;
+            return x;
+        }
+    }
+    return -1;
+}
+
+/* A GPU for this rank: the only one it sees (a launcher that binds one GPU
+ * per task), else the one its local rank names (device = local rank mod the
+ * GPUs seen, so the ranks of a node spread over its GPUs, not all on 0). */
 static int cuda_ok(nrs_worker_t *w, char *why, size_t len)
 {
-    int n = 0;
-    return !nrs_cuda_device_count(&n, why, len) && n > 0 ? (void)w, 1 : 0;
+    int n = 0, is_device = 0;
+    if (nrs_cuda_device_count(&n, why, len) || n < 1)
+        return 0;
+    long local = local_index(&is_device);
+    if (is_device && local >= n) {
+        snprintf(why, len, "NRS_CUDA_DEVICE=%ld, but %d GPU(s) are visible", local, n);
+        return 0;
+    }
+    w->cuda_dev = n == 1 || local < 0 ? 0 : (int)(local % n);
+    return 1;
 }
 #endif
 
@@ -766,7 +796,7 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
     w->mem_kind = NRS_MEM_HOST;
     w->err[0] = '\0';
     if (mem == NRS_MEM_CUDA || mem == NRS_MEM_AUTO) {
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
         char why[256];
         if (cuda_ok(w, why, sizeof why))
             w->mem_kind = NRS_MEM_CUDA;
@@ -789,10 +819,10 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
             nrs_emu_pattern_fill(b, w->mem[i].ptr);
         else
             memset(w->mem[i].ptr, 0, (size_t)b->bytes);
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
         char e[256];
         if (w->mem_kind == NRS_MEM_CUDA &&
-            (nrs_cuda_alloc(0, (size_t)b->bytes, &w->dev[i], e, sizeof e) ||
+            (nrs_cuda_alloc(w->cuda_dev, (size_t)b->bytes, &w->dev[i], e, sizeof e) ||
              nrs_cuda_copy(w->dev[i], w->mem[i].ptr, (size_t)b->bytes, 'h', e, sizeof e)))
             return seterr(w, NRS_ERR_NOMEM, "%s", e);
 #endif
@@ -862,12 +892,12 @@ int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor,
 /* CUDA state: the host copies are what the transports move. */
 static int sync_host(nrs_worker_t *w, char dir)
 {
-#ifdef HAVE_CUDA
+#ifdef HAVE_NCCL
     char e[256];
     for (int k = 0; w->mem_kind == NRS_MEM_CUDA && k < w->nmine; k++) {
         int i = w->mine[k];
         size_t n = (size_t)w->st.buf[i].bytes;
-        if (!w->dev[i] && dir == 'h' && nrs_cuda_alloc(0, n, &w->dev[i], e, sizeof e))
+        if (!w->dev[i] && dir == 'h' && nrs_cuda_alloc(w->cuda_dev, n, &w->dev[i], e, sizeof e))
             return seterr(w, NRS_ERR_NOMEM, "%s", e);
         if (dir == 'd' ? nrs_cuda_copy(w->mem[i].ptr, w->dev[i], n, 'd', e, sizeof e)
                        : nrs_cuda_copy(w->dev[i], w->mem[i].ptr, n, 'h', e, sizeof e))
