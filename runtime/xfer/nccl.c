@@ -224,6 +224,18 @@ static int usable(const nrs_nccl_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* NCCL refused to start a split or shrink of c: both communicators are
+ * aborted (c's other ranks may be inside the collective), d is freed. */
+static int derive_refused(nrs_nccl_t *c, nrs_nccl_t *d, const char *call, ncclResult_t r,
+                          char *err, size_t errlen)
+{
+    nrs_seterr(err, errlen, "nccl: %s: %s", call, ncclGetErrorString(r));
+    nrs_nccl_abort(c);
+    nrs_nccl_abort(d);
+    comm_free(d);
+    return -1;
+}
+
 int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
                     double timeout_s, char *err, size_t errlen)
 {
@@ -271,13 +283,8 @@ int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t 
     cfg.blocking = 0;
     ncclResult_t r = ncclCommShrink(c->comm, ex, nexclude, &d->comm, &cfg, NCCL_SHRINK_ABORT);
     free(ex);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        nrs_seterr(err, errlen, "nccl: ncclCommShrink: %s", ncclGetErrorString(r));
-        nrs_nccl_abort(c);
-        nrs_nccl_abort(d);
-        comm_free(d);
-        return -1;
-    }
+    if (r != ncclSuccess && r != ncclInProgress)
+        return derive_refused(c, d, "ncclCommShrink", r, err, errlen);
     return derive_wait(c, d, out, end, "shrink", err, errlen);
 }
 
@@ -295,13 +302,8 @@ int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double t
     cfg.blocking = 0;
     ncclResult_t r = ncclCommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &d->comm,
                                    &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        nrs_seterr(err, errlen, "nccl: ncclCommSplit: %s", ncclGetErrorString(r));
-        nrs_nccl_abort(c);
-        nrs_nccl_abort(d);
-        comm_free(d);
-        return -1;
-    }
+    if (r != ncclSuccess && r != ncclInProgress)
+        return derive_refused(c, d, "ncclCommSplit", r, err, errlen);
     return derive_wait(c, d, out, end, "split", err, errlen);
 }
 

@@ -63,36 +63,7 @@ cleanup() {
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
-ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
-ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
-wait_for() { # seconds command...
-    local n=$(( $1 * 10 )); shift
-    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    return 1
-}
-start_ctl() { # dir log [controller options...]; the spec: $CTL_SPEC, else $SPEC
-    local d="$1" log="$2"
-    shift 2
-    "$CTL" --socket-dir "$d" --transition-timeout 15 --hello-timeout 2 --log "$log" "$@" \
-        "${CTL_SPEC:-$SPEC}" 2>>"$tmp/ctl-stderr.log" &
-    cpid=$!
-    wait_for 10 test -S "$d/ctl.sock"
-}
-stop_ctl() { # name
-    if ! kill -0 "$cpid" 2>/dev/null; then
-        ko "$1: the controller was still running" "$(grep -v '^$' "$tmp/ctl-stderr.log" | tail -n 20)"
-    fi
-    # ours only: a reaped child's pid may be another suite's process by now
-    [ "$(cat /proc/"$cpid"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$cpid"
-    local rc=124
-    for _ in $(seq 100); do
-        if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
-    done
-    [ "$rc" -eq 0 ] && ok "$1: controller stopped cleanly" || ko "$1: controller stopped cleanly" "exit $rc"
-    cpid=""
-}
-status_json() { timeout 5 "$NRS" status --json --socket-dir "$1"; }
+. "$(dirname "$0")/ctl_lib.sh"
 # wait_srv TENTHS: wait for the PMIx server $spid to end (SIGKILL after TENTHS
 # tenths of a second); its exit status in $rc, 124 on time-out
 wait_srv() {
@@ -103,11 +74,6 @@ wait_srv() {
     [ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
     spid=""
 }
-jq_ok() { # dir filter: the controller answers and the filter holds
-    local j
-    j=$(status_json "$1") && [ -n "$j" ] && echo "$j" | jq -e "$2" >/dev/null
-}
-show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
 
 echo "[==========] end to end: nereus-controller + 8 nereus-worker ranks"
 if ! command -v jq >/dev/null; then mp_skip "end to end" "needs jq"; mp_done; fi

@@ -55,43 +55,9 @@ cleanup() {
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
-ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
-ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
-wait_for() { # seconds command...
-    local n=$(( $1 * 10 )); shift
-    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    return 1
-}
-start_ctl() { # dir log [controller options...]
-    local d="$1" log="$2"
-    shift 2
-    "$CTL" --socket-dir "$d" --transition-timeout 15 --hello-timeout 2 --log "$log" "$@" \
-        "$SPEC" 2>>"$tmp/ctl-stderr.log" &
-    cpid=$!
-    wait_for 10 test -S "$d/ctl.sock"
-}
-stop_ctl() { # name
-    if ! kill -0 "$cpid" 2>/dev/null; then
-        ko "$1: the controller was still running" "$(grep -v '^$' "$tmp/ctl-stderr.log" | tail -n 20)"
-    fi
-    # ours only: a reaped child's pid may be another suite's process by now
-    [ "$(cat /proc/"$cpid"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$cpid"
-    local rc=124
-    for _ in $(seq 100); do
-        if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
-    done
-    [ "$rc" -eq 0 ] && ok "$1: controller stopped cleanly" || ko "$1: controller stopped cleanly" "exit $rc"
-    cpid=""
-}
-jq_ok() { # dir filter: the controller answers and the filter holds
-    local j
-    j=$(timeout 5 "$NRS" status --json --socket-dir "$1") && [ -n "$j" ] &&
-        echo "$j" | jq -e "$2" >/dev/null
-}
+. "$(dirname "$0")/ctl_lib.sh"
 count() { grep -cE -- "$1" "$2"; } # lines of file $2 matching $1
 has() { grep -qE -- "$2" "$1"; }     # file $1 has a line matching $2
-show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
 
 echo "[==========] the worker API from Python: python/nereus_worker.py, tests/mp/py_worker.py"
 if ! command -v python3 >/dev/null || ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))'; then

@@ -1,0 +1,45 @@
+# Shared by the tests/mp drivers that run nereus-controller (test_e2e.sh,
+# test_python.sh), after lib.sh and once CTL, NRS, SPEC (or CTL_SPEC) and tmp
+# are set:
+#   ok NAME / ko NAME WHY / check NAME EXPR [WHY]   counted results
+#   wait_for SECONDS CMD...   poll CMD every 0.1 s
+#   start_ctl DIR LOG [OPTIONS...]   the controller on DIR/ctl.sock ($cpid)
+#   stop_ctl NAME             it must still run, and stop cleanly on SIGTERM
+#   status_json DIR           its status, as JSON
+#   jq_ok DIR FILTER          it answers and FILTER holds on its status
+#   show FILE [N]             FILE's last N (25) lines, indented
+ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
+ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
+wait_for() { # seconds command...
+    local n=$(( $1 * 10 )); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
+start_ctl() { # dir log [controller options...]; the spec: $CTL_SPEC, else $SPEC
+    local d="$1" log="$2"
+    shift 2
+    "$CTL" --socket-dir "$d" --transition-timeout 15 --hello-timeout 2 --log "$log" "$@" \
+        "${CTL_SPEC:-$SPEC}" 2>>"$tmp/ctl-stderr.log" &
+    cpid=$!
+    wait_for 10 test -S "$d/ctl.sock"
+}
+stop_ctl() { # name
+    if ! kill -0 "$cpid" 2>/dev/null; then
+        ko "$1: the controller was still running" "$(grep -v '^$' "$tmp/ctl-stderr.log" | tail -n 20)"
+    fi
+    # ours only: a reaped child's pid may be another suite's process by now
+    [ "$(cat /proc/"$cpid"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$cpid"
+    local rc=124
+    for _ in $(seq 100); do
+        if ! kill -0 "$cpid" 2>/dev/null; then wait "$cpid"; rc=$?; break; fi; sleep 0.1
+    done
+    [ "$rc" -eq 0 ] && ok "$1: controller stopped cleanly" || ko "$1: controller stopped cleanly" "exit $rc"
+    cpid=""
+}
+status_json() { timeout 5 "$NRS" status --json --socket-dir "$1"; }
+jq_ok() { # dir filter: the controller answers and the filter holds
+    local j
+    j=$(status_json "$1") && [ -n "$j" ] && echo "$j" | jq -e "$2" >/dev/null
+}
+show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
