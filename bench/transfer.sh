@@ -31,18 +31,22 @@ options:
   -x, --extra "ARGS"  more bench_transfer options, e.g. "--chunk 4194304",
                       "--spin-us -1" (nap at once, as before), "--xport" (through
                       the executor's transport table, waiting as dtrans does)
+      --plain         the other side is bench/bench_ucp_plain instead: ucx_perftest's
+                      loop on plain UCP in our harness (pmix_srv, PMIx), to tell what
+                      the harness costs from what runtime/xfer/ucx.c costs (-O 1 only)
       --no-local      skip the in-process vs memcpy part
   -v, --verbose       print every run's figure
   -h, --help          this text
 environment: NRS_BENCH_TLS, NRS_BENCH_MIN_BYTES, NRS_BENCH_REPS set the
 defaults of -t, -B and -r.
-Needs: make bench/bench_transfer tests/mp/pmix_srv in BUILD_DIR; ucx_perftest
+Needs: make bench/bench_transfer tests/mp/pmix_srv (and for --plain bench/bench_ucp_plain)
+in BUILD_DIR; ucx_perftest
 (Debian: apt install ucx-utils).
 EOF
 }
 B=$(pwd); sizes_mib="1 4 16 64 256"; tls_list="${NRS_BENCH_TLS:-sm tcp}"
 total="${NRS_BENCH_MIN_BYTES:-1073741824}"; reps="${NRS_BENCH_REPS:-5}"; K=1
-extra=""; local_part=1; verbose=0; pos=()
+extra=""; local_part=1; verbose=0; plain=0; pos=()
 while [ $# -gt 0 ]; do
     case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
     -O|--outstanding) K="$2"; shift ;;
     -x|--extra) extra="$2"; shift ;;
     --no-local) local_part=0 ;;
+    --plain) plain=1 ;;
     -v|--verbose) verbose=1 ;;
     -*) echo "transfer.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) pos+=("$1") ;;
@@ -62,7 +67,11 @@ while [ $# -gt 0 ]; do
 done
 if [ ${#pos[@]} -gt 0 ]; then B="${pos[0]}"; fi
 if [ ${#pos[@]} -gt 1 ]; then sizes_mib="${pos[*]:1}"; fi
-SRV="$B/tests/mp/pmix_srv"; BT="$B/bench/bench_transfer"
+SRV="$B/tests/mp/pmix_srv"; BT="$B/bench/bench_transfer"; BP="$B/bench/bench_ucp_plain"
+if [ $plain = 1 ]; then
+    [ -x "$BP" ] || { echo "missing $BP: run 'make bench/bench_ucp_plain' in $B" >&2; exit 1; }
+    [ "$K" = 1 ] || { echo "transfer.sh: --plain runs one message in flight (-O 1)" >&2; exit 2; }
+fi
 for f in "$SRV" "$BT"; do
     [ -x "$f" ] || { echo "missing $f: run 'make bench/bench_transfer tests/mp/pmix_srv' in $B" >&2; exit 1; }
 done
@@ -76,6 +85,11 @@ ours() { # tls size iters warmup -> MiB/s
 }
 perftest() { # tls size iters warmup -> MiB/s
     local out spid i
+    if [ $plain = 1 ]; then
+        UCX_TLS=$1 timeout 300 "$SRV" -q -n 2 -t 290 -- "$BP" --iters "$3" --warmup "$4" "$2" |
+            awk '$1 == "plain" {print $6}'
+        return
+    fi
     port=$((port + 1)); [ $port -gt 60000 ] && port=20000
     UCX_TLS=$1 timeout 300 ucx_perftest -t tag_bw -s "$2" -n "$3" -w "$4" -O "$K" \
         -p "$port" >/dev/null 2>&1 &
@@ -97,7 +111,11 @@ stats() { sort -g | awk -v f="$1" '{v[NR] = $1} END {
 ratios() { awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
 
 echo "ours:     pmix_srv -n 2 -- bench_transfer --iters N --warmup W --outstanding $K $extra SIZE"
-echo "perftest: ucx_perftest -t tag_bw -s SIZE -n N -w W -O $K  (client 127.0.0.1)"
+if [ $plain = 1 ]; then
+    echo "perftest: (--plain) pmix_srv -n 2 -- bench_ucp_plain --iters N --warmup W SIZE"
+else
+    echo "perftest: ucx_perftest -t tag_bw -s SIZE -n N -w W -O $K  (client 127.0.0.1)"
+fi
 echo "env: UCX_TLS=<tls> UCX_NET_DEVICES=lo; $reps pairs per size, interleaved; MiB/s"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for tls in $tls_list; do

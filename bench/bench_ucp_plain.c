@@ -1,0 +1,181 @@
+/* bench_ucp_plain: the loop ucx_perftest -t tag_bw -O 1 runs, on plain UCP
+ * (ucp_tag_send_nbx / ucp_tag_recv_nbx, ucp_worker_progress until done),
+ * under the tests' PMIx server like bench_transfer: the same harness, the
+ * same address exchange, no Nereus layer. With bench/transfer.sh it splits
+ * a gap between our path and ucx_perftest into what the harness costs and
+ * what runtime/xfer/ucx.c costs (docs/protocol-dataplane.md §6).
+ *
+ *   tests/mp/pmix_srv -n 2 -- bench_ucp_plain [--iters N] [--warmup W] SIZE...
+ *
+ * Rank 0 sends, rank 1 receives, one message in flight, the same buffer
+ * every time, a one-byte acknowledgement at the end; rank 0 prints
+ *   plain SIZE ITERS WARMUP 1 MiB/s        (MiB = 2^20 bytes, as ucx_perftest) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ucp/api/ucp.h>
+
+#include "rdv/rdv.h"
+#include "util/util.h"
+
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    int me;
+    volatile int done;
+} plain_t;
+
+static void sent(void *req, ucs_status_t st, void *arg)
+{
+    (void)req;
+    ((plain_t *)arg)->done = st == UCS_OK ? 1 : -1;
+}
+
+static void received(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *arg)
+{
+    (void)req;
+    (void)info;
+    ((plain_t *)arg)->done = st == UCS_OK ? 1 : -1;
+}
+
+/* One message of len bytes, from rank `from` to the other: 0 or -1. */
+static int one(plain_t *P, int from, void *buf, size_t len, ucp_tag_t tag)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA,
+                               .user_data = P};
+    void *req;
+    P->done = 0;
+    if (P->me == from) {
+        prm.cb.send = sent;
+        req = ucp_tag_send_nbx(P->ep, buf, len, tag, &prm);
+    } else {
+        prm.cb.recv = received;
+        req = ucp_tag_recv_nbx(P->worker, buf, len, tag, (ucp_tag_t)-1, &prm);
+    }
+    if (UCS_PTR_IS_ERR(req))
+        return -1;
+    if (req == NULL)
+        return 0;
+    while (!P->done)
+        ucp_worker_progress(P->worker);
+    ucp_request_free(req);
+    return P->done == 1 ? 0 : -1;
+}
+
+static int run(plain_t *P, char *buf, size_t size, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (one(P, 0, buf, size, 0x1337))
+            return -1;
+    char a = 1;
+    return one(P, 1, &a, 1, 0x1338);
+}
+
+static int setup(plain_t *P, nrs_rdv_t *r, ucp_context_h *ctx, char *err, size_t errlen)
+{
+    ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_address_t *addr;
+    size_t alen, *lens;
+    void **addrs;
+    if (ucp_init(&params, NULL, ctx) != UCS_OK ||
+        ucp_worker_create(*ctx, &wp, &P->worker) != UCS_OK ||
+        ucp_worker_get_address(P->worker, &addr, &alen) != UCS_OK) {
+        nrs_seterr(err, errlen, "ucp set-up failed");
+        return -1;
+    }
+    int rc = nrs_rdv_allgather(r, 0, "plain", addr, alen, &addrs, &lens, 30, err, errlen);
+    ucp_worker_release_address(P->worker, addr);
+    if (rc)
+        return -1;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                          .address = addrs[1 - P->me]};
+    rc = ucp_ep_create(P->worker, &ep, &P->ep) == UCS_OK ? 0 : -1;
+    nrs_rdv_free_blobs(r, addrs, lens);
+    if (rc)
+        nrs_seterr(err, errlen, "ucp_ep_create failed");
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    size_t total = 1u << 30, sizes[32];
+    int nsizes = 0, iters = 0, warmup = -1, rc = 1;
+    char err[512] = "";
+    nrs_rdv_t *r = NULL;
+    ucp_context_h ctx = NULL;
+    plain_t P = {0};
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+            warmup = atoi(argv[++i]);
+        else if (argv[i][0] >= '0' && argv[i][0] <= '9' && nsizes < 32)
+            sizes[nsizes++] = strtoull(argv[i], NULL, 0);
+        else {
+            fprintf(stderr, "usage: bench_ucp_plain [--iters N] [--warmup W] SIZE...\n"
+                            "       (two ranks: run under tests/mp/pmix_srv -n 2)\n");
+            return !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") ? 0 : 2;
+        }
+    }
+    if (nrs_rdv_init(&r, err, sizeof err))
+        goto out;
+    P.me = nrs_rdv_rank(r);
+    if (nrs_rdv_size(r) != 2) {
+        snprintf(err, sizeof err, "needs exactly 2 ranks (run under pmix_srv -n 2)");
+        goto out;
+    }
+    if (setup(&P, r, &ctx, err, sizeof err))
+        goto out;
+    for (int s = 0; s < nsizes; s++) {
+        size_t size = sizes[s];
+        int n = iters > 0 ? iters : size && total / size > 5 ? (int)(total / size) : 5;
+        int w = warmup >= 0 ? warmup : (n + 9) / 10;
+        char *buf = malloc(size ? size : 1);
+        if (!buf) {
+            snprintf(err, sizeof err, "out of memory");
+            goto out;
+        }
+        memset(buf, P.me == 0 ? 0x5a : 0, size);
+        if ((w && run(&P, buf, size, w)) ||
+            nrs_rdv_fence(r, (uint64_t)s + 1, NULL, 30, err, sizeof err)) {
+            free(buf);
+            goto out;
+        }
+        double t0 = nrs_now_s();
+        int bad = run(&P, buf, size, n);
+        double dt = nrs_now_s() - t0;
+        free(buf);
+        if (bad) {
+            snprintf(err, sizeof err, "size %zu: a transfer failed", size);
+            goto out;
+        }
+        if (P.me == 0)
+            printf("plain %zu %d %d 1 %.2f\n", size, n, w, (double)size * n / dt / 1048576.0);
+        fflush(stdout);
+    }
+    rc = nrs_rdv_fence(r, 1000, NULL, 30, err, sizeof err) ? 1 : 0;
+out:
+    if (rc && err[0])
+        fprintf(stderr, "bench_ucp_plain: %s\n", err);
+    if (P.ep) { /* forced: the peer may be gone already */
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(P.ep, &prm);
+        while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(P.worker);
+        if (UCS_PTR_IS_PTR(req))
+            ucp_request_free(req);
+    }
+    if (P.worker)
+        ucp_worker_destroy(P.worker);
+    if (ctx)
+        ucp_cleanup(ctx);
+    if (r)
+        nrs_rdv_fini(r);
+    return rc;
+}
