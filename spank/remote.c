@@ -454,21 +454,23 @@ static int nrs_remote_lock(const char *lock, int *fd)
  * slurmstepd is running as the user with seteuid (real uid root): become
  * the user for good, reset signals, give it the job dir's log as stdout and
  * stderr and no other descriptor of slurmstepd, exec. */
-static void nrs_remote_child(const nrs_remote_t *r, const char *cwd, int logfd, int errfd,
-                             int maxfd, const gid_t *groups, int ngroups, char *const argv[],
-                             char *const envp[])
+/* In a forked child (async-signal-safe calls only): become uid/gid for good
+ * with these groups, default signal handling and no blocked signal, umask
+ * 077, cwd, stdin from /dev/null, stdout and stderr to out. 0, or -1 with
+ * errno (EPERM: still not the user). */
+static int nrs_child_become(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
+                            const char *cwd, int out)
 {
     struct sigaction sa;
     sigset_t none;
-    int e = 0, nul;
+    int nul;
 
-    if (getuid() == 0 && (seteuid(0) != 0 || setgroups((size_t)ngroups, groups) != 0 ||
-                          setresgid(r->gid, r->gid, r->gid) != 0 ||
-                          setresuid(r->uid, r->uid, r->uid) != 0))
-        goto fail;
-    if (getuid() != r->uid || geteuid() != r->uid) {
+    if (getuid() == 0 && (seteuid(0) != 0 || setgroups(ngroups, groups) != 0 ||
+                          setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0))
+        return -1;
+    if (getuid() != uid || geteuid() != uid) {
         errno = EPERM;
-        goto fail;
+        return -1;
     }
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = SIG_DFL;
@@ -478,7 +480,18 @@ static void nrs_remote_child(const nrs_remote_t *r, const char *cwd, int logfd, 
     sigprocmask(SIG_SETMASK, &none, NULL);
     umask(077);
     if (chdir(cwd) != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
-        dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+        dup2(out, 1) < 0 || dup2(out, 2) < 0)
+        return -1;
+    return 0;
+}
+
+static void nrs_remote_child(const nrs_remote_t *r, const char *cwd, int logfd, int errfd,
+                             int maxfd, const gid_t *groups, int ngroups, char *const argv[],
+                             char *const envp[])
+{
+    int e = 0;
+
+    if (nrs_child_become(r->uid, r->gid, groups, (size_t)ngroups, cwd, logfd) != 0)
         goto fail;
     for (int fd = 3; fd < maxfd; fd++)
         if (fd != errfd)
@@ -810,24 +823,7 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
     }
     pid = fork();
     if (pid == 0) { /* async-signal-safe calls only */
-        struct sigaction sa;
-        sigset_t none;
-        int nul;
-
-        if (getuid() == 0 && (seteuid(0) != 0 || setgroups(1, &gid) != 0 ||
-                              setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0))
-            _exit(126);
-        if (getuid() != uid || geteuid() != uid)
-            _exit(126);
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = SIG_DFL;
-        for (int sig = 1; sig < NSIG; sig++)
-            sigaction(sig, &sa, NULL);
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        umask(077);
-        if (chdir("/") != 0 || (nul = open("/dev/null", O_RDONLY)) < 0 || dup2(nul, 0) < 0 ||
-            dup2(pfd[1], 1) < 0 || dup2(pfd[1], 2) < 0)
+        if (nrs_child_become(uid, gid, &gid, 1, "/", pfd[1]) != 0)
             _exit(126);
         closefrom(3);
         execve(prog, argv, envp);
