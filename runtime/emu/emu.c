@@ -116,7 +116,7 @@ void nrs_emu_graph_free(nrs_emu_graph_t *g)
     nrs_emu_state_free(&g->to);
     free(g->buf);
     free(g->moves);
-    free(g->chunks);
+    free(g->mch);
     free(g->ops);
     free(g->lost);
     free(g->peak);
@@ -161,8 +161,12 @@ void nrs_emu_graph_print_lost(const nrs_emu_graph_t *g, FILE *out)
         const nrs_emu_lost_t *l = &g->lost[i];
         char name[64];
         nrs_emu_tensor_name(&g->models[l->role], l->tensor, name, sizeof(name));
-        fprintf(out, "lost: %s.%s %s rows [%d,%d) cols [%d,%d)\n", nrs_role_name(l->role), name,
-                nrs_emu_kind_name(l->kind), l->box.r0, l->box.r1, l->box.c0, l->box.c1);
+        int l0, l1;
+        nrs_emu_box_layers(&g->models[l->role], l->tensor, &l->box, &l0, &l1);
+        fprintf(out, "lost: %s.%s %s", nrs_role_name(l->role), name, nrs_emu_kind_name(l->kind));
+        if (l1 > l0)
+            fprintf(out, " layers [%d,%d)", l0, l1);
+        fprintf(out, " rows [%d,%d) cols [%d,%d)\n", l->box.r0, l->box.r1, l->box.c0, l->box.c1);
     }
 }
 
@@ -191,10 +195,14 @@ void nrs_emu_graph_print_lost_summary(const nrs_emu_graph_t *g, FILE *out)
                     continue;
                 boxes++;
                 bytes += (double)nrs_emu_rect_area(&l->box) * esize;
-                if (l->tensor < NRS_EMU_T_GLOBALS)
+                if (l->tensor < NRS_EMU_T_GLOBALS) {
                     globals[l->tensor] = 1;
-                else if ((l->tensor - NRS_EMU_T_GLOBALS) / NRS_EMU_LT_COUNT < 1024)
-                    layers[(l->tensor - NRS_EMU_T_GLOBALS) / NRS_EMU_LT_COUNT] = 1;
+                    continue;
+                }
+                int l0, l1;
+                nrs_emu_box_layers(m, l->tensor, &l->box, &l0, &l1);
+                for (int y = l0; y < l1 && y < 1024; y++)
+                    layers[y] = 1;
             }
             if (!boxes)
                 continue;

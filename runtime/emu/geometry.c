@@ -24,7 +24,8 @@ void nrs_emu_split(int n, int k, int i, int *start, int *len)
 
 int nrs_emu_tensor_count(const nrs_model_t *m)
 {
-    return NRS_EMU_T_GLOBALS + m->layers * NRS_EMU_LT_COUNT;
+    (void)m;
+    return NRS_EMU_T_GLOBALS + NRS_EMU_LT_COUNT;
 }
 
 static int head_dim(const nrs_model_t *m)
@@ -34,7 +35,7 @@ static int head_dim(const nrs_model_t *m)
 
 void nrs_emu_tensor_shape(const nrs_model_t *m, int t, int *rows, int *cols)
 {
-    int hd = head_dim(m), q = m->heads * hd, kv = m->kv_heads * hd;
+    int hd = head_dim(m), q = m->heads * hd, kv = m->kv_heads * hd, L = m->layers;
 
     *cols = m->hidden;
     switch (t) {
@@ -45,14 +46,71 @@ void nrs_emu_tensor_shape(const nrs_model_t *m, int t, int *rows, int *cols)
         return;
     default: break;
     }
-    switch ((t - NRS_EMU_T_GLOBALS) % NRS_EMU_LT_COUNT) {
-    case NRS_EMU_LT_QKV: *rows = q + 2 * kv; break;
-    case NRS_EMU_LT_O: *rows = m->hidden; *cols = q; break;
+    switch (t - NRS_EMU_T_GLOBALS) {
+    case NRS_EMU_LT_QKV: *rows = q + 2 * kv; *cols = L * m->hidden; break;
+    case NRS_EMU_LT_O: *rows = L * m->hidden; *cols = q; break;
     case NRS_EMU_LT_GATE:
-    case NRS_EMU_LT_UP: *rows = m->ffn; break;
-    case NRS_EMU_LT_DOWN: *rows = m->hidden; *cols = m->ffn; break;
-    default: *rows = 1; break;
+    case NRS_EMU_LT_UP: *rows = m->ffn; *cols = L * m->hidden; break;
+    case NRS_EMU_LT_DOWN: *rows = L * m->hidden; *cols = m->ffn; break;
+    case NRS_EMU_LT_NORM1:
+    case NRS_EMU_LT_NORM2: *rows = L; break;
+    default: *rows = 0; break;
     }
+}
+
+/* How layer tensor t stacks its layers: 1 side by side in columns (column-
+ * parallel), 0 one under the other in rows; *span: rows or columns per layer. */
+static int stacks_in_cols(const nrs_model_t *m, int t, int *span)
+{
+    switch (t - NRS_EMU_T_GLOBALS) {
+    case NRS_EMU_LT_QKV:
+    case NRS_EMU_LT_GATE:
+    case NRS_EMU_LT_UP: *span = m->hidden; return 1;
+    case NRS_EMU_LT_O:
+    case NRS_EMU_LT_DOWN: *span = m->hidden; return 0;
+    default: *span = 1; return 0;
+    }
+}
+
+void nrs_emu_box_layers(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, int *l0, int *l1)
+{
+    int span, cols = t >= NRS_EMU_T_GLOBALS && stacks_in_cols(m, t, &span);
+    if (t < NRS_EMU_T_GLOBALS || span < 1) {
+        *l0 = *l1 = 0;
+        return;
+    }
+    int a = cols ? box->c0 : box->r0, b = cols ? box->c1 : box->r1;
+    *l0 = a / span;
+    *l1 = b > a ? (b - 1) / span + 1 : *l0;
+}
+
+int nrs_emu_layer_part(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, int l,
+                       nrs_emu_rect_t *in, nrs_emu_rect_t *local)
+{
+    int span;
+    if (t < NRS_EMU_T_GLOBALS || t >= NRS_EMU_T_GLOBALS + NRS_EMU_LT_COUNT || l < 0 ||
+        l >= m->layers)
+        return 0;
+    int cols = stacks_in_cols(m, t, &span);
+    nrs_emu_rect_t layer = {0, INT32_MAX, 0, INT32_MAX};
+    if (cols) {
+        layer.c0 = l * span;
+        layer.c1 = (l + 1) * span;
+    } else {
+        layer.r0 = l * span;
+        layer.r1 = (l + 1) * span;
+    }
+    if (!nrs_emu_rect_meet(box, &layer, in))
+        return 0;
+    *local = *in;
+    if (cols) {
+        local->c0 -= layer.c0;
+        local->c1 -= layer.c0;
+    } else {
+        local->r0 -= layer.r0;
+        local->r1 -= layer.r0;
+    }
+    return 1;
 }
 
 void nrs_emu_tensor_name(const nrs_model_t *m, int t, char *buf, size_t n)
@@ -66,8 +124,9 @@ void nrs_emu_tensor_name(const nrs_model_t *m, int t, char *buf, size_t n)
     else if (t == NRS_EMU_T_HEAD)
         snprintf(buf, n, "%s", m->value_head ? "value_head" : "lm_head");
     else
-        snprintf(buf, n, "layer%d.%s", (t - NRS_EMU_T_GLOBALS) / NRS_EMU_LT_COUNT,
-                 lt[(t - NRS_EMU_T_GLOBALS) % NRS_EMU_LT_COUNT]);
+        snprintf(buf, n, "layers.%s",
+                 (unsigned)(t - NRS_EMU_T_GLOBALS) < NRS_EMU_LT_COUNT ? lt[t - NRS_EMU_T_GLOBALS]
+                                                                      : "?");
 }
 
 const char *nrs_emu_kind_name(int kind)
@@ -106,9 +165,9 @@ int nrs_emu_layout_check(const nrs_model_t *m, const nrs_layout_t *l, char *err,
 
 int nrs_emu_rank_boxes_max(const nrs_model_t *m, int pp)
 {
-    int start, len;
-    nrs_emu_split(m->layers, pp, 0, &start, &len);
-    return 4 + len * (NRS_EMU_LT_COUNT + 2);
+    (void)m;
+    (void)pp;
+    return 4 + NRS_EMU_LT_COUNT + 2;
 }
 
 typedef struct {
@@ -137,23 +196,26 @@ static void kv_heads_of(const nrs_model_t *m, int tp, int t, int *h0, int *nh)
     }
 }
 
-static void layer_boxes(box_sink_t *k, const nrs_model_t *m, int tp, int t, int layer)
+/* Layers [l0, l0 + nl) of every layer tensor, stacked (docs/transitions.md §1):
+ * column-parallel tensors side by side in columns, row-parallel ones and the
+ * norms one under the other in rows, so each rank's share is one box. */
+static void layer_boxes(box_sink_t *k, const nrs_model_t *m, int tp, int t, int l0, int nl)
 {
-    int base = NRS_EMU_T_GLOBALS + layer * NRS_EMU_LT_COUNT;
+    int base = NRS_EMU_T_GLOBALS;
     int hd = head_dim(m), H = m->hidden, q = m->heads * hd, kvr = m->kv_heads * hd;
-    int qh = m->heads / tp, h0, nh, f0, fl;
+    int qh = m->heads / tp, h0, nh, f0, fl, c0 = l0 * H, c1 = (l0 + nl) * H;
 
     kv_heads_of(m, tp, t, &h0, &nh);
     nrs_emu_split(m->ffn, tp, t, &f0, &fl);
-    put(k, base + NRS_EMU_LT_QKV, t * qh * hd, (t + 1) * qh * hd, 0, H);
-    put(k, base + NRS_EMU_LT_QKV, q + h0 * hd, q + (h0 + nh) * hd, 0, H);
-    put(k, base + NRS_EMU_LT_QKV, q + kvr + h0 * hd, q + kvr + (h0 + nh) * hd, 0, H);
-    put(k, base + NRS_EMU_LT_O, 0, H, t * qh * hd, (t + 1) * qh * hd);
-    put(k, base + NRS_EMU_LT_GATE, f0, f0 + fl, 0, H);
-    put(k, base + NRS_EMU_LT_UP, f0, f0 + fl, 0, H);
-    put(k, base + NRS_EMU_LT_DOWN, 0, H, f0, f0 + fl);
-    put(k, base + NRS_EMU_LT_NORM1, 0, 1, 0, H);
-    put(k, base + NRS_EMU_LT_NORM2, 0, 1, 0, H);
+    put(k, base + NRS_EMU_LT_QKV, t * qh * hd, (t + 1) * qh * hd, c0, c1);
+    put(k, base + NRS_EMU_LT_QKV, q + h0 * hd, q + (h0 + nh) * hd, c0, c1);
+    put(k, base + NRS_EMU_LT_QKV, q + kvr + h0 * hd, q + kvr + (h0 + nh) * hd, c0, c1);
+    put(k, base + NRS_EMU_LT_O, c0, c1, t * qh * hd, (t + 1) * qh * hd);
+    put(k, base + NRS_EMU_LT_GATE, f0, f0 + fl, c0, c1);
+    put(k, base + NRS_EMU_LT_UP, f0, f0 + fl, c0, c1);
+    put(k, base + NRS_EMU_LT_DOWN, c0, c1, f0, f0 + fl);
+    put(k, base + NRS_EMU_LT_NORM1, l0, l0 + nl, 0, H);
+    put(k, base + NRS_EMU_LT_NORM2, l0, l0 + nl, 0, H);
 }
 
 int nrs_emu_rank_boxes(const nrs_model_t *m, int tp, int pp, int p, int t, nrs_emu_tbox_t *out,
@@ -166,8 +228,7 @@ int nrs_emu_rank_boxes(const nrs_model_t *m, int tp, int pp, int p, int t, nrs_e
     nrs_emu_split(m->vocab, tp, t, &v0, &vl);
     if (p == 0)
         put(&k, NRS_EMU_T_EMBED, v0, v0 + vl, 0, H);
-    for (int l = l0; l < l0 + nl; l++)
-        layer_boxes(&k, m, tp, t, l);
+    layer_boxes(&k, m, tp, t, l0, nl);
     if (p == pp - 1) {
         put(&k, NRS_EMU_T_FINAL_NORM, 0, 1, 0, H);
         if (m->value_head)

@@ -8,7 +8,11 @@
 
 #include "nereus/emu.h"
 
-/* Global tensors first, then NRS_EMU_LT_COUNT per layer. */
+/* Global tensors first, then NRS_EMU_LT_COUNT layer tensors, each holding
+ * every layer stacked (docs/transitions.md §1): column-parallel ones (qkv,
+ * gate, up) put layer l in columns [l*hidden, (l+1)*hidden), row-parallel ones
+ * (o, down) in rows [l*hidden, (l+1)*hidden), the norms in row l. So a rank's
+ * share of a pipeline stage's layers is one box per tensor (or three: q|k|v). */
 enum { NRS_EMU_T_EMBED, NRS_EMU_T_FINAL_NORM, NRS_EMU_T_HEAD, NRS_EMU_T_GLOBALS };
 enum {
     NRS_EMU_LT_QKV,   /* [q | k | v] rows x hidden, column-parallel */
@@ -74,6 +78,13 @@ int nrs_emu_tensor_count(const nrs_model_t *m);
 void nrs_emu_tensor_shape(const nrs_model_t *m, int t, int *rows, int *cols);
 void nrs_emu_tensor_name(const nrs_model_t *m, int t, char *buf, size_t n);
 const char *nrs_emu_kind_name(int kind);
+/* Layers [*l0, *l1) a box of tensor t touches; both 0 for a global tensor. */
+void nrs_emu_box_layers(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, int *l0, int *l1);
+/* The part of box (of layer tensor t) that holds layer l: *in in the stacked
+ * tensor's coordinates, *local in layer l's own [out, in] ones. 1 when not
+ * empty, else 0 (also for a global tensor). */
+int nrs_emu_layer_part(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, int l,
+                       nrs_emu_rect_t *in, nrs_emu_rect_t *local);
 
 /* 0 if layout l is valid for model m (tp | heads, kv heads split or replicated
  * evenly, 1 <= pp <= layers); -1 with the reason otherwise. */

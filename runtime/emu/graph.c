@@ -76,12 +76,6 @@ static int push_move(nrs_emu_graph_t *g, int32_t src, int32_t dst, const nrs_emu
     return 0;
 }
 
-static int push_chunk(nrs_emu_graph_t *g, const nrs_emu_op_t *op)
-{
-    NRS_GROW(g->chunks, g->nchunks, g->chunkcap, 1);
-    g->chunks[g->nchunks++] = *op;
-    return 0;
-}
 
 static int push_lost(nrs_emu_graph_t *g, const nrs_emu_buf_t *b, const nrs_emu_rect_t *r)
 {
@@ -717,25 +711,9 @@ fail:
     return rc;
 }
 
-/* How many chunks chunk_move cuts mv into. */
-static size_t move_chunks(const nrs_emu_graph_t *g, const nrs_emu_move_t *mv)
-{
-    const nrs_emu_buf_t *S = &g->buf[mv->src].b, *D = &g->buf[mv->dst].b;
-    const nrs_emu_rect_t *R = &mv->box;
-    int64_t es = D->esize, sw = S->box.c1 - S->box.c0, dw = D->box.c1 - D->box.c0;
-    int64_t row = (R->c1 - R->c0) * es, rows = R->r1 - R->r0, ch = g->chunk;
-    if (row == sw * es && row == dw * es) {
-        row *= rows;
-        rows = 1;
-    }
-    if (row <= ch) {
-        int64_t per = ch / row;
-        return (size_t)((rows + per - 1) / per);
-    }
-    return (size_t)(rows * ((row + ch - 1) / ch));
-}
-
-static int chunk_move(nrs_emu_graph_t *g, int32_t mi)
+/* How move mi is cut: whole rows per chunk, or rows longer than a chunk in
+ * pieces; a range contiguous on both sides is one long row. */
+static void chunk_move(nrs_emu_graph_t *g, int32_t mi)
 {
     const nrs_emu_move_t *mv = &g->moves[mi];
     const nrs_emu_buf_t *S = &g->buf[mv->src].b, *D = &g->buf[mv->dst].b;
@@ -743,47 +721,71 @@ static int chunk_move(nrs_emu_graph_t *g, int32_t mi)
     int64_t es = D->esize, sw = S->box.c1 - S->box.c0, dw = D->box.c1 - D->box.c0;
     int64_t row = (R->c1 - R->c0) * es, rows = R->r1 - R->r0, ch = g->chunk;
     int r[2];
-    nrs_emu_op_t op = {0};
+    nrs_emu_mchunk_t *k = &g->mch[mi];
+    nrs_emu_op_t *op = &k->op;
 
-    op.link = (uint8_t)nrs_emu_resources(g, S->gpu, D->gpu, -1, r);
-    op.type = S->gpu == D->gpu ? NRS_EMU_OP_COPY : NRS_EMU_OP_XFER;
-    op.src_buf = mv->src;
-    op.dst_buf = mv->dst;
-    op.src_gpu = S->gpu;
-    op.dst_gpu = D->gpu;
-    op.move = mi;
-    op.src_off = ((R->r0 - S->box.r0) * sw + (R->c0 - S->box.c0)) * es;
-    op.dst_off = ((R->r0 - D->box.r0) * dw + (R->c0 - D->box.c0)) * es;
-    op.src_pitch = sw * es;
-    op.dst_pitch = dw * es;
-    if (row == op.src_pitch && row == op.dst_pitch) { /* one contiguous range */
+    memset(k, 0, sizeof(*k));
+    op->link = (uint8_t)nrs_emu_resources(g, S->gpu, D->gpu, -1, r);
+    op->type = S->gpu == D->gpu ? NRS_EMU_OP_COPY : NRS_EMU_OP_XFER;
+    op->src_buf = mv->src;
+    op->dst_buf = mv->dst;
+    op->src_gpu = S->gpu;
+    op->dst_gpu = D->gpu;
+    op->move = mi;
+    op->src_off = ((R->r0 - S->box.r0) * sw + (R->c0 - S->box.c0)) * es;
+    op->dst_off = ((R->r0 - D->box.r0) * dw + (R->c0 - D->box.c0)) * es;
+    op->src_pitch = sw * es;
+    op->dst_pitch = dw * es;
+    if (row == op->src_pitch && row == op->dst_pitch) { /* one contiguous range */
         row *= rows;
         rows = 1;
     }
+    op->rows = (int32_t)rows;
+    op->row_bytes = row;
     if (row <= ch) { /* whole rows per chunk */
-        int64_t per = ch / row;
-        for (int64_t i = 0; i < rows; i += per) {
-            nrs_emu_op_t c = op;
-            c.rows = (int32_t)(rows - i < per ? rows - i : per);
-            c.row_bytes = row;
-            c.src_off += i * op.src_pitch;
-            c.dst_off += i * op.dst_pitch;
-            if (push_chunk(g, &c))
-                return -1;
-        }
-        return 0;
+        k->per = ch / row;
+        k->n = (uint32_t)((rows + k->per - 1) / k->per);
+    } else { /* rows longer than a chunk: pieces of rows */
+        k->npr = (row + ch - 1) / ch;
+        k->n = (uint32_t)(rows * k->npr);
     }
-    for (int64_t i = 0; i < rows; i++) /* rows longer than a chunk: pieces of rows */
-        for (int64_t o = 0; o < row; o += ch) {
-            nrs_emu_op_t c = op;
-            c.rows = 1;
-            c.row_bytes = row - o < ch ? row - o : ch;
-            c.src_off += i * op.src_pitch + o;
-            c.dst_off += i * op.dst_pitch + o;
-            if (push_chunk(g, &c))
-                return -1;
-        }
-    return 0;
+}
+
+void nrs_emu_chunk(const nrs_emu_graph_t *g, size_t mi, size_t c, nrs_emu_op_t *out)
+{
+    const nrs_emu_mchunk_t *k = &g->mch[mi];
+    *out = k->op;
+    if (k->per) {
+        int64_t i = (int64_t)c * k->per;
+        out->rows = (int32_t)(k->op.rows - i < k->per ? k->op.rows - i : k->per);
+        out->src_off += i * k->op.src_pitch;
+        out->dst_off += i * k->op.dst_pitch;
+        return;
+    }
+    int64_t i = (int64_t)c / k->npr, o = ((int64_t)c % k->npr) * g->chunk;
+    out->rows = 1;
+    out->row_bytes = k->op.row_bytes - o < g->chunk ? k->op.row_bytes - o : g->chunk;
+    out->src_off += i * k->op.src_pitch + o;
+    out->dst_off += i * k->op.dst_pitch + o;
+}
+
+int64_t nrs_emu_chunks_ps(const nrs_emu_graph_t *g, nrs_emu_dmemo_t *m, size_t mi, size_t from,
+                          int res)
+{
+    const nrs_emu_mchunk_t *k = &g->mch[mi];
+    int64_t n = k->n, f = (int64_t)from;
+    if (f >= n)
+        return 0;
+    if (k->per) { /* all full but perhaps the last */
+        int64_t rest = k->op.rows - (n - 1) * k->per, full = k->per * k->op.row_bytes;
+        return (n - 1 - f) * nrs_emu_duration_m(g, m, res, full) +
+               nrs_emu_duration_m(g, m, res, rest * k->op.row_bytes);
+    }
+    /* pieces: in each row npr - 1 full ones and a last one */
+    int64_t last = k->op.row_bytes - (k->npr - 1) * g->chunk;
+    int64_t lasts = n / k->npr - f / k->npr; /* last pieces in [f, n): rows ending in it */
+    return (n - f - lasts) * nrs_emu_duration_m(g, m, res, g->chunk) +
+           lasts * nrs_emu_duration_m(g, m, res, last);
 }
 
 static void lower_bound_of(nrs_emu_graph_t *g)
@@ -794,14 +796,14 @@ static void lower_bound_of(nrs_emu_graph_t *g)
     nrs_emu_dmemo_init(&dm);
     g->lower_bound = 0;
     memset(g->link_bytes, 0, sizeof(g->link_bytes));
-    for (size_t i = 0; i < g->nchunks; i++) {
-        const nrs_emu_op_t *c = &g->chunks[i];
+    for (size_t i = 0; i < g->nmoves; i++) {
+        const nrs_emu_op_t *c = &g->mch[i].op;
         int64_t bytes = c->row_bytes * c->rows;
         int r[2];
         g->link_bytes[nrs_emu_resources(g, c->src_gpu, c->dst_gpu, -1, r)] += bytes;
         for (int k = 0; k < 2 && load; k++)
             if (r[k] >= 0) {
-                load[r[k]] += nrs_emu_duration_m(g, &dm, r[k], bytes);
+                load[r[k]] += nrs_emu_chunks_ps(g, &dm, i, 0, r[k]);
                 if (load[r[k]] > g->lower_bound)
                     g->lower_bound = load[r[k]];
             }
@@ -894,19 +896,15 @@ int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
                  g->nlost);
         return NRS_EMU_ELOST;
     }
-    size_t nch = 0;
-    for (size_t i = 0; i < g->nmoves; i++)
-        nch += move_chunks(g, &g->moves[i]);
-    if (nch > g->chunkcap) { /* exact size, one allocation */
-        void *p = realloc(g->chunks, (nch + 1) * sizeof(*g->chunks));
-        if (!p)
-            goto oom;
-        g->chunks = p;
-        g->chunkcap = nch + 1;
+    free(g->mch);
+    g->mch = malloc(sizeof(*g->mch) * (g->nmoves + 1));
+    if (!g->mch)
+        goto oom;
+    g->nchunks = 0;
+    for (size_t i = 0; i < g->nmoves; i++) {
+        chunk_move(g, (int32_t)i);
+        g->nchunks += g->mch[i].n;
     }
-    for (size_t i = 0; i < g->nmoves; i++)
-        if (chunk_move(g, (int32_t)i))
-            goto oom;
     lower_bound_of(g);
     g->phase_s[NRS_EMU_PH_CHUNKS] = nrs_now_s() - t0;
     return 0;

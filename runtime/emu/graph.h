@@ -77,6 +77,15 @@ typedef struct {
     nrs_emu_rect_t box;
 } nrs_emu_lost_t;
 
+/* A move cut into chunks of at most g->chunk bytes, the same on every rank.
+ * Chunks are computed (nrs_emu_chunk), not stored. */
+typedef struct {
+    nrs_emu_op_t op; /* the whole move: rows of row_bytes (one row when contiguous) */
+    int64_t per;     /* whole rows per chunk; 0: rows longer than a chunk, in pieces */
+    int64_t npr;     /* pieces per row (per == 0) */
+    uint32_t n;      /* chunks */
+} nrs_emu_mchunk_t;
+
 struct nrs_emu_graph {
     nrs_model_t models[NRS_ROLE_COUNT];
     int gpn, nphys, nnodes;
@@ -90,8 +99,8 @@ struct nrs_emu_graph {
     int32_t nold, nnew;
     nrs_emu_move_t *moves;
     size_t nmoves, movecap;
-    nrs_emu_op_t *chunks; /* transfer chunks, scheduler input */
-    size_t nchunks, chunkcap;
+    nrs_emu_mchunk_t *mch; /* [nmoves]: how each move is cut, scheduler input */
+    size_t nchunks;        /* chunks of every move */
     nrs_emu_op_t *ops;    /* scheduled, in execution order */
     size_t nops, opcap;
     nrs_emu_lost_t *lost;
@@ -145,6 +154,13 @@ static inline int64_t nrs_emu_duration_m(const nrs_emu_graph_t *g, nrs_emu_dmemo
  * 0, NRS_EMU_ELOST (g->lost filled), or -1 with err. */
 int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_opts_t *o,
                         char *err, size_t errlen);
+
+/* Chunk c of move mi (c < g->mch[mi].n). */
+void nrs_emu_chunk(const nrs_emu_graph_t *g, size_t mi, size_t c, nrs_emu_op_t *out);
+/* Picoseconds chunks [from, n) of move mi take on resource res, each
+ * rounded as nrs_emu_duration rounds it. */
+int64_t nrs_emu_chunks_ps(const nrs_emu_graph_t *g, nrs_emu_dmemo_t *m, size_t mi, size_t from,
+                          int res);
 
 int nrs_emu_push_op(nrs_emu_graph_t *g, const nrs_emu_op_t *op);
 int nrs_emu_push_buf(nrs_emu_graph_t *g, const nrs_emu_gbuf_t *b);

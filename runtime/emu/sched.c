@@ -23,7 +23,7 @@
 #include "emu/graph.h"
 
 /* Chunks a started move runs back to back before it competes again. */
-enum { BURST = 8 };
+enum { BURST = 32 };
 
 typedef struct {
     int64_t t;
@@ -33,7 +33,7 @@ typedef struct {
 } ev_t;
 
 typedef struct {
-    uint32_t c0, n, next; /* its chunks in g->chunks */
+    uint32_t n, next;     /* its chunks (nrs_emu_chunk), the next to start */
     int32_t src;          /* current source (host after staging) */
     int r[2];
     int32_t running;      /* chunks in flight (a burst) */
@@ -51,6 +51,11 @@ typedef struct {
     int32_t *v;
     size_t n, cap, head;
     int own; /* v is its own allocation, else a slice of pairv */
+    /* its last scan found no move that can start, all for want of memory on
+     * blk_gpu (at that GPU's memver blk_ver) or of a source being staged (at
+     * stagever blk_stage): nothing can start until one of those changes */
+    int32_t blk_gpu;
+    int64_t blk_ver, blk_stage;
 } spair_t;
 
 typedef struct {
@@ -90,6 +95,7 @@ typedef struct {
     int32_t *reads;
     unsigned char *live, *keep, *staging;
     int64_t *used, *freeable, *host_used;
+    int64_t *memver, stagever; /* bumped when a GPU's memory / any staging changes */
     ivec_t *freeq; /* freeable old buffers per GPU */
     ev_t *heap;
     size_t nheap, heapcap;
@@ -196,8 +202,10 @@ static int free_buf(sched_t *S, int32_t id)
                        .src_gpu = g->buf[id].b.gpu, .dst_gpu = -1, .move = -1};
     int gpu = g->buf[id].b.gpu;
     S->live[id] = 0;
-    if (gpu >= 0)
+    if (gpu >= 0) {
         S->used[gpu] -= g->buf[id].b.bytes;
+        S->memver[gpu]++;
+    }
     else
         S->host_used[-1 - gpu] -= g->buf[id].b.bytes;
     return emit(S, op);
@@ -231,6 +239,7 @@ static int alloc_buf(sched_t *S, int32_t id)
                        .dst_gpu = gpu, .move = -1};
     S->live[id] = 1;
     S->used[gpu] += need;
+    S->memver[gpu]++;
     note_peak(S, gpu);
     return emit(S, op);
 }
@@ -244,8 +253,27 @@ static int startable(const sched_t *S, const smove_t *m)
     return S->live[m->dst] || fits(S, m->dgpu, m->dbytes);
 }
 
+/* Bytes a region covers are one contiguous run on both sides. */
+static int contiguous(const nrs_emu_op_t *o)
+{
+    return o->rows == 1 || (o->src_pitch == o->row_bytes && o->dst_pitch == o->row_bytes);
+}
+
+/* op continues last (same buffers, both contiguous, right after it): a burst's
+ * chunks become one operation. Strided chunks stay apart: each is packed
+ * through a buffer of at most one chunk (the graph's reserve). */
+static int extends(const nrs_emu_op_t *last, const nrs_emu_op_t *op)
+{
+    int64_t n = last->rows * last->row_bytes;
+    return last->type == op->type && last->move == op->move && last->src_buf == op->src_buf &&
+           last->dst_buf == op->dst_buf && contiguous(last) && contiguous(op) &&
+           op->src_off == last->src_off + n && op->dst_off == last->dst_off + n &&
+           op->start == last->end;
+}
+
 /* Start move mi: up to BURST of its chunks back to back on its resources,
- * one event at the end. Chunk times are computed, not simulated. */
+ * one event at the end, contiguous chunks merged into one operation. Chunk
+ * times are computed, not simulated. */
 static int start_chunk(sched_t *S, int32_t mi)
 {
     nrs_emu_graph_t *g = S->g;
@@ -253,11 +281,11 @@ static int start_chunk(sched_t *S, int32_t mi)
     size_t k = m->n - m->next < BURST ? m->n - m->next : BURST;
     int64_t t = S->now;
 
-    if (!S->live[g->chunks[m->c0 + m->next].dst_buf] &&
-        alloc_buf(S, g->chunks[m->c0 + m->next].dst_buf))
+    if (!S->live[m->dst] && alloc_buf(S, m->dst))
         return -1;
     for (size_t c = 0; c < k; c++) {
-        nrs_emu_op_t op = g->chunks[m->c0 + m->next + c];
+        nrs_emu_op_t op;
+        nrs_emu_chunk(g, (size_t)mi, m->next + c, &op);
         int64_t d = nrs_emu_duration_m(g, &S->dm, m->r[0], op.row_bytes * op.rows);
         if (m->src != op.src_buf) { /* staged to host */
             op.src_buf = m->src;
@@ -273,8 +301,15 @@ static int start_chunk(sched_t *S, int32_t mi)
             if (m->r[r] >= 0)
                 S->rem[m->r[r]] -= d;
         m->rem -= d;
-        if (emit(S, op))
+        if (c > 0 && extends(&g->ops[g->nops - 1], &op)) { /* one op: contiguous bytes */
+            nrs_emu_op_t *last = &g->ops[g->nops - 1];
+            last->row_bytes = last->rows * last->row_bytes + op.rows * op.row_bytes;
+            last->rows = 1;
+            last->src_pitch = last->dst_pitch = last->row_bytes;
+            last->end = op.end;
+        } else if (emit(S, op)) {
             return -1;
+        }
     }
     for (int r = 0; r < 2; r++)
         if (m->r[r] >= 0)
@@ -307,10 +342,23 @@ static int32_t pair_first(sched_t *S, int32_t p)
             break;
         P->head++;
     }
+    if (P->blk_gpu >= 0 && S->memver[P->blk_gpu] == P->blk_ver && S->stagever == P->blk_stage)
+        return -1; /* blocked as at the last scan */
+    int32_t gpu = -1;
     for (size_t j = P->head; j < P->n; j++) {
         const smove_t *m = &S->mv[P->v[j]];
-        if (m->pair == p && startable(S, m))
+        if (m->pair != p || m->next == m->n)
+            continue;
+        if (startable(S, m))
             return P->v[j];
+        /* try_start only asks with the pair's resources free: what stops m
+         * is memory on its destination's GPU or a source being staged */
+        gpu = gpu == -1 || gpu == m->dgpu ? m->dgpu : -2;
+    }
+    P->blk_gpu = gpu >= 0 ? gpu : -1;
+    if (gpu >= 0) {
+        P->blk_ver = S->memver[gpu];
+        P->blk_stage = S->stagever;
     }
     return -1;
 }
@@ -393,6 +441,7 @@ static int pair_push(sched_t *S, int32_t p, int32_t mi)
         P->cap = nc;
         P->own = 1;
     }
+    P->blk_gpu = -1; /* a new move: scan again */
     /* keep the order from the head on: insert by (key desc, id) */
     size_t j = P->n++;
     const smove_t *m = &S->mv[mi];
@@ -411,7 +460,7 @@ static int32_t pair_new(sched_t *S, const int r[2])
 {
     NRS_GROW(S->pairs, S->npairs, S->paircap, 1);
     int32_t id = (int32_t)S->npairs++;
-    S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0};
+    S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0, -1, 0, 0};
     for (int k = 0; k < 2; k++)
         if (r[k] >= 0 && lvec_push(&S->lists[r[k]], (lent_t){id, r[1 - k]}))
             return -1;
@@ -425,11 +474,7 @@ static void move_resources(sched_t *S, int32_t mi)
     smove_t *m = &S->mv[mi];
     const nrs_emu_gbuf_t *src = &g->buf[m->src];
     nrs_emu_resources(g, src->b.gpu, g->buf[g->moves[mi].dst].b.gpu, src->via, m->r);
-    m->rem = 0;
-    for (size_t c = m->next; c < m->n; c++) {
-        const nrs_emu_op_t *op = &g->chunks[m->c0 + c];
-        m->rem += nrs_emu_duration_m(g, &S->dm, m->r[0], op->row_bytes * op->rows);
-    }
+    m->rem = nrs_emu_chunks_ps(g, &S->dm, (size_t)mi, m->next, m->r[0]);
     for (int k = 0; k < 2; k++)
         if (m->r[k] >= 0)
             S->rem[m->r[k]] += m->rem;
@@ -469,6 +514,7 @@ static int on_read_done(sched_t *S, int32_t src, int n)
     if (S->keep[src])
         return 0;
     S->freeable[gpu] += g->buf[src].b.bytes;
+    S->memver[gpu]++;
     return ivec_push(&S->freeq[gpu], src) || mark_gpu_dirty(S, gpu);
 }
 
@@ -484,6 +530,7 @@ static int on_event(sched_t *S, ev_t e)
         int gpu = g->buf[victim].b.gpu;
         S->busy[gpu * NRS_EMU_RES_KINDS + NRS_EMU_RES_D2H] = 0;
         S->staging[victim] = 0;
+        S->stagever++;
         if (free_buf(S, victim) || mark_dirty(S, gpu * NRS_EMU_RES_KINDS + NRS_EMU_RES_D2H))
             return -1;
         S->live[host] = 1;
@@ -559,6 +606,7 @@ static int stage_one(sched_t *S)
     S->reads[hid] = S->reads[victim];
     S->reads[victim] = 0;
     S->staging[victim] = 1;
+    S->stagever++;
     S->host_used[-1 - h.b.gpu] += h.b.bytes;
     if (S->host_used[-1 - h.b.gpu] > g->host_peak[-1 - h.b.gpu])
         g->host_peak[-1 - h.b.gpu] = S->host_used[-1 - h.b.gpu];
@@ -688,12 +736,13 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
     S->staging = calloc(nb, 1);
     S->used = calloc(np, sizeof(int64_t));
     S->freeable = calloc(np, sizeof(int64_t));
+    S->memver = calloc(np, sizeof(int64_t));
     S->host_used = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     S->freeq = calloc(np, sizeof(ivec_t));
     g->peak = calloc(np, sizeof(int64_t));
     g->host_peak = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     if (!S->rem || !S->busy || !S->indirty || !S->lists || !S->bysrc || !S->bysrc_off || !S->mv || !S->reads || !S->live ||
-        !S->keep || !S->staging || !S->used || !S->freeable || !S->host_used || !S->freeq ||
+        !S->keep || !S->staging || !S->used || !S->freeable || !S->memver || !S->host_used || !S->freeq ||
         !g->peak || !g->host_peak)
         return -1;
     for (int32_t i = 0; i < g->nold; i++)
@@ -708,16 +757,9 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
         S->keep[i] = 1;
     for (int gpu = 0; gpu < g->nphys; gpu++)
         note_peak(S, gpu);
-    for (size_t c = 0; c < g->nchunks; c++)
-        S->reads[g->chunks[c].src_buf]++;
-    for (size_t c = 0; c < g->nchunks;) { /* chunks of a move are consecutive */
-        int32_t mi = g->chunks[c].move;
-        size_t e = c;
-        while (e < g->nchunks && g->chunks[e].move == mi)
-            e++;
-        S->mv[mi].c0 = (uint32_t)c;
-        S->mv[mi].n = (uint32_t)(e - c);
-        c = e;
+    for (size_t i = 0; i < g->nmoves; i++) {
+        S->reads[g->moves[i].src] += (int32_t)g->mch[i].n;
+        S->mv[i].n = g->mch[i].n;
     }
     /* moves by source (counting sort, stable): staging re-sources them */
     for (size_t i = 0; i < g->nmoves; i++)
@@ -766,6 +808,7 @@ static void sched_fini(sched_t *S)
     free(S->staging);
     free(S->used);
     free(S->freeable);
+    free(S->memver);
     free(S->host_used);
     free(S->freeq);
     free(S->heap);

@@ -343,6 +343,9 @@ static void ctl_contact(char *out, size_t n)
         snprintf(out, n, "%s %s", hp, tok);
 }
 
+static void ctl_close(nrs_worker_t *w, const char *why);
+static void ctl_send_failed(nrs_worker_t *w, const char *why);
+
 static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
 {
     nrs_msg_report_t m;
@@ -359,16 +362,12 @@ static void ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
     memcpy(m.ms, r->ms, sizeof m.ms);
     memcpy(m.seconds, r->seconds, sizeof m.seconds);
     int len = nrs_enc_report(buf, sizeof buf, &m);
-    if (len < 0 || nrs_client_send(w->ctl_fd, buf, len, err, sizeof err)) {
-        /* the controller may have said why before closing (e.g. "rank retired") */
-        if (len >= 0 && !nrs_client_refusal(w->ctl_fd, err, sizeof err)) {
-            w->retired = 1;
-            seterr(w, NRS_ERR_RETIRED, "%s", err);
-        }
-        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: REPORT: %.300s",
-                 len < 0 ? "does not encode" : err);
-        close(w->ctl_fd);
-        w->ctl_fd = -1;
+    if (len < 0) {
+        ctl_close(w, "REPORT: does not encode");
+    } else if (nrs_client_send(w->ctl_fd, buf, len, err, sizeof err)) {
+        char why[300];
+        snprintf(why, sizeof why, "REPORT: %.280s", err);
+        ctl_send_failed(w, why);
     }
 }
 
@@ -1477,12 +1476,31 @@ out:
 
 /* ---- the control channel: plans, PREPARE / COMMIT / ABORT ------------------------ */
 
+static int ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h);
+static int ctl_error(nrs_worker_t *w, const nrs_hdr_t *h);
+
 static void ctl_close(nrs_worker_t *w, const char *why)
 {
     if (w->ctl_fd >= 0)
         close(w->ctl_fd);
     w->ctl_fd = -1;
     snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %.360s", why);
+}
+
+/* A send on the channel failed (why): the controller may have said why before
+ * it closed (an ERROR, e.g. "rank retired", behind frames already queued), so
+ * read what is left before closing; an ERROR retires this rank. */
+static void ctl_send_failed(nrs_worker_t *w, const char *why)
+{
+    char saved[360];
+    nrs_hdr_t h;
+    snprintf(saved, sizeof saved, "%s", why);
+    for (int i = 0; i < 64 && ctl_recv(w, 1.0, &h) > 0; i++)
+        if (h.type == NRS_MSG_ERROR) {
+            ctl_error(w, &h);
+            return;
+        }
+    ctl_close(w, saved);
 }
 
 /* One frame within timeout_s (the wait for its first byte; the rest of a frame
@@ -1517,7 +1535,7 @@ static void ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status,
     char err[256];
     if (w->ctl_fd >= 0 && nrs_client_send(w->ctl_fd, buf, nrs_enc_ack(buf, sizeof buf, &a), err,
                                           sizeof err))
-        ctl_close(w, err);
+        ctl_send_failed(w, err);
 }
 
 /* ERROR from the controller: this rank is retired (or refused). */
@@ -1778,9 +1796,10 @@ static int ctl_gather(void *arg, uint64_t key, const char *name, const void *min
     m->data = mine;
     int n = nrs_enc_gather(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, m);
     if (n < 0 || nrs_client_send(w->ctl_fd, buf, n, why, sizeof why)) {
-        snprintf(err, errlen, "gather %s: %s", name, n < 0 ? "does not encode" : why);
         if (n >= 0)
-            ctl_close(w, why);
+            ctl_send_failed(w, why);
+        snprintf(err, errlen, "gather %s: %s", name,
+                 n < 0 ? "does not encode" : w->retired ? w->ctl_err : why);
         goto out;
     }
     /* the controller answers within timeout_s of the first contribution */

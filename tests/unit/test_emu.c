@@ -424,7 +424,7 @@ static void test_recover(void **state)
     FILE *f = open_memstream(&buf, &len);
     nrs_emu_graph_print_lost(g, f);
     fclose(f);
-    assert_non_null(strstr(buf, "lost: actor.layer0.qkv weight"));
+    assert_non_null(strstr(buf, "lost: actor.layers.qkv weight layers [0,"));
     assert_non_null(strstr(buf, "adam_v"));
     free(buf);
     nrs_emu_graph_free(g);
@@ -532,8 +532,8 @@ static void test_many_replicas(void **state)
     tu_plan_single(&s, 32, &wide2, &b);
     assert_int_equal(nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err)), 0);
     int64_t sent[32] = {0}, recv[32] = {0}, hs = 0, hr = 0;
-    for (size_t i = 0; i < g->nchunks; i++) {
-        const nrs_emu_op_t *c = &g->chunks[i];
+    for (size_t i = 0; i < g->nmoves; i++) {
+        const nrs_emu_op_t *c = &g->mch[i].op;
         if (c->src_gpu != c->dst_gpu && c->src_gpu >= 0 && c->src_gpu < 32 &&
             c->dst_gpu < 32) {
             sent[c->src_gpu] += c->row_bytes * c->rows;

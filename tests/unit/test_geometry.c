@@ -15,20 +15,32 @@
 static nrs_model_t m8b;
 static nrs_emu_tbox_t boxes[4096];
 
-static int layer_tensor(int layer, int lt)
-{
-    return NRS_EMU_T_GLOBALS + layer * NRS_EMU_LT_COUNT + lt;
-}
+/* Tensor ids of this file: globals as they are, layer l's tensor lt as
+ * LAYER(l, lt); of_tensor turns the latter into layer l's part of the stacked
+ * tensor, in the layer's own coordinates (nrs_emu_layer_part). */
+#define LAYER(l, lt) (1000 * ((l) + 1) + (lt))
 
 /* The boxes rank (p, t) holds of one tensor, in order. */
 static int of_tensor(int tp, int pp, int p, int t, int tensor, nrs_emu_rect_t *out, int max)
 {
     int n = nrs_emu_rank_boxes(&m8b, tp, pp, p, t, boxes, 4096), k = 0;
+    int layer = tensor / 1000 - 1, want = layer < 0 ? tensor : NRS_EMU_T_GLOBALS + tensor % 1000;
     assert_true(n > 0 && n < 4096);
-    for (int i = 0; i < n; i++)
-        if (boxes[i].tensor == tensor && k < max)
+    for (int i = 0; i < n; i++) {
+        nrs_emu_rect_t in, local;
+        if (boxes[i].tensor != want || k >= max)
+            continue;
+        if (layer < 0)
             out[k++] = boxes[i].box;
+        else if (nrs_emu_layer_part(&m8b, want, &boxes[i].box, layer, &in, &local))
+            out[k++] = local;
+    }
     return k;
+}
+
+static int layer_tensor(int layer, int lt)
+{
+    return LAYER(layer, lt);
 }
 
 static void expect(nrs_emu_rect_t r, int r0, int r1, int c0, int c1)
@@ -116,12 +128,50 @@ static void test_gqa_kv8_tp16(void **st)
     }
 }
 
+/* The stacked tensors themselves: pp 2, tp 4, stage 1, rank 1 holds layers
+ * 16..31 of each layer tensor as one box (three for q|k|v). */
+static void test_stacked_boxes(void **st)
+{
+    (void)st;
+    int n = nrs_emu_rank_boxes(&m8b, 4, 2, 1, 1, boxes, 4096), H = 4096;
+    int r, c, l0, l1;
+    assert_int_equal(n, 3 + 6 + 2); /* q|k|v, o, gate, up, down, 2 norms; final norm, head */
+    nrs_emu_tensor_shape(&m8b, NRS_EMU_T_GLOBALS + NRS_EMU_LT_QKV, &r, &c);
+    assert_int_equal(r, 6144);
+    assert_int_equal(c, 32 * H);
+    expect(boxes[0].box, 1024, 2048, 16 * H, 32 * H); /* q heads 8..15, layers 16..31 */
+    nrs_emu_box_layers(&m8b, boxes[0].tensor, &boxes[0].box, &l0, &l1);
+    assert_int_equal(l0, 16);
+    assert_int_equal(l1, 32);
+    for (int i = 0; i < n; i++) {
+        if (boxes[i].tensor == NRS_EMU_T_GLOBALS + NRS_EMU_LT_O)
+            expect(boxes[i].box, 16 * H, 32 * H, 1024, 2048);
+        if (boxes[i].tensor == NRS_EMU_T_GLOBALS + NRS_EMU_LT_DOWN)
+            expect(boxes[i].box, 16 * H, 32 * H, 3584, 7168);
+        if (boxes[i].tensor == NRS_EMU_T_GLOBALS + NRS_EMU_LT_NORM2)
+            expect(boxes[i].box, 16, 32, 0, H);
+    }
+    /* a part of a layer: the box's columns of layer 20 only */
+    nrs_emu_rect_t part = {1024, 2048, 20 * H + 100, 21 * H + 7}, in, local;
+    assert_int_equal(nrs_emu_layer_part(&m8b, boxes[0].tensor, &part, 20, &in, &local), 1);
+    expect(in, 1024, 2048, 20 * H + 100, 21 * H);
+    expect(local, 1024, 2048, 100, H);
+    assert_int_equal(nrs_emu_layer_part(&m8b, boxes[0].tensor, &part, 21, &in, &local), 1);
+    expect(local, 1024, 2048, 0, 7);
+    assert_int_equal(nrs_emu_layer_part(&m8b, boxes[0].tensor, &part, 22, &in, &local), 0);
+    assert_int_equal(nrs_emu_layer_part(&m8b, NRS_EMU_T_EMBED, &part, 20, &in, &local), 0);
+    nrs_emu_box_layers(&m8b, boxes[0].tensor, &part, &l0, &l1);
+    assert_int_equal(l0, 20);
+    assert_int_equal(l1, 22);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp4_and_tp2),
         cmocka_unit_test(test_pp2_and_pp4),
         cmocka_unit_test(test_gqa_kv8_tp16),
+        cmocka_unit_test(test_stacked_boxes),
     };
     return cmocka_run_group_tests_name("geometry", tests, setup, NULL);
 }
