@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 4
+#define NRS_WORKER_API_VERSION 5
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -171,9 +171,22 @@ int nrs_worker_nbuffers(const nrs_worker_t *w);
  * outputs of this and nrs_worker_buffer_desc may be NULL (not written). */
 int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes);
 /* What buffer i holds: role (nrs_role_t), tensor id, kind (nrs_emu_kind_t)
- * and its box [r0,r1) x [c0,c1) in global coordinates, element size. */
+ * and its box [r0,r1) x [c0,c1) in global coordinates, element size; the
+ * buffer is the box, row-major. Tensor ids: 0 embedding, 1 final norm, 2 lm
+ * (or value) head; 3..9 the layer tensors qkv, o, gate, up, down, norm1,
+ * norm2, each holding every layer stacked (docs/transitions.md §1): qkv, gate
+ * and up put layer l in columns [l*hidden, (l+1)*hidden), o and down in rows
+ * [l*hidden, (l+1)*hidden), the norms in row l. So one buffer holds a rank's
+ * share of all the layers of its pipeline stage. */
 int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor, int *kind,
                            int *r0, int *r1, int *c0, int *c1, int *esize);
+/* Layer `layer`'s part of buffer i (a layer tensor), as a framework's
+ * per-layer parameter sees it: rows x cols elements starting at *ptr, *pitch
+ * bytes from row to row; (*r0, *c0) is where it sits in that layer's own
+ * [out, in] weight. NRS_ERR_INVAL when the buffer holds none of that layer
+ * (or holds a global tensor). API 5. Outputs may be NULL. */
+int nrs_worker_buffer_layer(const nrs_worker_t *w, int i, int layer, void **ptr, int *rows,
+                            int *cols, long long *pitch, int *r0, int *c0);
 /* Checksum every buffer against the pattern (state filled with fill = 1):
  * NRS_OK, NRS_ERR_VERIFY (mismatches > 0), NRS_ERR_INVAL (no state). The
  * counts may be NULL. */

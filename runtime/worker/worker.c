@@ -888,6 +888,33 @@ int nrs_worker_buffer_desc(const nrs_worker_t *w, int i, int *role, int *tensor,
     return NRS_OK;
 }
 
+int nrs_worker_buffer_layer(const nrs_worker_t *w, int i, int layer, void **ptr, int *rows,
+                            int *cols, long long *pitch, int *r0, int *c0)
+{
+    int rc = buffer_ok(w, i, __func__);
+    if (rc)
+        return rc;
+    int k = w->mine[i];
+    const nrs_emu_buf_t *b = &w->st.buf[k];
+    nrs_emu_rect_t in, local;
+    if (!nrs_emu_layer_part(&w->spec.models[b->role], b->tensor, &b->box, layer, &in, &local))
+        return seterr(w, NRS_ERR_INVAL, "%s: buffer %d holds no part of layer %d", __func__, i,
+                      layer);
+    int64_t width = b->box.c1 - b->box.c0;
+    if (ptr) {
+        char *base = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+        *ptr = base ? base + ((in.r0 - b->box.r0) * width + (in.c0 - b->box.c0)) * b->esize
+                    : NULL;
+    }
+    put(rows, in.r1 - in.r0);
+    put(cols, in.c1 - in.c0);
+    if (pitch)
+        *pitch = width * b->esize;
+    put(r0, local.r0);
+    put(c0, local.c0);
+    return NRS_OK;
+}
+
 /* CUDA state: the host copies are what the transports move. */
 static int sync_host(nrs_worker_t *w, char dir)
 {
