@@ -1,16 +1,23 @@
 /* bench_graph: transition graph makespan against its lower bound, and the
  * time to build + schedule a graph, on Llama-3 shapes and on random plans.
  * Usage: bench_graph [cases]        (a benchmark, never a timed test)
+ *        bench_graph exec [SCALE]
+ *            the named cases of up to 64 GPUs, scaled down (default 1/256):
+ *            the in-process executor against plain memcpy of the same ops'
+ *            bytes, in the same run
  *        bench_graph scale SPEC [GPUS...]
  *            the best plan of SPEC at response 1024 -> 3072 on 64, 256, 512 and
  *            1024 GPUs (or GPUS): build + schedule time and where it went
  *            (docs/transitions.md §6), makespan / lower bound, graph hash */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "emu/exec.h"
 #include "emu/graph.h"
+#include "emu/xport.h"
 #include "nereus/spec.h"
 #include "emu/testutil.h"
 
@@ -64,6 +71,100 @@ static void run_named(const named_t *c)
     double ms = (double)g->makespan * 1e-12, lb = (double)g->lower_bound * 1e-12;
     printf("%-44s %8zu ops %9.4f s  lb %9.4f s  ratio %.3f  build %.3f s\n", c->name, g->nops,
            ms, lb, lb > 0 ? ms / lb : 1, t1 - t0);
+    nrs_emu_graph_free(g);
+}
+
+/* Plain memcpy of g's copies and transfers, in its order: the old buffers
+ * allocated and written first (untimed), new ones allocated at their ALLOC
+ * (first touch costs the same; grads zeroed, as the executor zeroes them),
+ * each op's bytes one memcpy from its source
+ * offset to its destination offset (clipped to the buffers). Seconds. */
+static double memcpy_baseline(const nrs_emu_graph_t *g)
+{
+    char **mem = calloc(g->nbuf + 1, sizeof(char *));
+    double t = 0;
+    if (!mem)
+        return 0;
+    for (int32_t i = 0; i < g->nold; i++)
+        if ((mem[i] = malloc((size_t)g->buf[i].b.bytes + 1)))
+            memset(mem[i], 1, (size_t)g->buf[i].b.bytes);
+    double t0 = now_s();
+    for (size_t i = 0; i < g->nops; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        int32_t d = op->dst_buf >= 0 ? nrs_emu_canon(g, op->dst_buf) : -1;
+        int32_t sb = op->src_buf >= 0 ? nrs_emu_canon(g, op->src_buf) : -1;
+        if (op->type == NRS_EMU_OP_ALLOC && d >= 0 && !mem[d]) {
+            mem[d] = malloc((size_t)g->buf[d].b.bytes + 1);
+            if (mem[d] && g->buf[d].b.kind == NRS_EMU_GRAD) /* as the executor: zero grads */
+                memset(mem[d], 0, (size_t)g->buf[d].b.bytes);
+        } else if (op->type == NRS_EMU_OP_FREE && sb >= 0) {
+            free(mem[sb]);
+            mem[sb] = NULL;
+        } else if ((op->type == NRS_EMU_OP_COPY || op->type == NRS_EMU_OP_XFER ||
+                    op->type == NRS_EMU_OP_STAGE) && d >= 0 && sb >= 0) {
+            if (!mem[d]) /* a host staging buffer: allocated at the stage */
+                mem[d] = malloc((size_t)g->buf[d].b.bytes + 1);
+            int64_t n = (int64_t)op->rows * op->row_bytes;
+            int64_t so = op->src_off, dof = op->dst_off;
+            int64_t sr = g->buf[sb].b.bytes, dr = g->buf[d].b.bytes;
+            n = n < sr ? n : sr;
+            n = n < dr ? n : dr;
+            so = so + n <= sr ? so : sr - n;
+            dof = dof + n <= dr ? dof : dr - n;
+            if (mem[d] && mem[sb])
+                memcpy(mem[d] + dof, mem[sb] + so, (size_t)n);
+            __asm__ __volatile__("" : : "r"(mem[d]) : "memory");
+        }
+    }
+    t = now_s() - t0;
+    for (size_t i = 0; i < g->nbuf; i++)
+        free(mem[i]);
+    free(mem);
+    return t;
+}
+
+/* The executor (local transport) on case c scaled down, against plain memcpy
+ * of each copy and transfer's bytes into buffers allocated as the graph
+ * allocates them, in the same run. */
+static void run_exec(const named_t *c, double scale)
+{
+    nrs_model_t m;
+    nrs_spec_t s, ss;
+    nrs_plan_t a, b;
+    nrs_emu_graph_t *g = NULL;
+    nrs_emu_opts_t o = {0};
+    nrs_xport_t x;
+    nrs_emu_exec_result_t res;
+    char err[512];
+    if (c->big)
+        tu_model(&m, 80, 8192, 28672, 64, 8, 128256);
+    else
+        tu_model(&m, 32, 4096, 14336, 32, 8, 128256);
+    tu_spec_fixed(&s, &m, 8);
+    h200(&s);
+    s.cluster.gpu_mem_gib = 1e6; /* scaled: the full cap does not apply */
+    nrs_emu_scale_spec(&s, scale, &ss);
+    tu_plan_single(&ss, c->ga, &c->a, &a);
+    tu_plan_single(&ss, c->gb, &c->b, &b);
+    o.chunk_bytes = 1 << 20;
+    if (nrs_emu_transition(&ss, &a, &b, &o, &g, err, sizeof(err)) || nrs_xport_local_open(&x)) {
+        printf("%-44s error: %s\n", c->name, err);
+        nrs_emu_graph_free(g);
+        return;
+    }
+    nrs_emu_exec_opts_t eo = {.stop_after = -1, .no_poison = true}; /* as memcpy: no poison */
+    int rc = 0;
+    double t = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the second pass of each is reported */
+        rc = nrs_emu_execute(g, &x, &eo, &res);
+        t = memcpy_baseline(g);
+    }
+    nrs_xport_close(&x);
+    double mb = (double)res.bytes_moved / 1e6;
+    printf("%-44s %8.1f MB %7zu ops  executor %8.1f MB/s  memcpy %8.1f MB/s  ratio %.2f  %s\n",
+           c->name, mb, g->nops, res.run_s > 0 ? mb / res.run_s : 0, t > 0 ? mb / t : 0,
+           res.run_s > 0 && t > 0 ? t / res.run_s : 0,
+           rc ? "VERIFY FAILED" : "every shard verified");
     nrs_emu_graph_free(g);
 }
 
@@ -177,7 +278,23 @@ int main(int argc, char **argv)
         {"8B  dp 8 -> 2 (tp4 pp2, 64 -> 16 GPUs)", 0, 64, 16, {4, 2, 8, 1}, {4, 2, 2, 1}},
         {"70B tp8 pp4 dp2 -> tp8 pp2 dp4 (64 GPUs)", 1, 64, 64, {8, 4, 2, 1}, {8, 2, 4, 1}},
         {"70B tp8 pp8 dp16 -> tp8 pp5 dp25 (1000)", 1, 1024, 1000, {8, 8, 16, 1}, {8, 5, 25, 1}},
+        {"70B tp8 pp8 dp16 -> tp8 pp4 dp32 (1024)", 1, 1024, 1024, {8, 8, 16, 1}, {8, 4, 32, 1}},
+        {"8B  tp4 pp2 dp128 -> tp8 pp1 dp128 (1024)", 0, 1024, 1024, {4, 2, 128, 1},
+         {8, 1, 128, 1}},
+        {"8B  dp 128 -> 256 (tp4 pp1, 512 -> 1024)", 0, 512, 1024, {4, 1, 128, 1},
+         {4, 1, 256, 1}},
     };
+    if (argc > 1 && !strcmp(argv[1], "exec")) {
+        double scale = argc > 2 ? atof(argv[2]) : 1.0 / 256;
+        /* freed memory stays in the heap: both sides then write to pages
+         * already faulted in (in a VM a first touch costs more than the copy) */
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
+            if (named[i].ga <= 64 && named[i].gb <= 64)
+                run_exec(&named[i], scale > 0 ? scale : 1.0 / 256);
+        return 0;
+    }
     int cases = argc > 1 ? atoi(argv[1]) : 100;
     for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
         run_named(&named[i]);

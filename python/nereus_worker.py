@@ -39,7 +39,9 @@ Conventions:
 
 API 4 made the per-step collectives public (nereus.h): control_step (the
 step boundary), weight_sync (the actor's train -> generate weights),
-sync_stat and verify_generation; this binding needs a library of API 4.
+sync_stat and verify_generation. API 5 added buffer_layer: one layer's part
+of a buffer of a stacked layer tensor (NRS_TENSOR_*), as a framework's
+per-layer parameter sees it. This binding needs a library of API 5.
 """
 
 import ctypes
@@ -48,11 +50,11 @@ import os
 from collections import namedtuple
 
 __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "BufferDesc",
-           "Verified", "load", "api_version", "strerror", "ms_name", "last_error",
+           "LayerPart", "Verified", "load", "api_version", "strerror", "ms_name", "last_error",
            "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 4
+API_VERSION = 5
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -130,6 +132,23 @@ NRS_SS_LAST_BYTES = 4
 NRS_SS_TOTAL_S = 5
 NRS_SS_SAMPLED = 6
 
+# Tensor ids (buffer_desc's tensor; nereus.h's nrs_worker_buffer_desc, from
+# runtime/emu/geometry.h's NRS_EMU_T_* and NRS_EMU_T_GLOBALS + NRS_EMU_LT_*):
+# the global tensors, then the layer tensors, each holding every layer
+# stacked: QKV, GATE and UP put layer l in columns [l*hidden, (l+1)*hidden),
+# O and DOWN in rows [l*hidden, (l+1)*hidden), the norms in row l.
+NRS_TENSOR_EMBED = 0
+NRS_TENSOR_FINAL_NORM = 1
+NRS_TENSOR_HEAD = 2          # lm head, or the value head
+NRS_TENSOR_QKV = 3           # the first layer tensor
+NRS_TENSOR_O = 4
+NRS_TENSOR_GATE = 5
+NRS_TENSOR_UP = 6
+NRS_TENSOR_DOWN = 7
+NRS_TENSOR_NORM1 = 8
+NRS_TENSOR_NORM2 = 9
+NRS_TENSOR_COUNT = 10
+
 __all__ += [k for k in list(globals()) if k.startswith("NRS_")]
 
 _TS_NAMES = ("seconds", "prepare_s", "execute_s", "vote_s", "commit_s", "bytes_sent",
@@ -146,6 +165,10 @@ Buffer.__doc__ = "Address (int; device memory under NRS_MEM_CUDA) and size of a 
 BufferDesc = namedtuple("BufferDesc", "role tensor kind r0 r1 c0 c1 esize")
 BufferDesc.__doc__ = ("What a buffer holds: model (NRS_ROLE_*), tensor id, kind (NRS_EMU_*), "
                       "its box [r0,r1) x [c0,c1) in global coordinates, element size.")
+LayerPart = namedtuple("LayerPart", "ptr rows cols pitch r0 c0")
+LayerPart.__doc__ = ("One layer's part of a buffer of a layer tensor: rows x cols elements "
+                     "from ptr (int; device memory under NRS_MEM_CUDA), pitch bytes from row "
+                     "to row; (r0, c0) is where it sits in that layer's own [out, in] weight.")
 Verified = namedtuple("Verified", "verified mismatches")
 Verified.__doc__ = "Shards checksummed against the pattern, and how many did not match."
 
@@ -201,6 +224,7 @@ _PUBLIC = {
     "nrs_worker_nbuffers": (_I, [_P]),
     "nrs_worker_buffer": (_I, [_P, _I, ctypes.POINTER(_P), _PLL]),
     "nrs_worker_buffer_desc": (_I, [_P, _I] + [_PI] * 8),
+    "nrs_worker_buffer_layer": (_I, [_P, _I, _I, ctypes.POINTER(_P), _PI, _PI, _PLL, _PI, _PI]),
     "nrs_worker_verify_state": (_I, [_P, _PLL, _PLL]),
     "nrs_worker_set_report_sink": (_I, [_P, REPORT_FN, _P]),
     "nrs_worker_report_stage": (_I, [_P, _I, _D]),
@@ -489,6 +513,31 @@ class Worker:
         v = [ctypes.c_int() for _ in range(8)]
         self._call("buffer_desc", i, *[ctypes.byref(x) for x in v])
         return BufferDesc(*(x.value for x in v))
+
+    def buffer_layer(self, i, layer):
+        """Layer `layer`'s part of buffer i (a layer tensor, tensor >=
+        NRS_TENSOR_QKV), as a LayerPart (API 5). Raises NereusError
+        NRS_ERR_INVAL when the buffer holds none of that layer or holds a
+        global tensor. Valid until the state changes, as buffer()."""
+        ptr, pitch = _P(), ctypes.c_longlong()
+        v = [ctypes.c_int() for _ in range(4)]  # rows, cols, r0, c0
+        self._call("buffer_layer", i, layer, ctypes.byref(ptr), ctypes.byref(v[0]),
+                   ctypes.byref(v[1]), ctypes.byref(pitch), ctypes.byref(v[2]),
+                   ctypes.byref(v[3]))
+        rows, cols, r0, c0 = (x.value for x in v)
+        return LayerPart(ptr.value or 0, rows, cols, pitch.value, r0, c0)
+
+    def buffer_layer_view(self, i, layer):
+        """Layer `layer`'s part of buffer i as a list of writable memoryviews,
+        one per row of the part (host memory only; see buffer_view)."""
+        if self.mem_kind != NRS_MEM_HOST:
+            raise NereusError(NRS_ERR_UNSUPPORTED, f"buffer {i} is in CUDA memory: no host view")
+        part, esize = self.buffer_layer(i, layer), self.buffer_desc(i).esize
+        n = part.cols * esize
+        if not part.ptr or n <= 0:
+            return []
+        return [memoryview((ctypes.c_ubyte * n).from_address(part.ptr + r * part.pitch)).cast("B")
+                for r in range(part.rows)]
 
     def verify_state(self):
         """Checksum every buffer against the pattern: Verified(verified,

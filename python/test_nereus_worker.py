@@ -4,7 +4,9 @@ tests/mp/test_python.sh; alone: NEREUS_LIB=<build>/.libs/libnereus.so.0
 python3 python/test_nereus_worker.py -v).
 
 - the constants and the API version mirror the C headers (parsed here, so a
-  header change the binding did not follow fails);
+  header change the binding did not follow fails), the tensor ids
+  (NRS_TENSOR_*) runtime/emu/geometry.h's; every bound function's types are
+  those its nereus.h prototype declares;
 - the library's version check, the error paths (bad, malformed or missing
   spec; calls out of order; a finalized handle) raise NereusError with the C
   library's message, which names the call and the reason, never a stale one;
@@ -45,6 +47,11 @@ MIRRORED = [
     ("include/nereus/spec.h", ("NRS_ROLE_",), "nrs_role_t"),
     ("include/nereus/emu.h", ("NRS_EMU_",), "nrs_emu_kind_t"),
 ]
+# The tensor ids buffer_desc reports (nereus.h documents them: 0..2 global
+# tensors, 3..9 the stacked layer tensors) come from an internal header: the
+# binding's NRS_TENSOR_X is geometry.h's NRS_EMU_T_X (a global tensor) or
+# NRS_EMU_T_GLOBALS + NRS_EMU_LT_X (a layer tensor; COUNT: all of them).
+GEOMETRY = "runtime/emu/geometry.h"
 
 
 def strip_comments(text):
@@ -94,6 +101,20 @@ def c_define(text, name):
     return int(m.group(1), 0) if m else None
 
 
+def tensor_ids():
+    """{NRS_TENSOR_X: id} from GEOMETRY's enums (see above)."""
+    with open(os.path.join(SRC, GEOMETRY)) as f:
+        known = {}
+        for _, values in c_enums(f.read()):
+            known.update(values)
+    base = known["NRS_EMU_T_GLOBALS"]
+    ids = {"NRS_TENSOR_" + k[len("NRS_EMU_T_"):]: v for k, v in known.items()
+           if k.startswith("NRS_EMU_T_") and k != "NRS_EMU_T_GLOBALS"}
+    ids.update({"NRS_TENSOR_" + k[len("NRS_EMU_LT_"):]: base + v for k, v in known.items()
+                if k.startswith("NRS_EMU_LT_")})
+    return ids
+
+
 def header_constants():
     """{NAME: value} of every constant the binding must mirror."""
     want = {}
@@ -104,7 +125,29 @@ def header_constants():
             if enum_name is not None and name != enum_name:
                 continue
             want.update({k: v for k, v in values.items() if k.startswith(prefixes)})
+    want.update(tensor_ids())
     return want
+
+
+def c_param_type(decl):
+    """The type of a parameter declaration ('const nrs_worker_t *w' ->
+    'nrs_worker_t *'), const dropped: what a ctypes binding can tell apart."""
+    toks = decl.replace("*", " * ").split()
+    if len(toks) > 1 and re.fullmatch(r"[A-Za-z_]\w*", toks[-1]) and \
+            toks[-1] not in ("int", "long", "double", "char", "void"):
+        toks = toks[:-1]  # the name
+    return " ".join(t for t in toks if t != "const")
+
+
+# the ctypes type a binding must declare for each C type nereus.h uses
+_P = ctypes.c_void_p
+C_TO_CTYPES = {
+    "int": ctypes.c_int, "long": ctypes.c_long, "long long": ctypes.c_longlong,
+    "double": ctypes.c_double, "char *": ctypes.c_char_p, "void *": _P,
+    "void * *": ctypes.POINTER(_P), "int *": ctypes.POINTER(ctypes.c_int),
+    "long long *": ctypes.POINTER(ctypes.c_longlong), "nrs_worker_t *": _P,
+    "nrs_worker_t * *": ctypes.POINTER(_P), "nrs_report_fn": nw.REPORT_FN,
+}
 
 
 _lib_error = None
@@ -135,11 +178,17 @@ class Constants(unittest.TestCase):
         # values the API promises to keep, one per group and header
         fixed = {"NRS_OK": 0, "NRS_ERR_INVAL": -1, "NRS_MEM_HOST": 1, "NRS_GROUP_DP": 2,
                  "NRS_TS_SECONDS": 0, "NRS_MS_ACTOR_GENERATE": 0, "NRS_ROLE_ACTOR": 0,
-                 "NRS_EMU_WEIGHT": 0, "NRS_SS_STEPS": 0}
+                 "NRS_EMU_WEIGHT": 0, "NRS_SS_STEPS": 0,
+                 # the tensor ids nereus.h documents (nrs_worker_buffer_desc)
+                 "NRS_TENSOR_EMBED": 0, "NRS_TENSOR_FINAL_NORM": 1, "NRS_TENSOR_HEAD": 2,
+                 "NRS_TENSOR_QKV": 3, "NRS_TENSOR_O": 4, "NRS_TENSOR_GATE": 5,
+                 "NRS_TENSOR_UP": 6, "NRS_TENSOR_DOWN": 7, "NRS_TENSOR_NORM1": 8,
+                 "NRS_TENSOR_NORM2": 9, "NRS_TENSOR_COUNT": 10}
         self.assertEqual({k: want.get(k) for k in fixed}, fixed)
         for count in ("NRS_TS_COUNT", "NRS_MS_COUNT", "NRS_ROLE_COUNT", "NRS_EMU_KIND_COUNT"):
             self.assertIsInstance(want.get(count), int, count)
         self.assertNotIn("NRS_EMU_ELOST", want)  # another enum of emu.h than the kinds
+        self.assertNotIn("NRS_TENSOR_GLOBALS", want)  # a count, not a tensor
 
     def test_constants_match_headers(self):
         want = header_constants()
@@ -177,18 +226,41 @@ class Library(unittest.TestCase):
             self.assertEqual(fn.argtypes, argtypes, name)
 
     def test_every_stable_function_is_bound(self):
-        # API 4: the per-step collectives are in nereus.h, and bound as stable
+        # API 4: the per-step collectives are in nereus.h, and bound as stable;
+        # API 5: buffer_layer
         with open(os.path.join(INCLUDE, "nereus.h")) as f:
             declared = set(c_prototypes(f.read()))
         for name in ("nrs_worker_init_emulated", "nrs_worker_control_step",
                      "nrs_worker_weight_sync", "nrs_worker_sync_stat",
-                     "nrs_worker_verify_generation"):
+                     "nrs_worker_verify_generation", "nrs_worker_buffer_layer"):
             self.assertIn(name, declared)
             self.assertIn(name, nw._PUBLIC)
         # what is not bound takes Nereus structs (module doc) or is bound otherwise
         unbound = declared - set(nw._PUBLIC)
         self.assertEqual(unbound, {"nrs_worker_init_spec", "nrs_worker_set_plan",
                                    "nrs_worker_transition", "nrs_worker_plan"})
+
+    def test_bound_types_match_header(self):
+        # the binding's restype and argtypes of every function, from its nereus.h
+        # prototype: a parameter added, dropped or retyped in the header fails here
+        with open(os.path.join(INCLUDE, "nereus.h")) as f:
+            protos = c_prototypes(f.read())
+        self.assertEqual(c_param_type("const nrs_worker_t *w"), "nrs_worker_t *")
+        self.assertEqual(c_param_type("long long *pitch"), "long long *")
+        self.assertEqual(c_param_type("void **ptr"), "void * *")
+        self.assertEqual(c_param_type("long step"), "long")
+        wrong = []
+        for name, (restype, argtypes) in sorted(nw._PUBLIC.items()):
+            ret, params = protos[name]
+            want_ret = C_TO_CTYPES[c_param_type(ret)]
+            want_args = [C_TO_CTYPES[c_param_type(p)] for p in params]
+            if (restype, argtypes) != (want_ret, want_args):
+                wrong.append(f"{name}: binding {restype}, {argtypes}; nereus.h {ret} ({params})")
+        self.assertEqual(wrong, [])
+        # buffer_layer (API 5): i, layer, then ptr, rows, cols, pitch, r0, c0
+        self.assertEqual([c_param_type(p) for p in protos["nrs_worker_buffer_layer"][1]],
+                         ["nrs_worker_t *", "int", "int", "void * *", "int *", "int *",
+                          "long long *", "int *", "int *"])
 
     def test_strerror_names_every_code(self):
         codes = {k: v for k, v in vars(nw).items() if k.startswith(("NRS_ERR_", "NRS_OK"))}
@@ -289,9 +361,10 @@ class NullHandle(unittest.TestCase):
             starts = set(re.findall(r"^[a-z][^;(]*?\b(nrs_worker_\w+)\(", strip_comments(f.read()),
                                     flags=re.M))
         self.assertEqual(set(self.protos), starts)
-        self.assertGreaterEqual(len(self.protos), 41)
+        self.assertGreaterEqual(len(self.protos), 42)
         self.assertEqual(self.protos["nrs_worker_role"][0], "int")
         self.assertEqual(len(self.protos["nrs_worker_buffer_desc"][1]), 10)
+        self.assertEqual(len(self.protos["nrs_worker_buffer_layer"][1]), 9)
         self.assertEqual(self.protos["nrs_worker_transport"][0], "const char *")
         self.assertTrue(set(nw._PUBLIC) <= set(self.protos), set(nw._PUBLIC) - set(self.protos))
 
@@ -320,7 +393,7 @@ class NullHandle(unittest.TestCase):
                 else:
                     self.assertEqual(got, 0 if name in zero else -1)
                 self.assertEqual(nw.last_error(), f"{name}: no handle (NULL)")
-        self.assertGreaterEqual(called, 38)
+        self.assertGreaterEqual(called, 39)
 
 
 class Singleton(unittest.TestCase):
@@ -365,6 +438,8 @@ class Singleton(unittest.TestCase):
         cases = [("buffer", (0, None, None), "nrs_worker_buffer: buffer 0: no state allocated"),
                  ("buffer_desc", (0,) + (None,) * 8,
                   "nrs_worker_buffer_desc: buffer 0: no state allocated"),
+                 ("buffer_layer", (0, 0) + (None,) * 7,
+                  "nrs_worker_buffer_layer: buffer 0: no state allocated"),
                  ("verify_state", (None, None), "nrs_worker_verify_state: no state allocated"),
                  ("verify_generation", (None, None),
                   "nrs_worker_verify_generation: no weight sync since epoch -1"),
@@ -406,6 +481,12 @@ class Singleton(unittest.TestCase):
             (w.group, (nw.NRS_MS_ACTOR_TRAIN, nw.NRS_GROUP_TP),
              r"^nrs_worker_group: model-stage 5 \(actor.train\) is not run by this rank"),
             (w.buffer_desc, (0,), r"^nrs_worker_buffer_desc: buffer 0: no state allocated$"),
+            (w.buffer_layer, (2, 5), r"^nrs_worker_buffer_layer: buffer 2: no state allocated$"),
+            (w.buffer_desc, (-1,), r"^nrs_worker_buffer_desc: buffer -1: no state allocated$"),
+            (w.buffer_layer, (-1, 0),
+             r"^nrs_worker_buffer_layer: buffer -1: no state allocated$"),
+            (w.buffer_layer_view, (1, 0),
+             r"^nrs_worker_buffer_layer: buffer 1: no state allocated$"),
             (w.group, (nw.NRS_MS_ACTOR_TRAIN, 7), r"^nrs_worker_group: group 7: not NRS_GROUP_"),
             (w.verify_state, (), r"^nrs_worker_verify_state: no state allocated$"),
             (w.report_stage, (99, 1.0), r"^nrs_worker_report_stage: model-stage 99: not an "
@@ -439,6 +520,20 @@ class Singleton(unittest.TestCase):
         self.assertEqual(r["stages"], {"actor.train": 0.5})
         self.assertEqual((r["mem_used"], r["mem_cap"]), (1 << 20, 2 << 20))
 
+    def test_buffer_layer_arguments(self):
+        # ints only, as every call; the C library is not reached
+        w = self.w
+        for args in (("0", 0), (0, 1.5), (0,), (0, 0, 0)):
+            with self.subTest(args=args):
+                with self.assertRaises((ctypes.ArgumentError, TypeError)):
+                    w.buffer_layer(*args)
+        # a failed call says so, and the next failure says its own
+        self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer_layer: buffer 0: no state",
+                        w.buffer_layer, 0, -1)
+        self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer 0: no state",
+                        w.buffer, 0)
+        self.assertEqual(nw.LayerPart._fields, ("ptr", "rows", "cols", "pitch", "r0", "c0"))
+
     def test_checkpoint_dir(self):
         self.w.set_checkpoint_dir(tempfile.gettempdir())
         self.w.set_checkpoint_dir(None)
@@ -454,7 +549,7 @@ class Finalized(unittest.TestCase):
         self.assertTrue(w.finalized)
         # the C accessors would dereference NULL: the binding refuses first
         for fn in (lambda: w.rank, lambda: w.epoch, lambda: w.buffer(0), w.verify_state,
-                   lambda: w.control_poll(0)):
+                   lambda: w.control_poll(0), lambda: w.buffer_layer(0, 0)):
             with self.assertRaisesRegex(nw.NereusError, "finalized"):
                 fn()
 

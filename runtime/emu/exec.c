@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "emu/exec.h"
+#include "util/util.h"
 #include "emu/pattern.h"
 
 enum { MAX_SPINS = 1 << 20 };
@@ -17,6 +18,7 @@ typedef struct {
     int64_t *used;
     unsigned char *scratch;
     nrs_emu_exec_result_t *res;
+    bool no_poison;
 } ex_t;
 
 static void note(ex_t *E, int64_t *counter, const char *fmt, ...)
@@ -52,8 +54,9 @@ static void ex_alloc(ex_t *E, int32_t id, int fill)
     E->live[id] = 1;
     if (fill == 1)
         nrs_emu_pattern_fill(b, E->mem[id].ptr);
-    else /* grads start at zero; anything else is poison until written */
+    else if (b->kind == NRS_EMU_GRAD || !E->no_poison) /* grads start at zero; */
         memset(E->mem[id].ptr, b->kind == NRS_EMU_GRAD ? 0 : 0xa5, (size_t)b->bytes);
+    /* anything else is poison until written */
     if (owner < 0)
         return;
     E->used[owner] += b->bytes;
@@ -192,7 +195,7 @@ static void abort_and_verify_old(ex_t *E)
 int nrs_emu_execute(const nrs_emu_graph_t *g, const nrs_xport_t *x, const nrs_emu_exec_opts_t *o,
                     nrs_emu_exec_result_t *res)
 {
-    ex_t E = {g, x, NULL, NULL, NULL, NULL, res};
+    ex_t E = {g, x, NULL, NULL, NULL, NULL, res, o && o->no_poison};
     int64_t maxb = 1;
     size_t stop = o && o->stop_after >= 0 && (size_t)o->stop_after < g->nops
                       ? (size_t)o->stop_after
@@ -213,8 +216,15 @@ int nrs_emu_execute(const nrs_emu_graph_t *g, const nrs_xport_t *x, const nrs_em
     for (int32_t i = 0; i < g->nold; i++)
         if (!g->buf[i].lost)
             ex_alloc(&E, i, 1);
-    for (size_t i = 0; i < stop; i++)
-        ex_op(&E, &g->ops[i], i);
+    double t0 = nrs_now_s();
+    for (size_t i = 0; i < stop; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        ex_op(&E, op, i);
+        if (op->type == NRS_EMU_OP_COPY || op->type == NRS_EMU_OP_XFER ||
+            op->type == NRS_EMU_OP_STAGE)
+            res->bytes_moved += (int64_t)op->rows * op->row_bytes;
+    }
+    res->run_s = nrs_now_s() - t0;
     res->ops_done = (int64_t)stop;
     res->aborted = stop < g->nops;
     if (res->aborted)

@@ -12,6 +12,8 @@
 
 typedef struct {
     int64_t stop_after; /* run ops [0, stop_after) then abort; < 0: run all */
+    bool no_poison;     /* new buffers are not poisoned first (benchmarks: a byte
+                         * the graph never writes may then go unnoticed) */
 } nrs_emu_exec_opts_t;
 
 typedef struct {
@@ -24,6 +26,8 @@ typedef struct {
     int64_t leaks;          /* buffers live at the end that the new state does not hold */
     int64_t xport_errors;
     int64_t peak_max;       /* largest per-GPU bytes seen, with the reserve */
+    int64_t bytes_moved;    /* payload of the copies, transfers and stagings run */
+    double run_s;           /* seconds running the ops (not filling, not verifying) */
     char first_error[256];
 } nrs_emu_exec_result_t;
 

@@ -23,6 +23,16 @@
  * nrs_worker_last_error(NULL)) and the calls with output pointers with
  * NULL ones on its real handle, then prints
  *   mp_worker[i]: NULL checks: N calls refused a NULL handle, NULL outputs taken
+ *
+ * Layer views (nrs_worker_buffer_layer, API 5): after the state is allocated
+ * and after every transition, every rank takes each buffer of a layer tensor
+ * apart into the layers its box touches (computed here from the box and the
+ * spec's hidden size) and checks every part against the geometry computed
+ * here (shape, pitch, place in the layer's own weight, address inside the
+ * buffer, contents = runtime/emu's pattern at those global coordinates in
+ * host memory), that the parts tile the box, and that a layer outside the
+ * box or a global tensor's buffer is refused naming the layer; it prints
+ *   mp_worker[i]: layer views (<when>): B buffer(s), P part(s) tile their boxes, R refused
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -31,6 +41,7 @@
 #include <time.h>
 
 #include "emu/graph.h"
+#include "emu/pattern.h"
 #include "emu/testutil.h"
 #include "nereus/nereus.h"
 
@@ -132,6 +143,8 @@ static int null_handle(int *calls)
     REFUSED(nrs_worker_buffer, NRS_ERR_INVAL, NULL, 0, NULL, NULL);
     REFUSED(nrs_worker_buffer_desc, NRS_ERR_INVAL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
             NULL, NULL);
+    REFUSED(nrs_worker_buffer_layer, NRS_ERR_INVAL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL,
+            NULL);
     REFUSED(nrs_worker_verify_state, NRS_ERR_INVAL, NULL, NULL, NULL);
     REFUSED(nrs_worker_set_report_sink, NRS_ERR_INVAL, NULL, NULL, NULL);
     REFUSED(nrs_worker_report_stage, NRS_ERR_INVAL, NULL, 0, 1.0);
@@ -183,6 +196,150 @@ static int null_outputs(nrs_worker_t *w)
     if (bad)
         fprintf(stderr, "mp_worker[%d]: NULL outputs: %d check(s) failed (last: %s)\n",
                 nrs_worker_rank(w), bad, nrs_worker_last_error(w));
+    return bad;
+}
+
+/* Tensor ids (nereus.h, nrs_worker_buffer_desc): 0..2 global, 3..9 stacked. */
+enum { T_QKV = 3, T_O, T_GATE, T_UP, T_DOWN, T_NORM1, T_NORM2, T_END };
+
+/* The last error of w is buffer_layer's and names layer l. */
+static int names_layer(const nrs_worker_t *w, int l)
+{
+    char want[48];
+    const char *m = nrs_worker_last_error(w), *p;
+    snprintf(want, sizeof want, "layer %d", l);
+    if (strncmp(m, "nrs_worker_buffer_layer: ", 25))
+        return 0;
+    for (p = strstr(m, want); p; p = strstr(p + 1, want))
+        if (p[strlen(want)] < '0' || p[strlen(want)] > '9')
+            return 1;
+    return 0;
+}
+
+/* buffer_layer(w, i, l) must fail with NRS_ERR_INVAL naming layer l, also
+ * with every output NULL: 0 if so. */
+static int refuses(nrs_worker_t *w, int i, int l)
+{
+    void *ptr;
+    int rows, cols, r0, c0, bad = 0;
+    long long pitch;
+    bad += nrs_worker_buffer_layer(w, i, l, &ptr, &rows, &cols, &pitch, &r0, &c0) !=
+               NRS_ERR_INVAL || !names_layer(w, l);
+    bad += nrs_worker_buffer_layer(w, i, l, NULL, NULL, NULL, NULL, NULL, NULL) !=
+               NRS_ERR_INVAL || !names_layer(w, l);
+    if (bad)
+        fprintf(stderr, "mp_worker[%d]: buffer %d, layer %d: not refused as it should be (%s)\n",
+                nrs_worker_rank(w), i, l, nrs_worker_last_error(w));
+    return bad;
+}
+
+/* The layer views of every buffer (see the head of the file): the number of
+ * failed checks; the counts of buffers, parts and refusals checked. */
+static int layer_views(nrs_worker_t *w, const nrs_spec_t *s, const char *when)
+{
+    int nb = nrs_worker_nbuffers(w), bad = 0, nlayer = 0, nref = 0, me = nrs_worker_rank(w);
+    int host = nrs_worker_mem_kind(w) == NRS_MEM_HOST;
+    long long nparts = 0;
+    for (int i = 0; i < nb; i++) {
+        int role, tensor, kind, r0, r1, c0, c1, es;
+        void *base;
+        long long bytes;
+        if (nrs_worker_buffer_desc(w, i, &role, &tensor, &kind, &r0, &r1, &c0, &c1, &es) ||
+            nrs_worker_buffer(w, i, &base, &bytes)) {
+            fprintf(stderr, "mp_worker[%d]: buffer %d: %s\n", me, i, nrs_worker_last_error(w));
+            return bad + 1;
+        }
+        if (tensor < T_QKV) { /* a global tensor holds no layer */
+            bad += refuses(w, i, 0);
+            nref++;
+            continue;
+        }
+        if (tensor >= T_END || role < 0 || role >= NRS_ROLE_COUNT) {
+            fprintf(stderr, "mp_worker[%d]: buffer %d: tensor %d of role %d?\n", me, i, tensor,
+                    role);
+            return bad + 1;
+        }
+        const nrs_model_t *m = &s->models[role];
+        /* qkv, gate, up: layer l in columns [l*H, (l+1)*H); o, down: in rows
+         * [l*H, (l+1)*H); the norms: row l */
+        int bycol = tensor == T_QKV || tensor == T_GATE || tensor == T_UP;
+        int span = tensor >= T_NORM1 ? 1 : m->hidden;
+        int a = bycol ? c0 : r0, b = bycol ? c1 : r1, l0 = a / span, l1 = (b - 1) / span + 1;
+        long long width = c1 - c0, area = (long long)(r1 - r0) * width, sum = 0;
+        nlayer++;
+        for (int l = l0; l < l1; l++) {
+            /* the part, in the stacked tensor: the box within layer l's range */
+            int er0 = r0, er1 = r1, ec0 = c0, ec1 = c1;
+            if (bycol) {
+                ec0 = c0 > l * span ? c0 : l * span;
+                ec1 = c1 < (l + 1) * span ? c1 : (l + 1) * span;
+            } else {
+                er0 = r0 > l * span ? r0 : l * span;
+                er1 = r1 < (l + 1) * span ? r1 : (l + 1) * span;
+            }
+            void *ptr = NULL;
+            int rows = -1, cols = -1, lr0 = -1, lc0 = -1;
+            long long pitch = -1;
+            int rc = nrs_worker_buffer_layer(w, i, l, &ptr, &rows, &cols, &pitch, &lr0, &lc0);
+            long long off = rc ? -1 : (long long)((uintptr_t)ptr - (uintptr_t)base);
+            long long want_off = ((long long)(er0 - r0) * width + (ec0 - c0)) * es;
+            int want_lr0 = bycol ? r0 : er0 - l * span, want_lc0 = bycol ? ec0 - l * span : c0;
+            int ok = rc == NRS_OK && rows == er1 - er0 && cols == ec1 - ec0 && rows > 0 &&
+                     cols > 0 && pitch == width * es && lr0 == want_lr0 && lc0 == want_lc0 &&
+                     off == want_off && off >= 0 && off + (rows - 1) * pitch + cols * es <= bytes;
+            /* every output NULL: the same answer */
+            ok = ok && nrs_worker_buffer_layer(w, i, l, NULL, NULL, NULL, NULL, NULL, NULL) ==
+                           NRS_OK;
+            int same = 1; /* the bytes, in host memory */
+            if (ok && host) {
+                /* the pattern of those global coordinates (grads: zero), row by
+                 * row: through the view, and at the place the box puts them */
+                nrs_emu_buf_t pb = {.role = (int16_t)role, .kind = (uint8_t)kind,
+                                    .esize = (uint8_t)es, .tensor = tensor,
+                                    .box = {er0, er1, ec0, ec1}};
+                size_t rowb = (size_t)cols * es;
+                pb.bytes = (int64_t)rows * (int64_t)rowb;
+                char *want = malloc((size_t)pb.bytes);
+                if (!want)
+                    return bad + 1;
+                nrs_emu_pattern_fill(&pb, want);
+                for (int r = 0; same && r < rows; r++) {
+                    const char *at = (const char *)base +
+                                     ((long long)(er0 + r - r0) * width + (ec0 - c0)) * es;
+                    same = !memcmp((const char *)ptr + r * pitch, want + r * rowb, rowb) &&
+                           !memcmp(at, want + r * rowb, rowb);
+                }
+                free(want);
+            }
+            if (!ok || !same) {
+                fprintf(stderr, "mp_worker[%d]: buffer %d (tensor %d, kind %d, box [%d,%d)x[%d,%d),"
+                        " hidden %d), layer %d: rc %d, %d x %d, pitch %lld, at (%d, %d), offset "
+                        "%lld of %lld; wanted %d x %d, pitch %lld, at (%d, %d), offset %lld; %s "
+                        "(%s)\n", me, i, tensor, kind, r0, r1, c0, c1, m->hidden, l, rc, rows,
+                        cols, pitch, lr0, lc0, off, bytes, er1 - er0, ec1 - ec0, width * es,
+                        want_lr0, want_lc0, want_off,
+                        same ? "bytes not compared or as the pattern" : "bytes not the pattern's",
+                        rc ? nrs_worker_last_error(w) : "the call succeeded");
+                bad++;
+            }
+            sum += rc ? 0 : (long long)rows * cols;
+            nparts++;
+        }
+        if (sum != area) {
+            fprintf(stderr, "mp_worker[%d]: buffer %d: layers %d..%d cover %lld of %lld elements\n",
+                    me, i, l0, l1 - 1, sum, area);
+            bad++;
+        }
+        /* outside the box: the layer before, the one after, and past the model */
+        if (l0 > 0)
+            bad += refuses(w, i, l0 - 1), nref++;
+        bad += refuses(w, i, l1), nref++;
+        bad += refuses(w, i, m->layers + 3), nref++;
+        bad += refuses(w, i, -1), nref++;
+    }
+    if (!bad)
+        printf("mp_worker[%d]: layer views (%s): %d buffer(s), %lld part(s) tile their boxes, "
+               "%d refused\n", me, when, nlayer, nparts, nref);
     return bad;
 }
 
@@ -241,7 +398,7 @@ int main(int argc, char **argv)
     if (me == 0 && nrs_worker_last_error(w)[0])
         printf("mp_worker[0]: %s\n", nrs_worker_last_error(w));
     int ncalls = 0;
-    if (null_handle(&ncalls) || null_outputs(w))
+    if (null_handle(&ncalls) || null_outputs(w) || layer_views(w, &s, "initial state"))
         goto out;
     printf("mp_worker[%d]: NULL checks: %d calls refused a NULL handle, NULL outputs taken\n", me,
            ncalls);
@@ -312,6 +469,10 @@ int main(int argc, char **argv)
             goto out;
         }
         if (check(w, "after the transition", &nv))
+            goto out;
+        char when[32];
+        snprintf(when, sizeof when, "epoch %d", nrs_worker_epoch(w));
+        if (layer_views(w, &s, when))
             goto out;
         if (me == 0)
             printf("mp_worker[0]: epoch %d: %d -> %d GPUs in %.3f s, %g transfer(s), up to %g in "

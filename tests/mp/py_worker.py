@@ -32,7 +32,13 @@ verify_state sees it (then restore it). --rerun A:B: after step B go back to
 step A and run (and report) steps A..B again, as a trainer that restored the
 checkpoint of step A would; the controller ignores those reports and keeps
 the channel (printed at the end: "rank R: control connected after the last
-step").
+step"). --check-layers: on the first state and again at the end, take every
+buffer of a layer tensor apart by layer (buffer_layer, API 5) and check each
+part against the geometry computed here from its box (hidden: the width of
+the rank's hidden-wide weights, so it holds for a scaled spec too): shape,
+pitch, place in the layer's own weight, address and bytes, the parts tiling
+the box, a layer outside it and a global tensor's buffer refused:
+    rank R: layer views (WHEN): B buffer(s), P part(s) tile their boxes, N refused, X wrong
 
 Exit status as nereus-worker: 0 every checksum verified; 1 a mismatch or a
 failure; 2 usage; 3 a transition failed past its point of no return; 4
@@ -41,6 +47,7 @@ retired by the controller.
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -74,6 +81,8 @@ def parse_args(argv):
                     help="after step B, run steps A..B again (as after a checkpoint restore)")
     ap.add_argument("--check-buffers", action="store_true",
                     help="check buffer access through memoryviews before the loop")
+    ap.add_argument("--check-layers", action="store_true",
+                    help="check the per-layer views of the layer tensors (first and last state)")
     a = ap.parse_args(argv)
     if not a.spec:
         ap.error("no spec: --spec FILE or NEREUS_SPEC")
@@ -168,6 +177,113 @@ def check_buffers(w):
     say(f"rank {me}: byte restored: verify_state: {back.verified} shards, "
         f"{back.mismatches} mismatches")
     return wrong == 0 and base == (n, 0) and bad == (n, 1) and back == (n, 0)
+
+
+# buffer_layer's geometry (nereus.h): qkv, gate and up stack layer l in
+# columns [l*hidden, (l+1)*hidden), o and down in rows, the norms in row l
+BY_COLUMN = (nw.NRS_TENSOR_QKV, nw.NRS_TENSOR_GATE, nw.NRS_TENSOR_UP)
+NORMS = (nw.NRS_TENSOR_NORM1, nw.NRS_TENSOR_NORM2)
+HIDDEN_WIDE = (nw.NRS_TENSOR_EMBED, nw.NRS_TENSOR_FINAL_NORM, nw.NRS_TENSOR_HEAD) + NORMS
+
+
+def hidden_sizes(w, descs):
+    """{role: hidden}: the width of the role's weights that are hidden wide
+    (the norms, embedding, heads: every column); None if they disagree."""
+    seen = {}
+    for d in descs:
+        if d.kind == nw.NRS_EMU_WEIGHT and d.tensor in HIDDEN_WIDE:
+            seen.setdefault(d.role, set()).add((d.c0, d.c1))
+    if any(len(v) != 1 or next(iter(v))[0] != 0 for v in seen.values()):
+        say(f"rank {w.rank}: layer views: hidden-wide weights of different widths: {seen}")
+        return None
+    return {role: next(iter(v))[1] for role, v in seen.items()}
+
+
+def refused(w, i, layer):
+    """buffer_layer(i, layer) raises NRS_ERR_INVAL naming the call and the layer."""
+    try:
+        w.buffer_layer(i, layer)
+    except nw.NereusError as e:
+        return (e.code == nw.NRS_ERR_INVAL and
+                re.match(rf"nrs_worker_buffer_layer: .*\blayer {layer}(?!\d)", e.message)
+                is not None)
+    return False
+
+
+def layer_part_ok(w, i, d, b, layer, hidden, host):
+    """One layer's part of buffer i (desc d, Buffer b): (rows * cols, ok)."""
+    span = 1 if d.tensor in NORMS else hidden
+    bycol = d.tensor in BY_COLUMN
+    r0, r1, c0, c1 = d.r0, d.r1, d.c0, d.c1
+    if bycol:
+        c0, c1 = max(c0, layer * span), min(c1, (layer + 1) * span)
+    else:
+        r0, r1 = max(r0, layer * span), min(r1, (layer + 1) * span)
+    width, es = d.c1 - d.c0, d.esize
+    want_at = (d.r0, c0 - layer * span) if bycol else (r0 - layer * span, d.c0)
+    off = ((r0 - d.r0) * width + (c0 - d.c0)) * es
+    try:
+        p = w.buffer_layer(i, layer)
+    except nw.NereusError as e:
+        say(f"rank {w.rank}: buffer {i} {d}, layer {layer}: {e}")
+        return 0, False
+    ok = ((p.rows, p.cols, p.pitch, (p.r0, p.c0)) == (r1 - r0, c1 - c0, width * es, want_at) and
+          p.rows > 0 and p.cols > 0 and p.ptr - b.ptr == off and
+          off + (p.rows - 1) * p.pitch + p.cols * es <= b.nbytes)
+    if ok and host:
+        # the bytes through the view's rows are those at the place the box puts them
+        whole, n = w.buffer_view(i), p.cols * es
+        rows = w.buffer_layer_view(i, layer)
+        ok = len(rows) == p.rows and all(
+            bytes(v) == bytes(whole[off + r * width * es:off + r * width * es + n])
+            for r, v in enumerate(rows))
+    if not ok:
+        say(f"rank {w.rank}: buffer {i} {d} (hidden {hidden}), layer {layer}: {p}; wanted "
+            f"{r1 - r0} x {c1 - c0}, pitch {width * es}, at {want_at}, {off} bytes in, the "
+            "buffer's bytes")
+    return p.rows * p.cols, ok
+
+
+def check_layers(w, when):
+    """Every buffer of a layer tensor taken apart by layer (see the docstring).
+    True if every check held."""
+    me, host = w.rank, w.mem_kind == nw.NRS_MEM_HOST
+    descs = [w.buffer_desc(i) for i in range(w.nbuffers)]
+    hidden = hidden_sizes(w, descs)
+    if hidden is None:
+        return False
+    nlayer = nparts = nref = wrong = 0
+    for i, d in enumerate(descs):
+        if d.tensor < nw.NRS_TENSOR_QKV:  # a global tensor: no layer
+            nref += 1
+            wrong += not refused(w, i, 0)
+            continue
+        if d.role not in hidden:
+            say(f"rank {me}: buffer {i} {d}: no hidden-wide weight of its model")
+            wrong += 1
+            continue
+        b, h = w.buffer(i), hidden[d.role]
+        span = 1 if d.tensor in NORMS else h
+        lo, hi = (d.c0, d.c1) if d.tensor in BY_COLUMN else (d.r0, d.r1)
+        l0, l1 = lo // span, (hi - 1) // span + 1
+        nlayer += 1
+        area = 0
+        for layer in range(l0, l1):
+            n, ok = layer_part_ok(w, i, d, b, layer, h, host)
+            area += n
+            nparts += 1
+            wrong += not ok
+        if area != (d.r1 - d.r0) * (d.c1 - d.c0):
+            say(f"rank {me}: buffer {i} {d}: layers {l0}..{l1 - 1} cover {area} elements")
+            wrong += 1
+        for layer in ([l0 - 1] if l0 > 0 else []) + [l1, -1]:  # outside the box
+            nref += 1
+            if not refused(w, i, layer):
+                say(f"rank {me}: buffer {i} {d}: layer {layer} not refused ({w.last_error})")
+                wrong += 1
+    say(f"rank {me}: layer views ({when}): {nlayer} buffer(s), {nparts} part(s) tile their "
+        f"boxes, {nref} refused, {wrong} wrong")
+    return wrong == 0
 
 
 class Job:
@@ -302,6 +418,8 @@ class Job:
             f"{v.verified} shards, {v.mismatches} mismatches")
         if v.mismatches:
             self.exitc = 1
+        if self.a.check_layers and not check_layers(w, f"epoch {w.epoch}, at the end"):
+            self.exitc = 1
         if self.a.sync and w.gpu >= 0:
             self.verify_generation()
 
@@ -369,6 +487,8 @@ def main(argv):
     try:
         rc = start(w, a)
         if rc is None and a.check_buffers and not check_buffers(w):
+            rc = 1
+        if rc is None and a.check_layers and not check_layers(w, "initial state"):
             rc = 1
         if rc is None:
             job = Job(w, a)

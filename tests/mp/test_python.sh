@@ -5,7 +5,9 @@
 # (controller --gpus 4: node0's 4 GPUs):
 #   1. the binding alone (python/test_nereus_worker.py): constants and API
 #      version equal to the headers' (and a header changed in a copy is
-#      caught), the library's version check, error paths (bad, malformed or
+#      caught), the tensor ids runtime/emu/geometry.h's, every bound
+#      function's ctypes types its nereus.h prototype's (buffer_layer's
+#      arguments too), the library's version check, error paths (bad, malformed or
 #      no spec; calls out of order; a finalized handle) raise NereusError with
 #      the library's message, which names the call and the reason; every
 #      function of nereus.h called with a NULL handle (ctypes) refuses it; a
@@ -15,7 +17,11 @@
 #   2. buffers: one Python rank (PMIx singleton) under a controller: reads
 #      its host state through memoryviews (sizes match the boxes, zero
 #      exactly where the pattern is: grads), flips one byte -> verify_state
-#      counts exactly 1 mismatch, restores it -> 0; then re-runs steps 2-4
+#      counts exactly 1 mismatch, restores it -> 0; takes every layer-tensor
+#      buffer apart by layer (buffer_layer, API 5; --check-layers: shapes,
+#      places, addresses and bytes as computed from the boxes, the parts
+#      tiling them, layers outside refused; also in 3 and 4, where the spec
+#      is scaled, at the first and the last state); then re-runs steps 2-4
 #      (as after a checkpoint restore): the controller ignores those
 #      reports, logs the run once, keeps the channel, takes step 5;
 #   3. 4 Python ranks (tests/mp/py_worker.py, nereus-worker's loop), 24
@@ -85,7 +91,8 @@ mp_case "binding: constants, version check, error paths, singleton (python/test_
     0 60 "${PY[@]}" "$S/python/test_nereus_worker.py" -v
 cp "$mp_out" "$tmp/unit.log"
 for t in test_api_version_matches_header test_constants_match_headers test_version_check \
-    test_every_function_has_types test_every_stable_function_is_bound test_bad_spec_path \
+    test_every_function_has_types test_every_stable_function_is_bound \
+    test_bound_types_match_header test_buffer_layer_arguments test_bad_spec_path \
     test_malformed_spec test_no_spec test_failed_init_message_outlives_the_handle \
     test_parser_sees_every_function test_every_function_refuses_null test_no_transition_yet \
     test_null_outputs test_out_of_order test_messages_name_the_call \
@@ -96,8 +103,9 @@ check "binding: nothing skipped" "! grep -q 'skipped' '$tmp/unit.log'"
 
 # the constants check catches a header change: run it on a copy with one value moved
 # and one constant added
-mkdir -p "$tmp/drift/include/nereus"
+mkdir -p "$tmp/drift/include/nereus" "$tmp/drift/runtime/emu"
 cp "$S"/include/nereus/*.h "$tmp/drift/include/nereus/"
+cp "$S/runtime/emu/geometry.h" "$tmp/drift/runtime/emu/"
 sed -i 's/NRS_GROUP_DP = 2/NRS_GROUP_DP = 3/; s/NRS_ERR_CHECKPOINT = -12/NRS_ERR_CHECKPOINT = -12, NRS_ERR_NEW = -13/' \
     "$tmp/drift/include/nereus/nereus.h"
 mp_case "binding: a drifted header copy fails the constants check" 1 30 \
@@ -116,7 +124,7 @@ D="$tmp/s2"
 start_ctl "$D" "$tmp/c2.log" --gpus 1
 mp_case "buffers: 1 Python rank (PMIx singleton), host state read and corrupted through memoryviews" \
     0 40 env NEREUS_SOCKET_DIR="$D" "${PY[@]}" "$PYW" --spec "$SPEC" --steps 6 --mem host \
-    --check-buffers --quiet-s 0.5 --rerun 2:4
+    --check-buffers --check-layers --quiet-s 0.5 --rerun 2:4
 cp "$mp_out" "$tmp/w2.log"
 V='verify_state: [1-9][0-9]* shards'
 check "buffers: non-zero state, zero exactly in the grads, sizes as their boxes, all verified" \
@@ -126,6 +134,11 @@ check "buffers: one byte flipped through a memoryview -> exactly 1 mismatch" \
 check "buffers: restored -> 0 mismatches, and still at the end" \
     'has "$tmp/w2.log" "^rank 0: byte restored: $V, 0 mismatches" &&
      has "$tmp/w2.log" "^rank 0: epoch 1, 0 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches"'
+L='layer views \((initial state|epoch [0-9]+, at the end)\): [0-9]+ buffer\(s\), [0-9]+ part\(s\) tile their boxes, [0-9]+ refused, 0 wrong'
+L1='layer views \(initial state\): [1-9][0-9]* buffer\(s\), [1-9][0-9]* part\(s\) tile their boxes, [1-9][0-9]* refused, 0 wrong'
+check "buffers: every layer-tensor buffer tiled by its layers' views, first and last state" \
+    '[ "$(count "^rank 0: $L" "$tmp/w2.log")" -eq 2 ] && has "$tmp/w2.log" "^rank 0: $L1"' \
+    "$(grep 'layer views' "$tmp/w2.log" | tr '\n' ';')"
 # steps 2-4 reported again: not new steps, so ignored, and the channel stays
 check "stale reports: the rank re-ran steps 2-4 and kept its control channel" \
     '[ "$(count "re-running from step" "$tmp/w2.log")" -eq 1 ] &&
@@ -143,7 +156,8 @@ D="$tmp/s3"
 start_ctl "$D" "$tmp/c3.log" --gpus 4
 mp_case "python: 4 ranks, 24 steps, response length 32 -> 512" 0 60 \
     env NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 55 -- "${PY[@]}" "$PYW" --spec "$SPEC" \
-    --steps 24 --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 512
+    --steps 24 --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 512 \
+    --check-layers
 cp "$mp_out" "$tmp/w3.log"
 n=$(count '^rank [0-3] of 4: pid [0-9]+, epoch 1, GPU [0-3], [1-9][0-9]* buffer\(s\), control connected' "$tmp/w3.log")
 check "python: 4 ranks took the controller's epoch 1 and allocated state" "[ $n -eq 4 ]" "$n of 4"
@@ -154,6 +168,10 @@ check "python: 4 ranks verified every shard after the transition(s)" "[ $n -eq 4
 n=$(grep -E '^rank [0-3]: epoch [0-9]+,' "$tmp/w3.log" | sed 's/^rank [0-3]: //; s/: verified.*//' | sort -u | wc -l)
 check "python: the 4 ranks ended on the same epoch after as many transitions" "[ $n -eq 1 ]" \
     "$(grep -E '^rank [0-3]: epoch [0-9]+,' "$tmp/w3.log" | tr '\n' ';')"
+n=$(count "^rank [0-3]: $L" "$tmp/w3.log")
+m=$(count "^rank [0-3]: $L1" "$tmp/w3.log")
+check "python: 4 ranks' layer views tile their layer-tensor buffers, first and last state" \
+    "[ $n -eq 8 ] && [ $m -ge 1 ]" "$n of 8, $m with layer tensors at first"
 check "python: the controller admitted a workload transition and committed it" \
     "grep -q 'trigger workload: ADMITTED' '$tmp/c3.log' && grep -q 'epoch 2 committed in' '$tmp/c3.log'" \
     "$(grep -c ADMITTED "$tmp/c3.log") admissions"
@@ -179,7 +197,7 @@ SPEC="$tmp/e2e-scaled.yaml"
 cat >"$tmp/mixed.sh" <<EOS
 #!/bin/sh
 # ranks 0-1 Python, 2-3 nereus-worker: one job, one PMIx namespace
-if [ "\${PMIX_RANK:-0}" -lt 2 ]; then exec ${PY[*]} "$PYW" --sync "\$@"; fi
+if [ "\${PMIX_RANK:-0}" -lt 2 ]; then exec ${PY[*]} "$PYW" --sync --check-layers "\$@"; fi
 exec "$WK" "\$@"
 EOS
 chmod +x "$tmp/mixed.sh"
@@ -196,6 +214,9 @@ check "mixed: the 4 ranks committed epoch 2, at the same step" "[ $n -eq 4 ] && 
     "$n of 4, at $m step(s): $(echo "$c2" | tr '\n' ';')"
 n=$(count '^rank [0-3]: epoch ([2-9]|[1-9][0-9]+), [1-9][0-9]* transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w4.log")
 check "mixed: 4 ranks verified every shard" "[ $n -eq 4 ]" "$n of 4"
+n=$(count "^rank [01]: $L" "$tmp/w4.log")
+check "mixed: the 2 Python ranks' layer views tile their buffers on the scaled spec" \
+    "[ $n -eq 4 ]" "$n of 4: $(grep 'layer views' "$tmp/w4.log" | tr '\n' ';')"
 G='weight sync: 24 steps, [0-9]+ bytes, 0 failed, [0-9.]+ s/step; verified [1-9][0-9]* generation shards, 0 mismatches'
 n=$(count "^rank [01]: $G" "$tmp/w4.log")
 m=$(count "^rank [23]: $G" "$tmp/w4.log")

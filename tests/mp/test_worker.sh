@@ -6,7 +6,10 @@
 # census of the new state (present / rebuildable / lost). Before the chains
 # every rank calls each public function with a NULL handle (refused with its
 # failure value, the call named in nrs_worker_last_error(NULL)) and those
-# with output pointers with NULL ones. No hang: hard time-outs on everything.
+# with output pointers with NULL ones; on the first state and after every
+# transition every rank takes its layer-tensor buffers apart by layer
+# (nrs_worker_buffer_layer, API 5) and checks each part against the geometry
+# and the pattern. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -20,6 +23,12 @@ for tls in sm tcp; do
         got=$(grep -cE "NULL checks: [1-9][0-9]* calls refused a NULL handle, NULL outputs taken" "$mp_out")
         [ "$got" -eq "$n" ] && { echo "[       OK ] worker $tls $n ranks: NULL handle and NULL outputs on $got rank(s)"; mp_pass=$((mp_pass + 1)); } \
             || { echo "[  FAILED  ] worker $tls $n ranks: NULL checks passed on $got of $n rank(s)"; mp_fail=$((mp_fail + 1)); }
+        # layer views (nrs_worker_buffer_layer): every rank, on the first state and after
+        # each of the 4 transitions; some rank holds layer tensors and took them apart
+        got=$(grep -cE "layer views \((initial state|epoch [2-5])\): [0-9]+ buffer\(s\), [0-9]+ part\(s\) tile their boxes, [0-9]+ refused" "$mp_out")
+        some=$(grep -cE "layer views \(initial state\): [1-9][0-9]* buffer\(s\), [1-9][0-9]* part\(s\) tile" "$mp_out")
+        [ "$got" -eq $((n * 5)) ] && [ "$some" -ge 1 ] && { echo "[       OK ] worker $tls $n ranks: layer views tile every layer buffer ($got checks, $some rank(s) with layer tensors at first)"; mp_pass=$((mp_pass + 1)); } \
+            || { echo "[  FAILED  ] worker $tls $n ranks: layer views passed $got of $((n * 5)) time(s), $some rank(s) with layer tensors"; mp_fail=$((mp_fail + 1)); }
     done
 done
 stamp=$(mktemp "${TMPDIR:-/tmp}/nrs-wkill.XXXXXX")

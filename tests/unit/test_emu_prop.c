@@ -106,7 +106,7 @@ static void check_lost_is_real(const nrs_emu_graph_t *g)
 static int execute(const nrs_emu_graph_t *g, int64_t stop, nrs_emu_exec_result_t *res)
 {
     nrs_xport_t x;
-    nrs_emu_exec_opts_t eo = {stop};
+    nrs_emu_exec_opts_t eo = {.stop_after = stop};
     assert_int_equal(nrs_xport_local_open(&x), 0);
     int rc = nrs_emu_execute(g, &x, &eo, res);
     nrs_xport_close(&x);

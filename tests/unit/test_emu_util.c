@@ -148,7 +148,7 @@ int tu_run(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b, const 
 {
     nrs_emu_graph_t *g = NULL;
     nrs_xport_t x;
-    nrs_emu_exec_opts_t eo = {stop_after};
+    nrs_emu_exec_opts_t eo = {.stop_after = stop_after};
     nrs_emu_exec_result_t res;
     int rc = nrs_emu_transition(s, a, b, o, &g, err, errlen);
     if (rc) {
