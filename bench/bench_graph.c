@@ -45,6 +45,17 @@ typedef struct {
     nrs_layout_t a, b;
 } named_t;
 
+/* Llama-3-8B or -70B shapes as the one model of an 8-GPU-per-node H200 spec. */
+static void named_spec(const named_t *c, nrs_model_t *m, nrs_spec_t *s)
+{
+    if (c->big)
+        tu_model(m, 80, 8192, 28672, 64, 8, 128256);
+    else
+        tu_model(m, 32, 4096, 14336, 32, 8, 128256);
+    tu_spec_fixed(s, m, 8);
+    h200(s);
+}
+
 static void run_named(const named_t *c)
 {
     nrs_model_t m;
@@ -52,12 +63,7 @@ static void run_named(const named_t *c)
     nrs_plan_t a, b;
     nrs_emu_graph_t *g = NULL;
     char err[512];
-    if (c->big)
-        tu_model(&m, 80, 8192, 28672, 64, 8, 128256);
-    else
-        tu_model(&m, 32, 4096, 14336, 32, 8, 128256);
-    tu_spec_fixed(&s, &m, 8);
-    h200(&s);
+    named_spec(c, &m, &s);
     tu_plan_single(&s, c->ga, &c->a, &a);
     tu_plan_single(&s, c->gb, &c->b, &b);
     double t0 = now_s();
@@ -136,12 +142,7 @@ static void run_exec(const named_t *c, double scale)
     nrs_xport_t x;
     nrs_emu_exec_result_t res;
     char err[512];
-    if (c->big)
-        tu_model(&m, 80, 8192, 28672, 64, 8, 128256);
-    else
-        tu_model(&m, 32, 4096, 14336, 32, 8, 128256);
-    tu_spec_fixed(&s, &m, 8);
-    h200(&s);
+    named_spec(c, &m, &s);
     s.cluster.gpu_mem_gib = 1e6; /* scaled: the full cap does not apply */
     nrs_emu_scale_spec(&s, scale, &ss);
     tu_plan_single(&ss, c->ga, &c->a, &a);
@@ -262,6 +263,12 @@ static int run_scale(const char *path, int argc, char **argv)
                g->phase_s[NRS_EMU_PH_STATES] * 1e3, g->phase_s[NRS_EMU_PH_BUFFERS] * 1e3,
                g->phase_s[NRS_EMU_PH_SOURCES] * 1e3, g->phase_s[NRS_EMU_PH_CHUNKS] * 1e3,
                g->phase_s[NRS_EMU_PH_SCHEDULE] * 1e3, g->from.nbuf, (int)g->to.nbuf, g->nchunks);
+        size_t by[NRS_EMU_OP_COUNT] = {0};
+        for (size_t k = 0; k < g->nops; k++)
+            by[g->ops[k].type]++;
+        printf("           ops: %zu allocs, %zu frees, %zu transfers, %zu copies, %zu stagings, "
+               "%zu comms\n", by[NRS_EMU_OP_ALLOC], by[NRS_EMU_OP_FREE], by[NRS_EMU_OP_XFER],
+               by[NRS_EMU_OP_COPY], by[NRS_EMU_OP_STAGE], by[NRS_EMU_OP_COMM]);
         nrs_emu_graph_free(g);
     }
     return 0;
