@@ -771,14 +771,21 @@ int nrs_enc_gather(uint8_t *buf, size_t cap, const nrs_msg_gather_t *m)
     return wr_finish(&w, NRS_MSG_GATHER, 0);
 }
 
+/* The head GATHER and GATHERED share: key u64, a non-empty name. */
+static uint64_t rkey_name(rd_t *r, char *name, size_t n)
+{
+    uint64_t key = r64(r, "key");
+    rstr(r, "name", name, n);
+    if (!r->bad && !name[0])
+        fail(r, "empty name");
+    return key;
+}
+
 int nrs_dec_gather(const uint8_t *b, size_t n, nrs_msg_gather_t *m, char *why, size_t wl)
 {
     rd_t r;
     rd_init(&r, b, n, why, wl);
-    m->key = r64(&r, "key");
-    rstr(&r, "name", m->name, sizeof(m->name));
-    if (!r.bad && !m->name[0])
-        fail(&r, "empty name");
+    m->key = rkey_name(&r, m->name, sizeof(m->name));
     m->timeout_ms = r32(&r, "timeout_ms");
     if (!r.bad && (m->timeout_ms < 1 || m->timeout_ms > NRS_GATHER_TIMEOUT_MAX))
         fail(&r, "timeout_ms = %u out of range 1..%u", m->timeout_ms, NRS_GATHER_TIMEOUT_MAX);
@@ -824,10 +831,7 @@ int nrs_dec_gathered(const uint8_t *b, size_t n, nrs_msg_gathered_t *m, char *wh
 {
     rd_t r;
     rd_init(&r, b, n, why, wl);
-    m->key = r64(&r, "key");
-    rstr(&r, "name", m->name, sizeof(m->name));
-    if (!r.bad && !m->name[0])
-        fail(&r, "empty name");
+    m->key = rkey_name(&r, m->name, sizeof(m->name));
     m->len = r32(&r, "len");
     if (!r.bad && m->len > NRS_GATHER_DATA_MAX)
         fail(&r, "len = %u over %u", m->len, NRS_GATHER_DATA_MAX);

@@ -15,6 +15,7 @@
 #                         CMD (if given) succeeds. OK line: "NAME within 2 poll
 #                         intervals (N s): DETAIL"; on failure both logs' tails
 #   sl_need_plugin NAME   skip NAME and exit unless plugstack.conf has Nereus
+#   sl_need_bins NAME PROG...  the same unless $NRS_BUILDDIR has each PROG (sets nrs, wk)
 #   sl_at_exit CMD        on exit run CMD, then remove $sl_tmp (replaces the
 #                         trap set here)
 #   sl_resume NODE        scontrol update NodeName=NODE State=RESUME, quietly
@@ -97,6 +98,18 @@ sl_plugstack_restore() { cp "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" "$(sl_p
 sl_have_plugin() { grep -q 'nereus.so' "$(sl_plugstack)" 2>/dev/null; }
 sl_need_plugin() { # name
     sl_have_plugin || { sl_skip "$1" "no Nereus plugin in $(sl_plugstack)"; sl_done; }
+}
+# sl_need_bins NAME PROG...: skip NAME and exit unless each PROG is an
+# executable of $NRS_BUILDDIR; sets nrs (the nereus CLI) and wk (nereus-worker).
+sl_need_bins() {
+    local name=$1 p
+    shift
+    nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
+    wk="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus-worker}"
+    for p in "$@"; do
+        [ -n "$NRS_BUILDDIR" ] && [ -x "$NRS_BUILDDIR/$p" ] ||
+            { sl_skip "$name" "no $p (set NRS_BUILDDIR)"; sl_done; }
+    done
 }
 sl_check_slurmds() {
     sl_run 20 "$NRS_SRCDIR/scripts/cluster" status --dir "$NRS_CLUSTER_DIR"

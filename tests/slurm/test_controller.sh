@@ -8,8 +8,7 @@
 # the step's launch fails instead.
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "controller"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-[ -n "$nrs" ] && [ -x "$nrs" ] || { sl_skip "controller" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; }
+sl_need_bins "controller" nereus
 cd "$sl_tmp" || exit 1
 sl_at_exit sl_plugstack_restore
 state="$NRS_CLUSTER_DIR/nereus"

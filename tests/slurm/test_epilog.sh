@@ -12,9 +12,8 @@
 . "$(dirname "$0")/lib.sh"
 cd "$sl_tmp" || exit 1
 state="$NRS_CLUSTER_DIR/nereus"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
 sl_need_plugin "epilog hooks"
-if [ -z "$nrs" ] || [ ! -x "$nrs" ]; then sl_skip "epilog hooks" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; fi
+sl_need_bins "epilog hooks" nereus
 job_dirs() { ls -d "$state"/n*/"$1" 2>/dev/null | xargs; }
 
 # ---- (a) 4 nodes shrunk to 2: the released nodes' hint, counted once ---------

@@ -8,8 +8,7 @@
 # business: not tested here.)
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "expand"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-[ -n "$nrs" ] && [ -x "$nrs" ] || { sl_skip "expand" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; }
+sl_need_bins "expand" nereus
 cd "$sl_tmp" || exit 1
 sl_run 20 sbatch --parsable -J nrs-expand -N 2 -w 'n[1-2]' -o "$sl_tmp/a.out" --nereus=good.yaml \
     --wrap "while [ ! -e $sl_tmp/stop ]; do sleep 0.2; done"

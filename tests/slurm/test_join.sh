@@ -10,10 +10,7 @@
 # and all 8 ranks finish with every checksum intact.
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "join"
-wk="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus-worker}"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-[ -n "$wk" ] && [ -x "$wk" ] && [ -x "$nrs" ] ||
-    { sl_skip "join" "no nereus-worker (set NRS_BUILDDIR)"; sl_done; }
+sl_need_bins "join" nereus-worker nereus
 command -v jq >/dev/null || { sl_skip "join" "needs jq"; sl_done; }
 cd "$sl_tmp" || exit 1
 spec="$sl_tmp/ppo-live.yaml"

@@ -12,10 +12,7 @@
 #      the same way (a LOST delta; n4's ranks, alive or not, are retired).
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "recover"
-wk="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus-worker}"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-[ -n "$wk" ] && [ -x "$wk" ] && [ -x "$nrs" ] ||
-    { sl_skip "recover" "no nereus-worker (set NRS_BUILDDIR)"; sl_done; }
+sl_need_bins "recover" nereus-worker nereus
 cd "$sl_tmp" || exit 1
 spec="$sl_tmp/ppo-live.yaml"
 cp "$NRS_SRCDIR/examples/ppo-live.yaml" "$spec"

@@ -26,8 +26,7 @@ if [ "$acct" != accounting_storage/slurmdbd ]; then
     sl_done
 fi
 sl_need_plugin "resize twice"
-nrs="${NRS_BUILDDIR:+$NRS_BUILDDIR/nereus}"
-[ -n "$nrs" ] && [ -x "$nrs" ] || { sl_skip "resize twice" "no nereus CLI (set NRS_BUILDDIR)"; sl_done; }
+sl_need_bins "resize twice" nereus
 cd "$sl_tmp" || exit 1
 # scontrol update, again while slurmctld says "the DB index is being set, try
 # again in a bit" (slurmdbd has not yet given the job's new record an index).
