@@ -15,7 +15,10 @@
 #include "util/util.h"
 #include "worker/ckpt.h"
 
-#define CK_MAGIC "NRSCKPT1"
+/* Format 2: layer tensors stacked (runtime/emu/geometry.h). Format 1 had one
+ * tensor per layer: its ids and boxes mean other things, so it is refused. */
+#define CK_MAGIC "NRSCKPT2"
+#define CK_MAGIC_V1 "NRSCKPT1"
 enum { CK_HEAD = 32 }; /* magic[8], u32 esize, u32 0, u64 bytes, u64 checksum */
 
 typedef struct {
@@ -271,8 +274,12 @@ static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, c
     snprintf(p, sizeof p, "%s/%s", c->dir, f->name);
     FILE *fp = fopen(p, "rb");
     unsigned char *d = NULL;
-    if (!fp || fread(head, 1, sizeof head, fp) != sizeof head || memcmp(head, CK_MAGIC, 8) ||
-        head[8] != esize || (int64_t)get64(head + 16) != want ||
+    size_t got = fp ? fread(head, 1, sizeof head, fp) : 0;
+    if (got == sizeof head && !memcmp(head, CK_MAGIC_V1, 8)) {
+        nrs_seterr(err, errlen, "checkpoint: %s: format 1 (one tensor per layer, written by an "
+                   "older Nereus): this version reads format 2 (layers stacked)", p);
+    } else if (!fp || got != sizeof head || memcmp(head, CK_MAGIC, 8) || head[8] != esize ||
+        (int64_t)get64(head + 16) != want ||
         !(d = malloc((size_t)want + 1)) || fread(d, 1, (size_t)want, fp) != (size_t)want ||
         fgetc(fp) != EOF || nrs_emu_checksum(d, (size_t)want) != get64(head + 24)) {
         nrs_seterr(err, errlen, "checkpoint: %s: %s", p,

@@ -1,7 +1,7 @@
 /* Checkpoints in global coordinates (runtime/worker/ckpt.h): state written
  * under one plan's layout restores under any other's, every box equal to the
- * pattern; a corrupt or missing file is refused with a message; publishing
- * keeps the newest two; an unpublished one is never read. */
+ * pattern; a corrupt or missing file, or one of format 1, is refused with a
+ * message; publishing keeps the newest two; an unpublished one is never read. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -146,6 +146,19 @@ static void test_refusals_and_pruning(void **st)
     assert_int_equal(nrs_ckpt_open(&c, dir, 15, err, sizeof err), 0);
     assert_int_equal(nrs_ckpt_fill(c, w, buf, err, sizeof err), -1);
     assert_non_null(strstr(err, "elements of model"));
+    nrs_ckpt_close(c);
+    /* a file of format 1 (one tensor per layer, before layers were stacked):
+     * refused as such, not read as stacked tensors */
+    snprintf(path, sizeof path, "%s/step-10/m%d-t%d-k%d-%d_%d_%d_%d.bin", dir, w->role,
+             w->tensor, w->kind, w->box.r0, w->box.r1, w->box.c0, w->box.c1);
+    f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fwrite("NRSCKPT1", 1, 8, f), 8);
+    fclose(f);
+    assert_int_equal(nrs_ckpt_open(&c, dir, 10, err, sizeof err), 0);
+    assert_int_equal(nrs_ckpt_fill(c, w, buf, err, sizeof err), -1);
+    assert_non_null(strstr(err, "format 1"));
+    assert_non_null(strstr(err, "this version reads format 2"));
     nrs_ckpt_close(c);
     /* grads are not kept: zero */
     nrs_emu_buf_t g = *w;
