@@ -84,9 +84,10 @@ static void run_named(const named_t *c)
 /* Plain memcpy of g's copies and transfers, in its order: the old buffers
  * allocated and written first (untimed), new ones allocated at their ALLOC
  * (first touch costs the same; grads zeroed, as the executor zeroes them),
- * each op's bytes one memcpy from its source
- * offset to its destination offset (clipped to the buffers). Seconds. */
-static double memcpy_baseline(const nrs_emu_graph_t *g)
+ * each op's bytes one memcpy from its source offset to its destination
+ * offset (clipped to the buffers); strided: row by row at the op's pitches,
+ * as any copy of those regions must. Seconds. */
+static double memcpy_baseline(const nrs_emu_graph_t *g, int strided)
 {
     char **mem = calloc(g->nbuf + 1, sizeof(char *));
     double t = 0;
@@ -118,7 +119,11 @@ static double memcpy_baseline(const nrs_emu_graph_t *g)
             n = n < dr ? n : dr;
             so = so + n <= sr ? so : sr - n;
             dof = dof + n <= dr ? dof : dr - n;
-            if (mem[d] && mem[sb])
+            if (mem[d] && mem[sb] && strided && op->rows > 1)
+                for (int32_t k = 0; k < op->rows; k++)
+                    memcpy(mem[d] + op->dst_off + k * op->dst_pitch,
+                           mem[sb] + op->src_off + k * op->src_pitch, (size_t)op->row_bytes);
+            else if (mem[d] && mem[sb])
                 memcpy(mem[d] + dof, mem[sb] + so, (size_t)n);
             __asm__ __volatile__("" : : "r"(mem[d]) : "memory");
         }
@@ -166,16 +171,19 @@ static void run_exec(const named_t *c, double scale)
         return;
     }
     int rc = 0;
-    double t = 0;
+    double t = 0, ts = 0;
     for (int pass = 0; pass < 2; pass++) { /* the second pass of each is reported */
         rc = nrs_emu_execute(g, &x, &eo, &res);
-        t = memcpy_baseline(g);
+        t = memcpy_baseline(g, 0);
+        ts = memcpy_baseline(g, 1);
     }
     nrs_xport_close(&x);
     double mb = (double)res.bytes_moved / 1e6;
-    printf("%-44s %8.1f MB %7zu ops  executor %8.1f MB/s  memcpy %8.1f MB/s  ratio %.2f  %s\n",
+    printf("%-44s %7.1f MB %6zu ops  executor %7.1f MB/s  memcpy %7.1f (ratio %.2f)  "
+           "strided memcpy %7.1f (ratio %.2f)  %s\n",
            c->name, mb, g->nops, res.run_s > 0 ? mb / res.run_s : 0, t > 0 ? mb / t : 0,
-           res.run_s > 0 && t > 0 ? t / res.run_s : 0,
+           res.run_s > 0 && t > 0 ? t / res.run_s : 0, ts > 0 ? mb / ts : 0,
+           res.run_s > 0 && ts > 0 ? ts / res.run_s : 0,
            rc ? "VERIFY FAILED" : "every shard verified");
     nrs_emu_graph_free(g);
 }
