@@ -76,7 +76,6 @@ static int push_move(nrs_emu_graph_t *g, int32_t src, int32_t dst, const nrs_emu
     return 0;
 }
 
-
 static int push_lost(nrs_emu_graph_t *g, const nrs_emu_buf_t *b, const nrs_emu_rect_t *r)
 {
     NRS_GROW(g->lost, g->nlost, g->lostcap, 1);

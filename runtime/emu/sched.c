@@ -51,11 +51,6 @@ typedef struct {
     int32_t *v;
     size_t n, cap, head;
     int own; /* v is its own allocation, else a slice of pairv */
-    /* its last scan found no move that can start, all for want of memory on
-     * blk_gpu (at that GPU's memver blk_ver) or of a source being staged (at
-     * stagever blk_stage): nothing can start until one of those changes */
-    int32_t blk_gpu;
-    int64_t blk_ver, blk_stage;
 } spair_t;
 
 typedef struct {
@@ -95,7 +90,6 @@ typedef struct {
     int32_t *reads;
     unsigned char *live, *keep, *staging;
     int64_t *used, *freeable, *host_used;
-    int64_t *memver, stagever; /* bumped when a GPU's memory / any staging changes */
     ivec_t *freeq; /* freeable old buffers per GPU */
     ev_t *heap;
     size_t nheap, heapcap;
@@ -202,10 +196,8 @@ static int free_buf(sched_t *S, int32_t id)
                        .src_gpu = g->buf[id].b.gpu, .dst_gpu = -1, .move = -1};
     int gpu = g->buf[id].b.gpu;
     S->live[id] = 0;
-    if (gpu >= 0) {
+    if (gpu >= 0)
         S->used[gpu] -= g->buf[id].b.bytes;
-        S->memver[gpu]++;
-    }
     else
         S->host_used[-1 - gpu] -= g->buf[id].b.bytes;
     return emit(S, op);
@@ -239,7 +231,6 @@ static int alloc_buf(sched_t *S, int32_t id)
                        .dst_gpu = gpu, .move = -1};
     S->live[id] = 1;
     S->used[gpu] += need;
-    S->memver[gpu]++;
     note_peak(S, gpu);
     return emit(S, op);
 }
@@ -342,23 +333,10 @@ static int32_t pair_first(sched_t *S, int32_t p)
             break;
         P->head++;
     }
-    if (P->blk_gpu >= 0 && S->memver[P->blk_gpu] == P->blk_ver && S->stagever == P->blk_stage)
-        return -1; /* blocked as at the last scan */
-    int32_t gpu = -1;
     for (size_t j = P->head; j < P->n; j++) {
         const smove_t *m = &S->mv[P->v[j]];
-        if (m->pair != p || m->next == m->n)
-            continue;
-        if (startable(S, m))
+        if (m->pair == p && startable(S, m))
             return P->v[j];
-        /* try_start only asks with the pair's resources free: what stops m
-         * is memory on its destination's GPU or a source being staged */
-        gpu = gpu == -1 || gpu == m->dgpu ? m->dgpu : -2;
-    }
-    P->blk_gpu = gpu >= 0 ? gpu : -1;
-    if (gpu >= 0) {
-        P->blk_ver = S->memver[gpu];
-        P->blk_stage = S->stagever;
     }
     return -1;
 }
@@ -441,7 +419,6 @@ static int pair_push(sched_t *S, int32_t p, int32_t mi)
         P->cap = nc;
         P->own = 1;
     }
-    P->blk_gpu = -1; /* a new move: scan again */
     /* keep the order from the head on: insert by (key desc, id) */
     size_t j = P->n++;
     const smove_t *m = &S->mv[mi];
@@ -460,7 +437,7 @@ static int32_t pair_new(sched_t *S, const int r[2])
 {
     NRS_GROW(S->pairs, S->npairs, S->paircap, 1);
     int32_t id = (int32_t)S->npairs++;
-    S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0, -1, 0, 0};
+    S->pairs[id] = (spair_t){{r[0], r[1]}, NULL, 0, 0, 0, 0};
     for (int k = 0; k < 2; k++)
         if (r[k] >= 0 && lvec_push(&S->lists[r[k]], (lent_t){id, r[1 - k]}))
             return -1;
@@ -514,7 +491,6 @@ static int on_read_done(sched_t *S, int32_t src, int n)
     if (S->keep[src])
         return 0;
     S->freeable[gpu] += g->buf[src].b.bytes;
-    S->memver[gpu]++;
     return ivec_push(&S->freeq[gpu], src) || mark_gpu_dirty(S, gpu);
 }
 
@@ -530,7 +506,6 @@ static int on_event(sched_t *S, ev_t e)
         int gpu = g->buf[victim].b.gpu;
         S->busy[gpu * NRS_EMU_RES_KINDS + NRS_EMU_RES_D2H] = 0;
         S->staging[victim] = 0;
-        S->stagever++;
         if (free_buf(S, victim) || mark_dirty(S, gpu * NRS_EMU_RES_KINDS + NRS_EMU_RES_D2H))
             return -1;
         S->live[host] = 1;
@@ -606,7 +581,6 @@ static int stage_one(sched_t *S)
     S->reads[hid] = S->reads[victim];
     S->reads[victim] = 0;
     S->staging[victim] = 1;
-    S->stagever++;
     S->host_used[-1 - h.b.gpu] += h.b.bytes;
     if (S->host_used[-1 - h.b.gpu] > g->host_peak[-1 - h.b.gpu])
         g->host_peak[-1 - h.b.gpu] = S->host_used[-1 - h.b.gpu];
@@ -736,13 +710,12 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
     S->staging = calloc(nb, 1);
     S->used = calloc(np, sizeof(int64_t));
     S->freeable = calloc(np, sizeof(int64_t));
-    S->memver = calloc(np, sizeof(int64_t));
     S->host_used = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     S->freeq = calloc(np, sizeof(ivec_t));
     g->peak = calloc(np, sizeof(int64_t));
     g->host_peak = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     if (!S->rem || !S->busy || !S->indirty || !S->lists || !S->bysrc || !S->bysrc_off || !S->mv || !S->reads || !S->live ||
-        !S->keep || !S->staging || !S->used || !S->freeable || !S->memver || !S->host_used || !S->freeq ||
+        !S->keep || !S->staging || !S->used || !S->freeable || !S->host_used || !S->freeq ||
         !g->peak || !g->host_peak)
         return -1;
     for (int32_t i = 0; i < g->nold; i++)
@@ -808,7 +781,6 @@ static void sched_fini(sched_t *S)
     free(S->staging);
     free(S->used);
     free(S->freeable);
-    free(S->memver);
     free(S->host_used);
     free(S->freeq);
     free(S->heap);
