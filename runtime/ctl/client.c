@@ -133,16 +133,22 @@ int nrs_client_recv(int fd, uint8_t *buf, size_t cap, nrs_hdr_t *h, double timeo
 
 int nrs_client_refusal(int fd, char *err, size_t errlen)
 {
+    enum { FRAMES = 64 }; /* what the controller sent before it: PREPAREs, answers, ... */
     uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
     nrs_hdr_t h;
     nrs_msg_error_t e;
     char why[256];
     int rc = -1;
-    if (buf && nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &h, 1.0, why,
-                               sizeof(why)) == 0 &&
-        h.type == NRS_MSG_ERROR && nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
-        snprintf(err, errlen, "the controller refused: %s: %s", nrs_perr_name((int)e.code), e.text);
-        rc = 0;
+    for (int i = 0; buf && rc && i < FRAMES; i++) {
+        if (nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &h, 1.0, why,
+                            sizeof(why)))
+            break;
+        if (h.type == NRS_MSG_ERROR &&
+            nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
+            snprintf(err, errlen, "the controller refused: %s: %s", nrs_perr_name((int)e.code),
+                     e.text);
+            rc = 0;
+        }
     }
     free(buf);
     return rc;

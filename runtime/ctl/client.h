@@ -23,7 +23,8 @@ int nrs_client_recv(int fd, uint8_t *buf, size_t cap, nrs_hdr_t *h, double timeo
                     size_t errlen);
 
 /* After a failed send: an ERROR the controller left before closing (e.g. a
- * refused uid) becomes err ("the controller refused: ..."); 0 when found. */
+ * refused uid, a retired rank), behind up to 63 other frames it had queued,
+ * becomes err ("the controller refused: ..."); 0 when found. */
 int nrs_client_refusal(int fd, char *err, size_t errlen);
 
 /* HELLO as a CLI (or watcher) peer. */

@@ -1503,9 +1503,6 @@ out:
 
 /* ---- the control channel: plans, PREPARE / COMMIT / ABORT ------------------------ */
 
-static int ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h);
-static int ctl_error(nrs_worker_t *w, const nrs_hdr_t *h);
-
 static void ctl_close(nrs_worker_t *w, const char *why)
 {
     if (w->ctl_fd >= 0)
@@ -1519,15 +1516,14 @@ static void ctl_close(nrs_worker_t *w, const char *why)
  * read what is left before closing; an ERROR retires this rank. */
 static void ctl_send_failed(nrs_worker_t *w, const char *why)
 {
-    char saved[360];
-    nrs_hdr_t h;
-    snprintf(saved, sizeof saved, "%s", why);
-    for (int i = 0; i < 64 && ctl_recv(w, 1.0, &h) > 0; i++)
-        if (h.type == NRS_MSG_ERROR) {
-            ctl_error(w, &h);
-            return;
-        }
-    ctl_close(w, saved);
+    char said[NRS_PROTO_TEXT_MAX + 64];
+    if (w->ctl_fd >= 0 && !nrs_client_refusal(w->ctl_fd, said, sizeof said)) {
+        ctl_close(w, said);
+        w->retired = 1;
+        seterr(w, NRS_ERR_RETIRED, "%s", said);
+        return;
+    }
+    ctl_close(w, why);
 }
 
 /* One frame within timeout_s (the wait for its first byte; the rest of a frame

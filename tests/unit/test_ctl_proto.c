@@ -12,6 +12,10 @@
 
 #include <cmocka.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl/client.h"
 #include "ctl/conn.h"
 #include "ctl/proto.h"
 #include "fixtures.h"
@@ -725,6 +729,45 @@ static void test_world_msg(void **st)
     assert_int_equal(nrs_dec_hello(pl(), hdr_of(n).length, &hd, why, sizeof(why)), -NRS_PERR_MALFORMED);
 }
 
+/* The controller queued frames, then an ERROR, and closed (a rank retired
+ * while it was sending): the rank's next send fails, and nrs_client_refusal
+ * still finds what the controller said, behind the frames before it. */
+static void test_refusal_behind_frames(void **st)
+{
+    (void)st;
+    for (int with_error = 0; with_error < 2; with_error++) {
+        int sv[2];
+        char err[NRS_PROTO_TEXT_MAX + 64] = "";
+        uint8_t f[CAP];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        nrs_msg_epoch_t prep = {7, ""};
+        nrs_msg_ack_t ack = {7, NRS_MSG_PREPARE, 0, 0};
+        int n = nrs_enc_epoch(f, CAP, NRS_MSG_PREPARE, &prep);
+        assert_int_equal(nrs_client_send(sv[1], f, n, err, sizeof err), 0);
+        n = nrs_enc_epoch(f, CAP, NRS_MSG_COMMIT, &prep);
+        assert_int_equal(nrs_client_send(sv[1], f, n, err, sizeof err), 0);
+        if (with_error) {
+            nrs_msg_error_t e = {NRS_PERR_REFUSED, "node removed: rank retired (resource delta 1)"};
+            n = nrs_enc_error(f, CAP, &e);
+            assert_true(n > 0);
+            assert_int_equal(nrs_client_send(sv[1], f, n, err, sizeof err), 0);
+        }
+        close(sv[1]);
+        n = nrs_enc_ack(f, CAP, &ack);
+        assert_int_not_equal(nrs_client_send(sv[0], f, n, err, sizeof err), 0); /* EPIPE */
+        err[0] = 0;
+        int rc = nrs_client_refusal(sv[0], err, sizeof err);
+        if (with_error) {
+            assert_int_equal(rc, 0);
+            assert_non_null(strstr(err, "the controller refused: "));
+            assert_non_null(strstr(err, "rank retired (resource delta 1)"));
+        } else {
+            assert_int_equal(rc, -1); /* two frames, then the end: no refusal */
+        }
+        close(sv[0]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -733,7 +776,7 @@ int main(void)
         cmocka_unit_test(test_report),  cmocka_unit_test(test_delta),
         cmocka_unit_test(test_status),  cmocka_unit_test(test_epoch_msgs),
         cmocka_unit_test(test_framing), cmocka_unit_test(test_gather_msgs),
-        cmocka_unit_test(test_world_msg),
+        cmocka_unit_test(test_world_msg), cmocka_unit_test(test_refusal_behind_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
