@@ -58,6 +58,11 @@ void nrs_emu_tensor_shape(const nrs_model_t *m, int t, int *rows, int *cols)
     }
 }
 
+static int is_layer_tensor(int t)
+{
+    return t >= NRS_EMU_T_GLOBALS && t < NRS_EMU_T_GLOBALS + NRS_EMU_LT_COUNT;
+}
+
 /* How layer tensor t stacks its layers: 1 side by side in columns (column-
  * parallel), 0 one under the other in rows; *span: rows or columns per layer. */
 static int stacks_in_cols(const nrs_model_t *m, int t, int *span)
@@ -74,11 +79,13 @@ static int stacks_in_cols(const nrs_model_t *m, int t, int *span)
 
 void nrs_emu_box_layers(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, int *l0, int *l1)
 {
-    int span, cols = t >= NRS_EMU_T_GLOBALS && stacks_in_cols(m, t, &span);
-    if (t < NRS_EMU_T_GLOBALS || span < 1) {
-        *l0 = *l1 = 0;
+    int span;
+    *l0 = *l1 = 0;
+    if (!is_layer_tensor(t))
         return;
-    }
+    int cols = stacks_in_cols(m, t, &span);
+    if (span < 1)
+        return;
     int a = cols ? box->c0 : box->r0, b = cols ? box->c1 : box->r1;
     *l0 = a / span;
     *l1 = b > a ? (b - 1) / span + 1 : *l0;
@@ -88,8 +95,7 @@ int nrs_emu_layer_part(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, i
                        nrs_emu_rect_t *in, nrs_emu_rect_t *local)
 {
     int span;
-    if (t < NRS_EMU_T_GLOBALS || t >= NRS_EMU_T_GLOBALS + NRS_EMU_LT_COUNT || l < 0 ||
-        l >= m->layers)
+    if (!is_layer_tensor(t) || l < 0 || l >= m->layers)
         return 0;
     int cols = stacks_in_cols(m, t, &span);
     nrs_emu_rect_t layer = {0, INT32_MAX, 0, INT32_MAX};
@@ -125,8 +131,7 @@ void nrs_emu_tensor_name(const nrs_model_t *m, int t, char *buf, size_t n)
         snprintf(buf, n, "%s", m->value_head ? "value_head" : "lm_head");
     else
         snprintf(buf, n, "layers.%s",
-                 (unsigned)(t - NRS_EMU_T_GLOBALS) < NRS_EMU_LT_COUNT ? lt[t - NRS_EMU_T_GLOBALS]
-                                                                      : "?");
+                 is_layer_tensor(t) ? lt[t - NRS_EMU_T_GLOBALS] : "?");
 }
 
 const char *nrs_emu_kind_name(int kind)

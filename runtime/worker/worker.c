@@ -857,6 +857,12 @@ static int buffer_ok(const nrs_worker_t *w, int i, const char *fn)
     return NRS_OK;
 }
 
+/* Where state buffer k lives: device memory under NRS_MEM_CUDA. */
+static char *buf_addr(const nrs_worker_t *w, int k)
+{
+    return w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+}
+
 int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes)
 {
     int rc = buffer_ok(w, i, __func__);
@@ -864,7 +870,7 @@ int nrs_worker_buffer(const nrs_worker_t *w, int i, void **ptr, long long *bytes
         return rc;
     int k = w->mine[i];
     if (ptr)
-        *ptr = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+        *ptr = buf_addr(w, k);
     if (bytes)
         *bytes = w->st.buf[k].bytes;
     return NRS_OK;
@@ -902,7 +908,7 @@ int nrs_worker_buffer_layer(const nrs_worker_t *w, int i, int layer, void **ptr,
                       layer);
     int64_t width = b->box.c1 - b->box.c0;
     if (ptr) {
-        char *base = w->mem_kind == NRS_MEM_CUDA ? w->dev[k] : w->mem[k].ptr;
+        char *base = buf_addr(w, k);
         *ptr = base ? base + ((in.r0 - b->box.r0) * width + (in.c0 - b->box.c0)) * b->esize
                     : NULL;
     }
