@@ -1,6 +1,8 @@
 # Shared by the tests/mp drivers that run nereus-controller (test_e2e.sh,
-# test_python.sh), after lib.sh and once CTL, NRS, SPEC (or CTL_SPEC) and tmp
-# are set:
+# test_python.sh), sourced after lib.sh. It sets S (the source tree), CTL,
+# NRS, WK (the build's controller, CLI and worker), SPEC (tests/mp/e2e.yaml;
+# a driver may point it elsewhere) and the UCX and worker environment; the
+# functions also need tmp (and CTL_SPEC, optional) by the time they run:
 #   ok NAME / ko NAME WHY / check NAME EXPR [WHY]   counted results
 #   wait_for SECONDS CMD...   poll CMD every 0.1 s
 #   start_ctl DIR LOG [OPTIONS...]   the controller on DIR/ctl.sock ($cpid)
@@ -8,6 +10,12 @@
 #   status_json DIR           its status, as JSON
 #   jq_ok DIR FILTER          it answers and FILTER holds on its status
 #   show FILE [N]             FILE's last N (25) lines, indented
+S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+CTL="$B/nereus-controller"
+NRS="$B/nereus"
+WK="$B/nereus-worker"
+SPEC="$S/tests/mp/e2e.yaml"
+export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
 ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
 ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
 check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }

@@ -42,13 +42,8 @@
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
 # Hard time-outs everywhere; prints the lines scripts/test counts.
 . "$(dirname "$0")/lib.sh"
-S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
-CTL="$B/nereus-controller"
-NRS="$B/nereus"
-WK="$B/nereus-worker"
+. "$(dirname "$0")/ctl_lib.sh"
 FW="$B/tests/ctl/fake_workers"
-SPEC="$S/tests/mp/e2e.yaml"
-export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-e2e.XXXXXX")
 cpid="" spid=""
 cleanup() {
@@ -63,7 +58,6 @@ cleanup() {
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
-. "$(dirname "$0")/ctl_lib.sh"
 # wait_srv TENTHS: wait for the PMIx server $spid to end (SIGKILL after TENTHS
 # tenths of a second); its exit status in $rc, 124 on time-out
 wait_srv() {

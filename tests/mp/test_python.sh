@@ -41,13 +41,8 @@
 [ -n "${B:-}" ] && [ -z "${NRS_BUILDDIR:-}" ] && export NRS_BUILDDIR="$B"
 export NRS_SRCDIR="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
 . "$(dirname "$0")/lib.sh"
-S="$NRS_SRCDIR"
-CTL="$B/nereus-controller"
-NRS="$B/nereus"
-WK="$B/nereus-worker"
+. "$(dirname "$0")/ctl_lib.sh"
 PYW="$S/tests/mp/py_worker.py"
-SPEC="$S/tests/mp/e2e.yaml"
-export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the source tree (read-only under distcheck)
 unset NEREUS_SOCKET_DIR NEREUS_JOB_DIR NEREUS_SPEC NEREUS_JOIN NEREUS_CHECKPOINT_DIR
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-py.XXXXXX")
@@ -61,7 +56,6 @@ cleanup() {
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
-. "$(dirname "$0")/ctl_lib.sh"
 count() { grep -cE -- "$1" "$2"; } # lines of file $2 matching $1
 has() { grep -qE -- "$2" "$1"; }     # file $1 has a line matching $2
 
