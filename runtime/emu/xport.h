@@ -44,12 +44,17 @@ typedef struct {
     /* Advance posted requests; number completed, or -1 on a transport error. */
     int (*progress)(void *ctx);
     void (*destroy)(void *ctx);
+    /* Zero a whole memory (it may be device memory); NULL: memset of ptr. */
+    int (*mem_zero)(void *ctx, nrs_xmem_t *m);
 } nrs_xport_ops_t;
 
 typedef struct {
     const nrs_xport_ops_t *ops;
     void *ctx;
 } nrs_xport_t;
+
+/* owner -> rank, or -1 when no rank holds it (the distributed transports). */
+typedef int (*nrs_owner_rank_fn)(void *arg, int owner);
 
 /* In-process transport: every owner's memory in this process, memcpy. */
 int nrs_xport_local_open(nrs_xport_t *x);

@@ -122,7 +122,7 @@ static void l_destroy(void *ctx)
 }
 
 static const nrs_xport_ops_t local_ops = {"local", l_alloc,    l_free,    l_copy,
-                                          l_send,  l_recv,     l_progress, l_destroy};
+                                          l_send,  l_recv,     l_progress, l_destroy, NULL};
 
 int nrs_xport_local_open(nrs_xport_t *x)
 {

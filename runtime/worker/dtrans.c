@@ -213,8 +213,14 @@ static int alloc_buf(dt_t *D, int32_t id)
         return -1;
     }
     D->live[id] = 1;
-    if (b->kind == NRS_EMU_GRAD) /* grads start at zero: transitions are at step boundaries */
-        memset(D->mem[id].ptr, 0, (size_t)b->bytes);
+    if (b->kind == NRS_EMU_GRAD) { /* grads start at zero: transitions are at step boundaries */
+        if (!D->x->ops->mem_zero)
+            memset(D->mem[id].ptr, 0, (size_t)b->bytes);
+        else if (D->x->ops->mem_zero(D->x->ctx, &D->mem[id])) {
+            fail(D, "zeroing buffer %d failed", id);
+            return -1;
+        }
+    }
     return 0;
 }
 

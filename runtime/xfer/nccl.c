@@ -26,6 +26,10 @@ struct nrs_nccl {
     int rank, size, device;
     bool aborted;
     bool shrunk; /* parent of a shrink (NCCL_SHRINK_ABORT): abort, never reuse */
+    /* nrs_nccl_post's tickets: an event recorded after each, oldest first */
+    cudaEvent_t *ev;
+    size_t ev_head, ev_n, ev_cap;
+    int64_t posted, completed;
 };
 
 int nrs_cuda_device_count(int *n, char *err, size_t errlen)
@@ -76,6 +80,35 @@ int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err
     return 0;
 }
 
+int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen)
+{
+    enum cudaMemcpyKind k = kind == 'h' ? cudaMemcpyHostToDevice
+                          : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    cudaError_t e = cp->rows ? cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch, cp->width,
+                                            cp->rows, k)
+                             : cudaSuccess;
+    if (e == cudaSuccess) /* as nrs_cuda_copy: done when it returns */
+        e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "cuda: 2-D copy of %zu rows of %zu bytes: %s", cp->rows, cp->width,
+                   cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen)
+{
+    cudaError_t e = bytes ? cudaMemset(ptr, 0, bytes) : cudaSuccess;
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "cuda: zeroing %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
 void nrs_nccl_version(int *lib, int *header)
 {
     if (ncclGetVersion(lib) != ncclSuccess)
@@ -118,6 +151,9 @@ static int wait_comm(nrs_nccl_t *c, double end, const char *what, char *err, siz
 
 static void comm_free(nrs_nccl_t *c)
 {
+    for (size_t i = 0; i < c->ev_n; i++)
+        cudaEventDestroy(c->ev[(c->ev_head + i) % c->ev_cap]);
+    free(c->ev);
     if (c->ready)
         cudaEventDestroy(c->ready);
     if (c->stream)
@@ -334,6 +370,7 @@ void nrs_nccl_fini(nrs_nccl_t *c)
 }
 
 int nrs_nccl_rank(const nrs_nccl_t *c) { return c->rank; }
+bool nrs_nccl_aborted(const nrs_nccl_t *c) { return !c || c->aborted || c->shrunk; }
 int nrs_nccl_size(const nrs_nccl_t *c) { return c->size; }
 
 /* Stream done, or the communicator failed, or the deadline passed. */
@@ -440,4 +477,124 @@ int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chu
             return -1;
     }
     return wait_stream(c, end, err, errlen);
+}
+
+/* ---- posting as one goes (xport_nccl) ---------------------------------------------- */
+
+/* Work on the legacy default stream (cudaMemcpy, kernels on stream 0) comes
+ * first: our stream is non-blocking and would not wait for it. */
+static cudaError_t after_legacy(nrs_nccl_t *c)
+{
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->ready, cudaStreamLegacy);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(c->stream, c->ready, 0);
+    return e;
+}
+
+static cudaError_t copies(nrs_nccl_t *c, const nrs_cuda_copy2d_t *cp, int n)
+{
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < n && e == cudaSuccess; i++)
+        if (cp[i].rows)
+            e = cudaMemcpy2DAsync(cp[i].dst, cp[i].dpitch, cp[i].src, cp[i].spitch, cp[i].width,
+                                  cp[i].rows, cudaMemcpyDeviceToDevice, c->stream);
+    return e;
+}
+
+/* An event for the next ticket, at the end of the ring. */
+static cudaError_t push_event(nrs_nccl_t *c)
+{
+    if (c->ev_n == c->ev_cap) {
+        size_t cap = c->ev_cap ? 2 * c->ev_cap : 16;
+        cudaEvent_t *v = malloc(cap * sizeof(*v));
+        if (!v)
+            return cudaErrorMemoryAllocation;
+        for (size_t i = 0; i < c->ev_n; i++)
+            v[i] = c->ev[(c->ev_head + i) % c->ev_cap];
+        free(c->ev);
+        c->ev = v;
+        c->ev_cap = cap;
+        c->ev_head = 0;
+    }
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(ev, c->stream);
+    if (e != cudaSuccess)
+        return e;
+    c->ev[(c->ev_head + c->ev_n++) % c->ev_cap] = ev;
+    return cudaSuccess;
+}
+
+int64_t nrs_nccl_post(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
+                      const nrs_nccl_xfer_t *x, int n, const nrs_cuda_copy2d_t *post, int npost,
+                      double timeout_s, char *err, size_t errlen)
+{
+    size_t unused;
+    if (!usable(c, err, errlen) || check_batch(c, x, n, SIZE_MAX, &unused, err, errlen))
+        return -1;
+    cudaError_t e = after_legacy(c);
+    if (e == cudaSuccess)
+        e = copies(c, pre, npre);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "nccl: GPU %d: %s", c->device, cudaGetErrorString(e));
+        nrs_nccl_abort(c);
+        return -1;
+    }
+    if (n > 0) {
+        ncclResult_t r = post_group(c, x, n, SIZE_MAX, 0);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            nrs_seterr(err, errlen, "nccl: group of %d transfers: %s (%s)", n,
+                       ncclGetErrorString(r), ncclGetLastError(c->comm));
+            nrs_nccl_abort(c);
+            return -1;
+        }
+        if (r == ncclInProgress && wait_comm(c, nrs_now_s() + timeout_s, "enqueue", err, errlen))
+            return -1;
+    }
+    e = copies(c, post, npost);
+    if (e == cudaSuccess)
+        e = push_event(c);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "nccl: GPU %d: %s", c->device, cudaGetErrorString(e));
+        nrs_nccl_abort(c);
+        return -1;
+    }
+    return c->posted++;
+}
+
+int nrs_nccl_poll(nrs_nccl_t *c, int64_t *done, char *err, size_t errlen)
+{
+    *done = c ? c->completed : 0;
+    if (!usable(c, err, errlen))
+        return -1;
+    while (c->ev_n) {
+        cudaEvent_t ev = c->ev[c->ev_head];
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaErrorNotReady)
+            break;
+        if (e != cudaSuccess) {
+            nrs_seterr(err, errlen, "nccl: stream: %s", cudaGetErrorString(e));
+            nrs_nccl_abort(c);
+            return -1;
+        }
+        cudaEventDestroy(ev);
+        c->ev_head = (c->ev_head + 1) % c->ev_cap;
+        c->ev_n--;
+        c->completed++;
+    }
+    *done = c->completed;
+    if (c->ev_n) { /* still waiting: has the communicator failed? */
+        ncclResult_t st;
+        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
+            st != ncclInProgress) {
+            nrs_seterr(err, errlen, "nccl: %s (%s)", ncclGetErrorString(st),
+                       ncclGetLastError(c->comm));
+            nrs_nccl_abort(c);
+            return -1;
+        }
+    }
+    return 0;
 }

@@ -30,6 +30,18 @@ void nrs_cuda_free(void *ptr);
  * kind: 'h' host->device, 'd' device->host, 'x' device->device. */
 int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen);
 
+/* rows of width bytes, dpitch / spitch apart (cudaMemcpy2D's terms). */
+typedef struct {
+    void *dst;
+    size_t dpitch;
+    const void *src;
+    size_t spitch, width, rows;
+} nrs_cuda_copy2d_t;
+
+/* Synchronous 2-D copy (kind as nrs_cuda_copy) and zero-fill of device memory. */
+int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen);
+int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen);
+
 /* NCCL_VERSION_CODE of the library loaded (2.28.9 = 22809) and of the header
  * built against. */
 void nrs_nccl_version(int *lib, int *header);
@@ -75,5 +87,22 @@ typedef struct {
  * waited for; when it returns 0 the bytes are in place. */
 int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
                       double timeout_s, char *err, size_t errlen);
+
+/* Asynchronous use, for a transport that posts as it goes (xport_nccl.h):
+ * nrs_nccl_post enqueues on c's stream, after everything enqueued before
+ * and after the work on the legacy default stream, the device-to-device
+ * copies pre[] (packing), one group of the transfers x[] (not chunked), then
+ * the copies post[] (unpacking), and returns its ticket (0, 1, 2, ... per
+ * communicator), or -1 (c is aborted then, as on any failure). Every rank
+ * must post the transfers between each pair in the same order; grouping may
+ * differ. nrs_nccl_poll sets *done to the number of tickets whose work is
+ * complete (they complete in order): 0, or -1 when the communicator failed
+ * (aborted). Neither waits for peers, except that a non-blocking enqueue is
+ * waited for up to timeout_s. */
+int64_t nrs_nccl_post(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
+                      const nrs_nccl_xfer_t *x, int n, const nrs_cuda_copy2d_t *post, int npost,
+                      double timeout_s, char *err, size_t errlen);
+int nrs_nccl_poll(nrs_nccl_t *c, int64_t *done, char *err, size_t errlen);
+bool nrs_nccl_aborted(const nrs_nccl_t *c);
 
 #endif

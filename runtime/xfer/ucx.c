@@ -71,7 +71,7 @@ struct nrs_ucx {
     size_t addr_len;
     void *blob; /* blob_hdr_t + address */
     size_t blob_len;
-    double next_watch;
+    double next_watch, next_check;
     peer_t *peers;
     nrs_ucx_op_t *ops; /* posted, not yet harvested */
     int new_failures;
@@ -368,6 +368,17 @@ static void watch_peers(nrs_ucx_t *u, double now)
         if (gone)
             p->failed = UCS_ERR_CONNECTION_RESET;
     }
+}
+
+bool nrs_ucx_check_peer(nrs_ucx_t *u, int rank)
+{
+    double now = nrs_now_s();
+    if (now >= u->next_check) {
+        u->next_check = now + 0.01;
+        ucp_worker_progress(u->worker); /* endpoint error callbacks run here */
+        watch_peers(u, now);
+    }
+    return nrs_ucx_peer_failed(u, rank);
 }
 
 static void close_ep(nrs_ucx_t *u, peer_t *p, bool force)

@@ -105,6 +105,10 @@ int nrs_ucx_progress(void *u);
 bool nrs_ucx_spin(nrs_ucx_t *u, int events);
 
 bool nrs_ucx_peer_failed(const nrs_ucx_t *u, int rank);
+/* The same, for a caller whose transfers do not go through UCX (the NCCL
+ * transport): first looks (at most every 10 ms) for what UCX progress would
+ * find, endpoint errors and vanished processes on this host. */
+bool nrs_ucx_check_peer(nrs_ucx_t *u, int rank);
 
 /* Completion hook (used by the executor adapter): called once when op ends. */
 void nrs_ucx_op_on_done(nrs_ucx_op_t *op, void (*fn)(void *arg, int status), void *arg);

@@ -222,7 +222,7 @@ static void u_destroy(void *ctx)
 }
 
 static const nrs_xport_ops_t ucx_ops = {"ucx", u_alloc, u_free, u_copy, u_send,
-                                        u_recv, u_progress, u_destroy};
+                                        u_recv, u_progress, u_destroy, NULL};
 
 int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_rank, void *arg)
 {

@@ -10,9 +10,6 @@
 #include "emu/xport.h"
 #include "xfer/ucx.h"
 
-/* owner -> rank, or -1 when no rank holds it. */
-typedef int (*nrs_owner_rank_fn)(void *arg, int owner);
-
 /* u must outlive the transport; nrs_xport_close releases what it posted. */
 int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_rank, void *arg);
 

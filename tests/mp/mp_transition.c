@@ -14,8 +14,20 @@
  * The ops run through the library's distributed executor (runtime/worker/
  * dtrans: several transfers in flight, a vote at the point of no return and
  * at the end); the worker API (tests/mp/mp_worker.c) drives the same code.
+ *
+ *   mp_transition --nccl ...
+ *
+ * The same over NCCL (runtime/xfer/xport_nccl, built with HAVE_NCCL): every
+ * buffer in GPU memory (GPU NRS_MP_DEVICE, default 0), rank 0's unique id
+ * through the rendezvous, the pattern written and checked through host
+ * copies. NRS_MP_KILL=RANK:OPS: that rank SIGKILLs itself after OPS of its
+ * own operations (dtrans' test hook); the others must see the transition
+ * abort with their old state intact, which they check and report as
+ * "aborted, old state intact", exiting 3.
  */
 #define _GNU_SOURCE
+#include <config.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +42,14 @@
 #include "worker/dtrans.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
+#ifdef HAVE_NCCL
+#include "xfer/nccl.h"
+#include "xfer/xport_nccl.h"
+#endif
 
 typedef struct {
     int64_t xfers, bytes, verified, errors, max_inflight;
+    int aborted; /* NRS_MP_KILL: aborted as it should, old state checked */
     char first[512];
 } rx_t;
 
@@ -57,18 +74,49 @@ static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank
 static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
+static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
+#ifdef HAVE_NCCL
+/* No UCX traffic while NCCL moves the bytes: look for dead peers all the same. */
+static bool ucx_gone(void *arg, int rank) { return nrs_ucx_check_peer(arg, rank); }
+static void nccl_cancel(void *arg) { nrs_xport_nccl_cancel(arg); }
+static const char *nccl_error(const nrs_xport_t *x) { return nrs_xport_nccl_error(x); }
+#endif
+
+/* Bytes of m into host memory h (m->bytes of them), or from h into m. */
+static int mem_io(nrs_xmem_t *m, unsigned char *h, char dir)
+{
+#ifdef HAVE_NCCL
+    char err[256];
+    if (use_nccl && m->owner >= 0) {
+        int rc = dir == 'd' ? nrs_cuda_copy(h, m->ptr, m->bytes, 'd', err, sizeof err)
+                            : nrs_cuda_copy(m->ptr, h, m->bytes, 'h', err, sizeof err);
+        if (rc)
+            fprintf(stderr, "mp_transition: %s\n", err);
+        return rc;
+    }
+#endif
+    if (dir == 'd')
+        memcpy(h, m->ptr, m->bytes);
+    else
+        memcpy(m->ptr, h, m->bytes);
+    return 0;
+}
+
 static int identity(void *arg, int owner)
 {
     (void)arg;
     return owner;
 }
 
-static void check(rx_t *E, const nrs_xmem_t *m, const nrs_emu_buf_t *want, unsigned char *scratch)
+static void check(rx_t *E, nrs_xmem_t *m, const nrs_emu_buf_t *want, unsigned char *scratch,
+                  unsigned char *host)
 {
     E->verified++;
     if (!m->ptr)
         note(E, "GPU %d: a shard is missing", want->gpu);
-    else if (nrs_emu_checksum(m->ptr, (size_t)want->bytes) !=
+    else if (mem_io(m, host, 'd'))
+        note(E, "GPU %d: cannot read a shard back", want->gpu);
+    else if (nrs_emu_checksum(host, (size_t)want->bytes) !=
              nrs_emu_pattern_checksum(want, scratch))
         note(E, "GPU %d: checksum mismatch", want->gpu);
 }
@@ -90,14 +138,24 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
     o.peer_failed = ucx_dead;
     o.peer_arg = u;
     o.xport_error = ucx_error;
+#ifdef HAVE_NCCL
+    if (use_nccl) {
+        o.cancel = nccl_cancel;
+        o.xport_error = nccl_error;
+        o.peer_failed = ucx_gone;
+    }
+#endif
     o.attempt = attempt;
+    const char *kill = getenv("NRS_MP_KILL"); /* RANK:OPS */
+    if (kill && atoi(kill) == me && strchr(kill, ':'))
+        o.kill_after = atoll(strchr(kill, ':') + 1);
     for (size_t i = 0; i < g->nbuf; i++)
         if (g->buf[i].b.bytes > maxb)
             maxb = g->buf[i].b.bytes;
     nrs_xmem_t *old = calloc((size_t)g->nold + 1, sizeof(*old));
     nrs_xmem_t *nw = calloc((size_t)g->nnew + 1, sizeof(*nw));
-    unsigned char *scratch = malloc((size_t)maxb);
-    if (!old || !nw || !scratch) {
+    unsigned char *scratch = malloc((size_t)maxb), *host = malloc((size_t)maxb);
+    if (!old || !nw || !scratch || !host) {
         note(E, "out of memory");
         goto out;
     }
@@ -107,12 +165,30 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
                 note(E, "out of memory");
                 goto out;
             }
-            nrs_emu_pattern_fill(&g->buf[i].b, old[i].ptr);
+            nrs_emu_pattern_fill(&g->buf[i].b, host);
+            if (mem_io(&old[i], host, 'h')) {
+                note(E, "cannot write the pattern");
+                goto out;
+            }
         }
     int out = nrs_dtrans_run(g, epoch, x, r, old, nw, &o, &res);
     E->xfers = res.xfers;
     E->bytes = res.bytes_sent;
     E->max_inflight = res.max_inflight;
+    if (out == NRS_DT_ABORTED && kill) { /* the old state must be intact */
+        int64_t v = 0;
+        for (int32_t i = 0; i < g->nold; i++)
+            if (old[i].ptr) {
+                check(E, &old[i], &g->buf[i].b, scratch, host);
+                v++;
+            }
+        if (!E->errors) {
+            printf("mp_transition[%d]: aborted, old state intact (%lld shard(s) verified): %s\n",
+                   me, (long long)v, res.msg);
+            E->aborted = 1;
+        }
+        goto out;
+    }
     if (out != NRS_DT_COMMITTED) {
         note(E, "%s", res.msg);
         goto out;
@@ -120,17 +196,20 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
     const char *c = getenv("NRS_MP_CORRUPT"); /* negative test: one byte flipped */
     for (int32_t j = 0; c && atoi(c) == me && j < g->nnew; j++)
         if (nw[j].ptr && nw[j].bytes > 0 && g->buf[g->nold + j].alias < 0) {
-            ((unsigned char *)nw[j].ptr)[0] ^= 0x5a;
+            if (mem_io(&nw[j], host, 'd'))
+                break;
+            host[0] ^= 0x5a;
+            mem_io(&nw[j], host, 'h');
             break;
         }
     for (int32_t j = 0; j < g->nnew; j++)
         if (nrs_dtrans_buf_rank(g, &o, g->nold + j) == me)
-            check(E, &nw[j], &g->buf[g->nold + j].b, scratch);
+            check(E, &nw[j], &g->buf[g->nold + j].b, scratch, host);
     for (int32_t i = 0; i < g->nold; i++) { /* left: only a weight sync keeps old state */
         if (!old[i].ptr)
             continue;
         if (g->keep_old)
-            check(E, &old[i], &g->buf[i].b, scratch);
+            check(E, &old[i], &g->buf[i].b, scratch, host);
         else
             note(E, "buffer %d still allocated after the transition", i);
     }
@@ -144,8 +223,45 @@ out:
     free(old);
     free(nw);
     free(scratch);
-    return E->errors ? -1 : 0;
+    free(host);
+    return E->errors || E->aborted ? -1 : 0;
 }
+
+#ifdef HAVE_NCCL
+/* Everyone's communicator (rank 0's unique id through the rendezvous) and
+ * the NCCL transport over it: executor rank r is communicator rank r. */
+static int nccl_open(nrs_rdv_t *r, int me, int n, double timeout, nrs_nccl_t **c, nrs_xport_t *x,
+                     char *err, size_t errlen)
+{
+    unsigned char id[NRS_NCCL_ID_BYTES] = {0};
+    void **ids;
+    size_t *il;
+    const char *d = getenv("NRS_MP_DEVICE");
+    int dev = d ? atoi(d) : 0;
+    if (me == 0 && nrs_nccl_unique_id(id, err, errlen))
+        return -1;
+    if (nrs_rdv_allgather(r, 0, "nccl", id, sizeof id, &ids, &il, timeout, err, errlen))
+        return -1;
+    int ok = il[0] == sizeof id;
+    if (ok)
+        memcpy(id, ids[0], sizeof id);
+    nrs_rdv_free_blobs(r, ids, il);
+    if (!ok) {
+        snprintf(err, errlen, "rank 0's NCCL unique id is malformed");
+        return -1;
+    }
+    if (nrs_nccl_init(c, me, n, dev, id, timeout, err, errlen))
+        return -1;
+    int *cr = malloc((size_t)n * sizeof(*cr));
+    for (int i = 0; cr && i < n; i++)
+        cr[i] = i;
+    int rc = cr ? nrs_xport_nccl_open(x, *c, dev, identity, NULL, cr, n, timeout) : -1;
+    free(cr);
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    return rc;
+}
+#endif
 
 /* Same draw on every rank: a spec whose nodes divide the ranks, two plans. */
 static void draw(tu_rng_t *rng, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
@@ -173,11 +289,22 @@ int main(int argc, char **argv)
     nrs_xport_t x = {0};
     void **addrs = NULL;
     size_t *lens = NULL;
+#ifdef HAVE_NCCL
+    nrs_nccl_t *nc = NULL;
+#endif
 
     nrs_ucx_opts_init(&uo);
     uo.chunk_bytes = 64 << 10;
     nrs_emu_opts_init(&eo);
     eo.chunk_bytes = 16 << 10;
+    for (int i = 1; i < argc; i++)
+        use_nccl |= !strcmp(argv[i], "--nccl");
+#ifndef HAVE_NCCL
+    if (use_nccl) {
+        fprintf(stderr, "mp_transition: --nccl: built without NCCL\n");
+        return 2;
+    }
+#endif
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed"))
             seed = strtoull(argv[++i], NULL, 0);
@@ -203,6 +330,12 @@ int main(int argc, char **argv)
     if (nrs_rdv_allgather(r, 0, "ucx", addr, alen, &addrs, &lens, timeout, err, sizeof err) ||
         nrs_ucx_connect(u, addrs, lens, err, sizeof err))
         goto fail;
+#ifdef HAVE_NCCL
+    if (use_nccl) {
+        if (nccl_open(r, me, n, timeout, &nc, &x, err, sizeof err))
+            goto fail;
+    } else
+#endif
     if (nrs_xport_ucx_open(&x, u, identity, NULL)) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
@@ -239,7 +372,12 @@ int main(int argc, char **argv)
             }
         nrs_rdv_free_blobs(r, hs, hl);
         rx_t E;
-        if (!rc && execute(g, (uint64_t)t, &x, u, r, me, n, timeout, (unsigned)t, &E)) {
+        if (!rc && execute(g, (uint64_t)t, &x, u, r, me, n, timeout, (unsigned)t, &E) &&
+            E.aborted) {
+            nrs_emu_graph_free(g);
+            rc = 3; /* NRS_MP_KILL: as it should; no fence, a rank is gone */
+            break;
+        } else if (!rc && E.errors) {
             fprintf(stderr, "mp_transition[%d]: transition %d (%d -> %d GPUs, %lld ops): %lld "
                     "error(s), first: %s\n", me, t, a.total_gpus, b.total_gpus,
                     (long long)g->nops, (long long)E.errors, E.first);
@@ -261,10 +399,16 @@ int main(int argc, char **argv)
         }
     }
     if (!rc)
-        printf("mp_transition[%d/%d]: %d transition(s): %lld transfer(s), %lld bytes sent, %lld "
-               "shard(s) verified\n", me, n, count, (long long)tot_x, (long long)tot_b,
-               (long long)tot_v);
+        printf("mp_transition[%d/%d]: %d transition(s) over %s: %lld transfer(s), %lld bytes "
+               "sent, %lld shard(s) verified\n", me, n, count, x.ops->name, (long long)tot_x,
+               (long long)tot_b, (long long)tot_v);
     nrs_xport_close(&x);
+#ifdef HAVE_NCCL
+    nrs_nccl_fini(nc);
+    nc = NULL;
+#endif
+    if (rc == 3)
+        goto out;
     nrs_ucx_disconnect(u, 5.0);
     if (nrs_rdv_fence(r, (uint64_t)count + 1, NULL, timeout, err, sizeof err)) {
         fprintf(stderr, "mp_transition[%d]: %s\n", me, err);
@@ -275,6 +419,9 @@ fail:
     fprintf(stderr, "mp_transition[%d]: %s\n", me, err);
     rc = 1;
     nrs_xport_close(&x);
+#ifdef HAVE_NCCL
+    nrs_nccl_fini(nc);
+#endif
 out:
     if (addrs)
         nrs_rdv_free_blobs(r, addrs, lens);

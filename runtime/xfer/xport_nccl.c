@@ -1,0 +1,342 @@
+/* NCCL behind the executor's transport table (xport_nccl.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+#include "xfer/xport_nccl.h"
+
+#define MEM_DEVICE 1
+#define MEM_HOST 2
+/* Posted transfers wait for the stream to drain or for this many more
+ * before they go out as a group: fewer, larger groups. */
+#define GROUP_MIN 16
+
+typedef struct {
+    nrs_xreq_t *req;
+    int is_send, peer; /* communicator rank */
+    nrs_xregion_t r;
+    void *stage; /* strided: packed here on the way */
+    size_t stage_bytes;
+    int64_t ticket; /* -1 until it went out */
+} npost_t;
+
+typedef struct {
+    void *p;
+    size_t n;
+} stage_t;
+
+typedef struct {
+    nrs_nccl_t *c;
+    int device;
+    nrs_owner_rank_fn owner_rank;
+    void *arg;
+    int *comm_rank, nranks;
+    double timeout_s;
+    npost_t *q; /* posts in order: [head, head + n), the first nout of them out */
+    size_t head, n, nout, cap;
+    stage_t *pool; /* staging buffers not in use */
+    size_t npool, poolcap;
+    int failed;
+    char err[256];
+} xn_t;
+
+static int contiguous(const nrs_xregion_t *r)
+{
+    return r->rows <= 1 || r->pitch == r->row_bytes;
+}
+
+static int xn_fail(xn_t *X, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int xn_fail(xn_t *X, const char *fmt, ...)
+{
+    va_list ap;
+    if (!X->failed++) {
+        va_start(ap, fmt);
+        vsnprintf(X->err, sizeof X->err, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ---- memory --------------------------------------------------------------------------- */
+
+static int n_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
+{
+    xn_t *X = ctx;
+    char err[256];
+    *out = (nrs_xmem_t){.owner = owner, .bytes = bytes};
+    if (owner < 0) {
+        out->ptr = malloc(bytes ? bytes : 1);
+        out->handle = MEM_HOST;
+        return out->ptr ? 0 : xn_fail(X, "nccl xport: out of host memory");
+    }
+    if (nrs_cuda_alloc(X->device, bytes, &out->ptr, err, sizeof err))
+        return xn_fail(X, "nccl xport: %s", err);
+    out->handle = MEM_DEVICE;
+    return 0;
+}
+
+static void n_free(void *ctx, nrs_xmem_t *m)
+{
+    (void)ctx;
+    if (m->handle == MEM_DEVICE)
+        nrs_cuda_free(m->ptr);
+    else
+        free(m->ptr);
+    m->ptr = NULL;
+}
+
+static int n_zero(void *ctx, nrs_xmem_t *m)
+{
+    char err[256];
+    if (m->handle != MEM_DEVICE) {
+        memset(m->ptr, 0, m->bytes);
+        return 0;
+    }
+    return nrs_cuda_zero(m->ptr, m->bytes, err, sizeof err) ? xn_fail(ctx, "nccl xport: %s", err)
+                                                            : 0;
+}
+
+static char *base(const nrs_xregion_t *r) { return (char *)r->mem->ptr + r->off; }
+
+static int n_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)
+{
+    char err[256];
+    if (src->rows != dst->rows || src->row_bytes != dst->row_bytes || !nrs_xregion_ok(src) ||
+        !nrs_xregion_ok(dst))
+        return xn_fail(ctx, "nccl xport: copy between unequal or out-of-bounds regions");
+    bool sd = src->mem->handle == MEM_DEVICE, dd = dst->mem->handle == MEM_DEVICE;
+    if (!sd && !dd) {
+        for (size_t i = 0; i < src->rows; i++)
+            memmove(base(dst) + i * dst->pitch, base(src) + i * src->pitch, src->row_bytes);
+        return 0;
+    }
+    nrs_cuda_copy2d_t cp = {base(dst), src->rows > 1 ? dst->pitch : src->row_bytes, base(src),
+                            src->rows > 1 ? src->pitch : src->row_bytes, src->row_bytes,
+                            src->rows};
+    if (nrs_cuda_copy2d(&cp, sd && dd ? 'x' : dd ? 'h' : 'd', err, sizeof err))
+        return xn_fail(ctx, "nccl xport: %s", err);
+    return 0;
+}
+
+/* A staging buffer of at least n bytes: from the pool, else a new one. */
+static void *stage_get(xn_t *X, size_t n, size_t *got)
+{
+    for (size_t i = 0; i < X->npool; i++)
+        if (X->pool[i].n >= n) {
+            void *p = X->pool[i].p;
+            *got = X->pool[i].n;
+            X->pool[i] = X->pool[--X->npool];
+            return p;
+        }
+    char err[256];
+    void *p;
+    if (nrs_cuda_alloc(X->device, n, &p, err, sizeof err)) {
+        xn_fail(X, "nccl xport: staging buffer: %s", err);
+        return NULL;
+    }
+    *got = n;
+    return p;
+}
+
+static void stage_put(xn_t *X, void *p, size_t n)
+{
+    if (!p)
+        return;
+    if (X->npool == X->poolcap) {
+        size_t cap = X->poolcap ? 2 * X->poolcap : 16;
+        stage_t *v = realloc(X->pool, cap * sizeof(*v));
+        if (!v) {
+            nrs_cuda_free(p);
+            return;
+        }
+        X->pool = v;
+        X->poolcap = cap;
+    }
+    X->pool[X->npool++] = (stage_t){p, n};
+}
+
+/* ---- transfers ------------------------------------------------------------------------ */
+
+static int n_post(xn_t *X, int is_send, int peer_owner, const nrs_xregion_t *r, nrs_xreq_t *req)
+{
+    int rank = X->owner_rank(X->arg, peer_owner);
+    int cr = rank >= 0 && rank < X->nranks ? X->comm_rank[rank] : -1;
+    req->done = 0;
+    if (X->failed)
+        return -1;
+    if (cr < 0)
+        return xn_fail(X, "nccl xport: owner %d: no rank of the communicator holds it", peer_owner);
+    if (!nrs_xregion_ok(r) || r->mem->handle != MEM_DEVICE)
+        return xn_fail(X, "nccl xport: %s", !nrs_xregion_ok(r) ? "region out of bounds"
+                                            : "host memory cannot travel over NCCL");
+    if (X->head + X->n == X->cap) {
+        if (X->head) { /* room at the front: move the live posts down */
+            memmove(X->q, X->q + X->head, X->n * sizeof(*X->q));
+            X->head = 0;
+        } else {
+            size_t cap = X->cap ? 2 * X->cap : 64;
+            npost_t *v = realloc(X->q, cap * sizeof(*v));
+            if (!v)
+                return xn_fail(X, "nccl xport: out of memory");
+            X->q = v;
+            X->cap = cap;
+        }
+    }
+    X->q[X->head + X->n++] = (npost_t){.req = req, .is_send = is_send, .peer = cr, .r = *r,
+                                       .ticket = -1};
+    return 0;
+}
+
+static int n_send(void *ctx, int peer, const nrs_xregion_t *src, uint64_t tag, nrs_xreq_t *req)
+{
+    (void)tag; /* NCCL matches by order (xport_nccl.h) */
+    return n_post(ctx, 1, peer, src, req);
+}
+
+static int n_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, nrs_xreq_t *req)
+{
+    (void)tag;
+    return n_post(ctx, 0, peer, dst, req);
+}
+
+/* The posts not yet out, as one group between their packing and unpacking. */
+static int issue(xn_t *X)
+{
+    size_t k = X->n - X->nout;
+    npost_t *p = X->q + X->head + X->nout;
+    nrs_cuda_copy2d_t *pre = calloc(k, sizeof(*pre)), *post = calloc(k, sizeof(*post));
+    nrs_nccl_xfer_t *x = calloc(k, sizeof(*x));
+    int npre = 0, npost = 0, rc = -1;
+    char err[256];
+    if (!pre || !post || !x) {
+        xn_fail(X, "nccl xport: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < k; i++) {
+        const nrs_xregion_t *r = &p[i].r;
+        size_t bytes = r->rows * r->row_bytes;
+        void *buf = base(r);
+        if (!contiguous(r) && bytes) {
+            if (!(p[i].stage = stage_get(X, bytes, &p[i].stage_bytes)))
+                goto out;
+            nrs_cuda_copy2d_t packed = {p[i].stage, r->row_bytes, base(r), r->pitch,
+                                        r->row_bytes, r->rows};
+            nrs_cuda_copy2d_t unpacked = {base(r), r->pitch, p[i].stage, r->row_bytes,
+                                          r->row_bytes, r->rows};
+            if (p[i].is_send)
+                pre[npre++] = packed;
+            else
+                post[npost++] = unpacked;
+            buf = p[i].stage;
+        }
+        x[i] = (nrs_nccl_xfer_t){p[i].peer, p[i].is_send, buf, bytes};
+    }
+    int64_t t = nrs_nccl_post(X->c, pre, npre, x, (int)k, post, npost, X->timeout_s, err,
+                              sizeof err);
+    if (t < 0) {
+        xn_fail(X, "nccl xport: %s", err);
+        goto out;
+    }
+    for (size_t i = 0; i < k; i++)
+        p[i].ticket = t;
+    X->nout = X->n;
+    rc = 0;
+out:
+    free(pre);
+    free(post);
+    free(x);
+    return rc;
+}
+
+static int n_progress(void *ctx)
+{
+    xn_t *X = ctx;
+    char err[256];
+    int64_t done;
+    if (X->failed)
+        return -1;
+    if (nrs_nccl_poll(X->c, &done, err, sizeof err))
+        return xn_fail(X, "nccl xport: %s", err);
+    int completed = 0;
+    while (X->nout && X->q[X->head].ticket < done) {
+        npost_t *p = &X->q[X->head];
+        stage_put(X, p->stage, p->stage_bytes);
+        p->req->done = 1;
+        X->head++;
+        X->n--;
+        X->nout--;
+        completed++;
+    }
+    if (X->n == 0)
+        X->head = 0;
+    /* out now when the stream has drained (nothing would wait behind it)
+     * or enough have gathered */
+    if (X->n > X->nout && (X->nout == 0 || X->n - X->nout >= GROUP_MIN) && issue(X))
+        return -1;
+    return completed;
+}
+
+/* Every post dropped; the communicator aborted first when any were out, so
+ * that no staging buffer is still in use. */
+static void drop_all(xn_t *X)
+{
+    if (X->nout)
+        nrs_nccl_abort(X->c);
+    for (size_t i = 0; i < X->n; i++) {
+        npost_t *p = &X->q[X->head + i];
+        nrs_cuda_free(p->stage);
+    }
+    X->head = X->n = X->nout = 0;
+}
+
+static void n_destroy(void *ctx)
+{
+    xn_t *X = ctx;
+    drop_all(X);
+    for (size_t i = 0; i < X->npool; i++)
+        nrs_cuda_free(X->pool[i].p);
+    free(X->pool);
+    free(X->q);
+    free(X->comm_rank);
+    free(X);
+}
+
+static const nrs_xport_ops_t nccl_ops = {"nccl", n_alloc, n_free,     n_copy, n_send,
+                                         n_recv, n_progress, n_destroy, n_zero};
+
+int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_rank_fn owner_rank,
+                        void *arg, const int *comm_rank, int nranks, double timeout_s)
+{
+    xn_t *X = calloc(1, sizeof(*X));
+    if (!X || !(X->comm_rank = malloc((size_t)(nranks > 0 ? nranks : 1) * sizeof(int)))) {
+        free(X);
+        return -1;
+    }
+    memcpy(X->comm_rank, comm_rank, (size_t)nranks * sizeof(int));
+    X->c = c;
+    X->device = device;
+    X->owner_rank = owner_rank;
+    X->arg = arg;
+    X->nranks = nranks;
+    X->timeout_s = timeout_s > 0 ? timeout_s : 30;
+    x->ops = &nccl_ops;
+    x->ctx = X;
+    return 0;
+}
+
+const char *nrs_xport_nccl_error(const nrs_xport_t *x)
+{
+    return ((const xn_t *)x->ctx)->err;
+}
+
+void nrs_xport_nccl_cancel(nrs_xport_t *x)
+{
+    xn_t *X = x->ctx;
+    if (X->n)
+        nrs_nccl_abort(X->c); /* NCCL cannot take back one transfer */
+    drop_all(X);
+    X->failed = 0;
+    X->err[0] = '\0';
+}

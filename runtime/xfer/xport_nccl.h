@@ -1,0 +1,37 @@
+/* The executor's transport interface (runtime/emu/xport.h) over NCCL: GPU
+ * memory moves GPU to GPU (docs/protocol-dataplane.md §3). Built with
+ * HAVE_NCCL.
+ *
+ * NCCL has no tags: a send and a receive between two ranks match in the
+ * order they are posted. The executor posts every rank's operations in the
+ * graph's global order, so they match; the xport tag is not used. What was
+ * posted since the last progress goes out as one group (ncclGroupStart /
+ * End) on the communicator's stream; any such grouping of each rank's
+ * operations in global order is free of deadlock (the globally first
+ * unfinished transfer is in the running group of both of its ranks).
+ * Strided regions are packed into (and unpacked from) a device staging
+ * buffer on the same stream. Memory of a GPU owner is this rank's device;
+ * host memory (owner < 0) can be allocated and copied but never travels.
+ */
+#ifndef NRS_XFER_XPORT_NCCL_H
+#define NRS_XFER_XPORT_NCCL_H
+
+#include "emu/xport.h"
+#include "xfer/nccl.h"
+
+/* c: the communicator of the ranks taking part (it must outlive the
+ * transport); comm_rank[r]: the communicator rank of executor rank r
+ * (owner_rank's numbering), -1 for a rank not in it, for nranks ranks
+ * (copied). timeout_s bounds the wait for an enqueue. */
+int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_rank_fn owner_rank,
+                        void *arg, const int *comm_rank, int nranks, double timeout_s);
+
+/* The first transport error since open ("" if none). */
+const char *nrs_xport_nccl_error(const nrs_xport_t *x);
+
+/* Drop every posted transfer: the communicator is aborted (NCCL cannot
+ * cancel one transfer), so the caller needs a new one for the next
+ * transition. */
+void nrs_xport_nccl_cancel(nrs_xport_t *x);
+
+#endif

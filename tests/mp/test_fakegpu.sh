@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU code paths' host side, on CPUs: runtime/xfer/nccl.c and the NCCL
+# transport (runtime/xfer/xport_nccl.c) against tests/fakegpu, a TEST DOUBLE
+# of the CUDA runtime and NCCL (LD_PRELOADed in front of the real ones):
+# device memory is host memory, NCCL messages cross processes over unix
+# sockets. It proves the control flow and the bytes (ordering, grouping,
+# staging, splits, shrinks, aborts), nothing about a GPU; test_nccl.sh and
+# bench/gpu/device-check.sh are the GPU tests.
+. "$(dirname "$0")/lib.sh"
+FAKE="$B/tests/fakegpu/.libs/libfakegpu.so"
+N="$B/tests/mp/mp_nccl"
+T="$B/tests/mp/mp_transition"
+[ -e "$FAKE" ] || { echo "[  FAILED  ] fake GPU: $FAKE not built"; mp_fail=1; mp_done; }
+export UCX_NET_DEVICES=lo UCX_TLS=sm
+# Sanitizer builds: the preloaded fake comes before ASan's runtime, on purpose.
+export ASAN_OPTIONS="${ASAN_OPTIONS}:verify_asan_link_order=0"
+fake="LD_PRELOAD=$FAKE" # mp_case runs commands, not shell functions: env "$fake" CMD
+mp_case "fake GPU: nccl 1 rank, world and split" 0 60 env "$fake" "$N"
+mp_grep "fake GPU: nccl 1 rank: split bytes verified" "mp_nccl\[0/1\]: split: 67108867 bytes from rank 0 verified"
+mp_case "fake GPU: nccl 1 rank, a lone receive ends in an abort" 0 60 env "$fake" "$N" --lone-recv
+for n in 2 4; do
+    mp_case "fake GPU: nccl $n ranks: ring, split halves, shrink" 0 120 env "$fake" FAKE_GPUS="$n" \
+        "$SRV" -q -n "$n" -t 110 -- "$N" --bytes 1048579
+    got=$(grep -c "mp_nccl\[[0-9]*/$((n - 1))\]: shrunk: 1048579 bytes from rank [0-9]* verified" "$mp_out")
+    [ "$got" -eq $((n - 1)) ] && { echo "[       OK ] fake GPU: nccl $n ranks: $got survivor(s) verified the shrunk ring"; mp_pass=$((mp_pass + 1)); } \
+        || { echo "[  FAILED  ] fake GPU: nccl $n ranks: $got of $((n - 1)) survivor(s) verified the shrunk ring"; mp_fail=$((mp_fail + 1)); }
+done
+for n in 2 4 8; do
+    mp_case "fake GPU: transitions over NCCL, $n ranks, 6 random" 0 150 env "$fake" \
+        "$SRV" -q -n "$n" -t 140 -- "$T" --nccl --seed $((n * 7 + 3)) --count 6
+    mp_grep "fake GPU: $n ranks moved their shards over nccl" "6 transition(s) over nccl"
+done
+mp_case "fake GPU: over NCCL, a corrupted byte is caught" 1 60 env "$fake" NRS_MP_CORRUPT=1 \
+    "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --nccl --seed 3 --count 4
+mp_grep "fake GPU: the mismatch is reported" "checksum mismatch"
+stamp=$(mktemp "${TMPDIR:-/tmp}/nrs-fkill.XXXXXX")
+rm -f "$stamp"
+mp_case "fake GPU: over NCCL, rank 1 SIGKILLed mid-transition" 137 60 env "$fake" NRS_MP_KILL=1:5 \
+    NRS_MP_KILL_STAMP="$stamp" "$SRV" -n 4 -t 50 -- "$T" --nccl --seed 31 --count 6
+got=$(grep -c "aborted, old state intact" "$mp_out")
+late=$(grep -c "no transfer completed for" "$mp_out")
+if [ "$got" -eq 3 ] && [ "$late" -eq 0 ]; then
+    echo "[       OK ] fake GPU: 3 survivors aborted with their old state intact, none by the stall time-out"
+    mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] fake GPU: $got of 3 survivor(s) aborted intact, $late by the stall time-out"
+    mp_fail=$((mp_fail + 1))
+fi
+rm -f "$stamp"
+mp_done
