@@ -1,0 +1,627 @@
+/* The worker API: the control channel to nereus-controller (plans, PREPARE /
+ * COMMIT / ABORT, reports), collectives through it, and a growing world
+ * (worker_int.h). */
+#define _GNU_SOURCE
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "ctl/client.h"
+#include "ctl/proto.h"
+#include "adapt/adapt.h"
+#include "rdv/rdv.h"
+#include "util/util.h"
+#include "worker/worker_int.h"
+#include "xfer/ucx.h"
+#include "xfer/xport_ucx.h"
+
+/* ---- the control channel: plans, PREPARE / COMMIT / ABORT ------------------------ */
+
+static void ctl_close(nrs_worker_t *w, const char *why)
+{
+    if (w->ctl_fd >= 0)
+        close(w->ctl_fd);
+    w->ctl_fd = -1;
+    snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %.360s", why);
+}
+
+/* A send on the channel failed (why): the controller may have said why before
+ * it closed (an ERROR, e.g. "rank retired", behind frames already queued), so
+ * read what is left before closing; an ERROR retires this rank. */
+static void ctl_send_failed(nrs_worker_t *w, const char *why)
+{
+    char said[NRS_PROTO_TEXT_MAX + 64];
+    if (w->ctl_fd >= 0 && !nrs_client_refusal(w->ctl_fd, said, sizeof said)) {
+        ctl_close(w, said);
+        w->retired = 1;
+        nrs_wk_seterr(w, NRS_ERR_RETIRED, "%s", said);
+        return;
+    }
+    ctl_close(w, why);
+}
+
+void nrs_wk_ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
+{
+    nrs_msg_report_t m;
+    uint8_t buf[1024];
+    char err[256];
+    if (w->ctl_fd < 0)
+        return;
+    memset(&m, 0, sizeof m);
+    m.epoch = r->epoch;
+    m.step = r->step;
+    m.flags = r->flags & (NRS_REPORT_MEM_HIGH | NRS_REPORT_MEM_FAILED);
+    m.response_len = r->response_len;
+    m.nstages = r->nstages;
+    memcpy(m.ms, r->ms, sizeof m.ms);
+    memcpy(m.seconds, r->seconds, sizeof m.seconds);
+    int len = nrs_enc_report(buf, sizeof buf, &m);
+    if (len < 0) {
+        ctl_close(w, "REPORT: does not encode");
+    } else if (nrs_client_send(w->ctl_fd, buf, len, err, sizeof err)) {
+        char why[300];
+        snprintf(why, sizeof why, "REPORT: %.280s", err);
+        ctl_send_failed(w, why);
+    }
+}
+
+/* One frame within timeout_s (the wait for its first byte; the rest of a frame
+ * must follow within NRS_WORKER_TIMEOUT): 1 with *h and the payload at
+ * w->cbuf + NRS_PROTO_HDR, 0 on time-out, -1 when the channel is gone. */
+int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h)
+{
+    char err[256];
+    if (w->ctl_fd < 0)
+        return -1;
+    if (!w->cbuf && !(w->cbuf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD)))
+        return -1;
+    struct pollfd p = {.fd = w->ctl_fd, .events = POLLIN};
+    int pr;
+    do
+        pr = poll(&p, 1, timeout_s > 0 ? (int)(timeout_s * 1000) : 0);
+    while (pr < 0 && errno == EINTR);
+    if (pr == 0)
+        return 0;
+    if (pr < 0 || nrs_client_recv(w->ctl_fd, w->cbuf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, h,
+                                  w->timeout_s, err, sizeof err)) {
+        ctl_close(w, pr < 0 ? "poll failed" : err);
+        return -1;
+    }
+    return 1;
+}
+
+static void ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status, double seconds)
+{
+    nrs_msg_ack_t a = {epoch, phase, status, seconds > 0 ? seconds : 0};
+    uint8_t buf[64];
+    char err[256];
+    if (w->ctl_fd >= 0 && nrs_client_send(w->ctl_fd, buf, nrs_enc_ack(buf, sizeof buf, &a), err,
+                                          sizeof err))
+        ctl_send_failed(w, err);
+}
+
+/* ERROR from the controller: this rank is retired (or refused). */
+static int ctl_error(nrs_worker_t *w, const nrs_hdr_t *h)
+{
+    nrs_msg_error_t e;
+    char why[NRS_PROTO_TEXT_MAX + 64];
+    if (nrs_dec_error(w->cbuf + NRS_PROTO_HDR, h->length, &e, NULL, 0))
+        snprintf(e.text, sizeof e.text, "(malformed ERROR)");
+    snprintf(why, sizeof why, "the controller says %s: %s", nrs_perr_name((int)e.code), e.text);
+    ctl_close(w, why);
+    w->retired = 1;
+    return nrs_wk_seterr(w, NRS_ERR_RETIRED, "%s", why);
+}
+
+/* At the point of no return of a controller-driven transition: every rank has
+ * voted yes; tell the controller, and go on only on its COMMIT. */
+int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
+{
+    nrs_worker_t *w = arg;
+    nrs_hdr_t h;
+    double end = nrs_now_s() + 2 * w->timeout_s;
+    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
+    w->ponr_acked = 1;
+    while (w->ctl_fd >= 0 && nrs_now_s() < end) {
+        int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
+        if (k <= 0)
+            break;
+        if (h.type == NRS_MSG_ERROR) {
+            ctl_error(w, &h);
+            snprintf(why, whylen, "%s", w->err);
+            return -1;
+        }
+        if (h.type != NRS_MSG_COMMIT && h.type != NRS_MSG_ABORT)
+            continue;
+        nrs_msg_epoch_t m;
+        if (nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &m, NULL, 0) ||
+            m.epoch != w->ctl_epoch)
+            continue;
+        if (h.type == NRS_MSG_COMMIT)
+            return 0;
+        snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
+        return -1;
+    }
+    snprintf(why, whylen, "no COMMIT from the controller for epoch %u (%s)", w->ctl_epoch,
+             w->ctl_fd < 0 ? w->ctl_err : "timed out");
+    return -1;
+}
+
+/* PREPARE(epoch): the transition the pending PLAN announced. */
+int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch)
+{
+    nrs_msg_plan_t *m = w->pend;
+    if (!w->have_pend || m->plan.epoch != epoch || !w->have_plan || !w->allocated ||
+        m->prev_epoch != w->plan.epoch) {
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, 3, 0);
+        w->have_pend = 0;
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "PREPARE of epoch %u: no matching PLAN from epoch %d",
+                             epoch, nrs_worker_epoch(w));
+    }
+    w->have_pend = 0;
+    int *map = calloc((size_t)m->plan.total_gpus + 1, sizeof(int));
+    if (!map) {
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, 2, 0);
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    nrs_resize_t rz = {m->lost, m->nlost};
+    nrs_adapt_gpu_map(w->plan.total_gpus, m->plan.total_gpus, m->nlost ? &rz : NULL, map);
+    w->ctl_epoch = epoch;
+    w->ponr_acked = 0;
+    double t0 = nrs_now_s();
+    int rc = nrs_wk_do_transition(w, &m->plan, map, m->lost, m->nlost, 1);
+    free(map);
+    double dt = nrs_now_s() - t0;
+    if (rc == NRS_OK) {
+        ctl_ack(w, epoch, NRS_MSG_COMMIT, 0, dt);
+        return 1;
+    }
+    if (rc == NRS_ERR_PARTIAL) {
+        ctl_ack(w, epoch, NRS_MSG_COMMIT, 1, dt);
+        return rc;
+    }
+    if (!w->ponr_acked) /* failed before the vote passed: the controller aborts */
+        ctl_ack(w, epoch, NRS_MSG_PREPARE, rc == NRS_ERR_ABORTED ? 1 : 2, 0);
+    if (w->retired)
+        return NRS_ERR_RETIRED;
+    return rc == NRS_ERR_ABORTED ? rc : NRS_ERR_ABORTED;
+}
+
+int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
+{
+    char why[256];
+    const uint8_t *p = w->cbuf + NRS_PROTO_HDR;
+    switch (h->type) {
+    case NRS_MSG_PLAN: {
+        nrs_msg_plan_t *m = malloc(sizeof *m);
+        int rc = NRS_OK;
+        if (!m)
+            return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        if (nrs_dec_plan(p, h->length, m, why, sizeof why)) {
+            free(m);
+            ctl_close(w, "malformed PLAN");
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "PLAN from the controller: %s", why);
+        }
+        if (m->flags & NRS_PLAN_TRANSITION) { /* kept for its PREPARE */
+            free(w->pend);
+            w->pend = m;
+            w->have_pend = 1;
+            return NRS_OK;
+        }
+        if (!w->have_plan) { /* the committed plan, answer to HELLO */
+            rc = nrs_worker_set_plan(w, &m->plan);
+            rc = rc ? rc : 2;
+        } /* else: the plan we run, again */
+        free(m);
+        return rc;
+    }
+    case NRS_MSG_PREPARE: {
+        nrs_msg_epoch_t m;
+        if (nrs_dec_epoch(h->type, p, h->length, &m, why, sizeof why))
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "PREPARE: %s", why);
+        if (w->defer) { /* nrs_worker_control_step runs it once every rank has agreed */
+            w->prep_epoch = m.epoch;
+            return NRS_OK;
+        }
+        return nrs_wk_ctl_prepare(w, m.epoch);
+    }
+    case NRS_MSG_WORLD: {
+        nrs_msg_world_t *m = malloc(sizeof *m);
+        if (!m)
+            return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        if (nrs_dec_world(p, h->length, m, why, sizeof why)) {
+            free(m);
+            ctl_close(w, "malformed WORLD");
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "WORLD from the controller: %s", why);
+        }
+        if (m->gen <= w->world_gen || m->rank != w->me) {
+            free(m);
+            return NRS_OK;
+        }
+        free(w->world_pend); /* switched at the next step boundary, by agreement */
+        w->world_pend = m;
+        return NRS_OK;
+    }
+    case NRS_MSG_ERROR:
+        return ctl_error(w, h);
+    default: /* late COMMIT/ABORT of a finished transition, status text */
+        return NRS_OK;
+    }
+}
+
+int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
+{
+    nrs_hdr_t h;
+    if (!w)
+        return nrs_wk_nohandle(__func__);
+    if (w->retired)
+        return nrs_wk_retired_err(w, __func__);
+    if (w->ctl_fd < 0)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_control_plan: no control channel: %s",
+                             nrs_worker_control(w));
+    double end = nrs_now_s() + timeout_s;
+    while (!w->have_plan) {
+        double left = end - nrs_now_s();
+        int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
+        if (k < 0)
+            return w->retired ? nrs_wk_retired_err(w, __func__)
+                              : nrs_wk_seterr(w, NRS_ERR_INVAL, "%s", w->ctl_err);
+        if (k == 0)
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "no plan from the controller within %.1f s",
+                                 timeout_s);
+        int rc = nrs_wk_ctl_frame(w, &h);
+        if (rc < 0)
+            return rc;
+    }
+    return NRS_OK;
+}
+
+int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
+{
+    nrs_hdr_t h;
+    int first = 1;
+    if (!w)
+        return nrs_wk_nohandle(__func__);
+    if (w->retired)
+        return nrs_wk_retired_err(w, __func__);
+    while (w->ctl_fd >= 0) {
+        int k = nrs_wk_ctl_recv(w, first ? timeout_s : 0, &h);
+        first = 0;
+        if (k <= 0)
+            return NRS_OK; /* nothing more, or the channel is gone: the job runs on */
+        int rc = nrs_wk_ctl_frame(w, &h);
+        if (rc != NRS_OK && rc != 2)
+            return rc; /* a transition ran (1, or its failure), or an error */
+    }
+    return NRS_OK;
+}
+
+/* ---- collectives through the controller (GATHER / GATHERED) ------------------------ */
+
+/* nrs_rdv_gather's contract over the control channel: the controller waits for
+ * every participant or its channel's end, and gives all the same answer. */
+int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
+                      const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                      char *err, size_t errlen)
+{
+    nrs_worker_t *w = arg;
+    nrs_msg_gather_t *m = calloc(1, sizeof(*m));
+    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    char why[256];
+    int rc = -1, saved = w->defer;
+    memset(got, 0, (size_t)w->n);
+    if (!m || !buf) {
+        snprintf(err, errlen, "gather %s: out of memory", name);
+        goto out;
+    }
+    if (w->ctl_fd < 0) {
+        snprintf(err, errlen, "gather %s: %s", name, w->ctl_err[0] ? w->ctl_err : "no control channel");
+        goto out;
+    }
+    if (len > NRS_GATHER_DATA_MAX || nout > NRS_GATHER_MAX_OUT) {
+        snprintf(err, errlen, "gather %s: %zu bytes, %d ranks out: too large for the control "
+                 "channel", name, len, nout);
+        goto out;
+    }
+    m->key = key;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->timeout_ms = (uint32_t)(timeout_s > 0 ? timeout_s * 1000 : 30000);
+    m->nranks = w->n;
+    m->nout = nout;
+    memcpy(m->out, out, sizeof(int32_t) * (size_t)nout);
+    m->len = (uint32_t)len;
+    m->data = mine;
+    int n = nrs_enc_gather(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, m);
+    if (n < 0 || nrs_client_send(w->ctl_fd, buf, n, why, sizeof why)) {
+        if (n >= 0)
+            ctl_send_failed(w, why);
+        snprintf(err, errlen, "gather %s: %s", name,
+                 n < 0 ? "does not encode" : w->retired ? w->ctl_err : why);
+        goto out;
+    }
+    /* the controller answers within timeout_s of the first contribution */
+    double end = nrs_now_s() + 2 * (timeout_s > 0 ? timeout_s : 30) + 5;
+    w->defer = 1; /* a PREPARE that comes meanwhile is kept for the step's agreement */
+    for (;;) {
+        nrs_hdr_t h;
+        double left = end - nrs_now_s();
+        int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
+        if (k <= 0) {
+            snprintf(err, errlen, "gather %s: %s", name,
+                     k < 0 ? w->ctl_err : "no answer from the controller");
+            goto out;
+        }
+        if (h.type == NRS_MSG_GATHERED) {
+            nrs_msg_gathered_t g;
+            if (nrs_dec_gathered(w->cbuf + NRS_PROTO_HDR, h.length, &g, why, sizeof why)) {
+                ctl_close(w, "malformed GATHERED");
+                snprintf(err, errlen, "gather %s: GATHERED: %s", name, why);
+                goto out;
+            }
+            if (g.key != key || strcmp(g.name, name) || g.len != len)
+                continue; /* an answer to an earlier gather this rank gave up on */
+            for (uint32_t i = 0; i < g.count; i++) {
+                int32_t r;
+                const uint8_t *d;
+                nrs_gathered_entry(&g, i, &r, &d);
+                if (r < w->n) {
+                    got[r] = 1;
+                    if (len)
+                        memcpy((char *)all + (size_t)r * len, d, len);
+                }
+            }
+            if (!(h.flags & NRS_FLAG_MORE))
+                break;
+            continue;
+        }
+        if (h.type == NRS_MSG_ABORT && w->ctl_epoch && key == w->ctl_epoch) {
+            nrs_msg_epoch_t a;
+            if (!nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &a, NULL, 0) &&
+                a.epoch == w->ctl_epoch) {
+                snprintf(err, errlen, "gather %s: the controller aborted epoch %u: %.300s", name,
+                         a.epoch, a.text);
+                goto out;
+            }
+            continue;
+        }
+        if (nrs_wk_ctl_frame(w, &h) < 0 && (w->retired || w->ctl_fd < 0)) {
+            snprintf(err, errlen, "gather %s: %s", name, w->ctl_err);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    w->defer = saved;
+    free(m);
+    free(buf);
+    return rc;
+}
+
+/* The collective the worker uses at step boundaries: the controller's, or
+ * the PMIx rendezvous'. */
+int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
+                       size_t len, const int *out, int nout, void *all, unsigned char *got,
+                       char *err, size_t errlen)
+{
+    if (w->coll_ctl)
+        return nrs_wk_ctl_gather(w, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
+                                 errlen);
+    return nrs_rdv_gather(w->r, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
+                          errlen);
+}
+
+/* ---- a growing world: the ranks of a join step (docs/worker-api.md §7) ------------ */
+
+enum { WORLD_BLOB = 8192, WORLD_HDR = 24 };
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int grow_arrays(nrs_worker_t *w, int size)
+{
+    int *perm = realloc(w->perm, sizeof(int) * ((size_t)size + 1));
+    if (perm)
+        w->perm = perm;
+    unsigned char **a[3] = {&w->leaving, &w->gone, &w->dead};
+    for (int k = 0; perm && k < 3; k++) {
+        unsigned char *q = realloc(*a[k], (size_t)size + 1);
+        if (!q)
+            return -1;
+        if (size > w->n)
+            memset(q + w->n, 0, (size_t)(size - w->n) + 1);
+        *a[k] = q;
+    }
+    return perm ? 0 : -1;
+}
+
+/* Every rank of the world (the first step's and the joiners) gives its
+ * address and where it is; all compute the same ranks order and connect. */
+int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
+{
+    char err[512], name[32];
+    int size = m->size, rc = NRS_OK;
+    unsigned char *mine = calloc(WORLD_BLOB, 1), *all = NULL, *got = NULL;
+    void **addrs = NULL;
+    size_t *lens = NULL;
+    if (!mine || grow_arrays(w, size))
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    w->n = size;
+    if (w->joiner && !w->u) {
+        nrs_ucx_opts_t uo;
+        nrs_ucx_opts_init(&uo);
+        uo.op_timeout_s = w->timeout_s;
+        w->me = m->rank;
+        if (nrs_ucx_init(&w->u, w->me, size, &uo, err, sizeof err)) {
+            rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "%s", err);
+            goto out;
+        }
+    } else if (nrs_ucx_grow(w->u, size, err, sizeof err)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "%s", err);
+        goto out;
+    }
+    for (int i = 0; i < m->nout; i++)
+        w->dead[m->out[i]] = 1;
+    const void *addr;
+    size_t alen;
+    nrs_ucx_address(w->u, &addr, &alen);
+    if (alen > WORLD_BLOB - WORLD_HDR) {
+        rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "transport address of %zu bytes", alen);
+        goto out;
+    }
+    put_u32(mine, (uint32_t)alen);
+    put_u32(mine + 4, w->joiner && w->join_step < 0 ? 0 : (uint32_t)(w->my_gpu + 1));
+    put_u32(mine + 8, w->attempt);
+    put_u32(mine + 12, (uint32_t)(w->last_step + 1));
+    put_u32(mine + 16, w->have_plan ? w->plan.epoch : 0);
+    put_u32(mine + 20, w->joiner && w->join_step < 0 ? 1 : 0);
+    memcpy(mine + WORLD_HDR, addr, alen);
+    all = calloc((size_t)size, WORLD_BLOB);
+    got = calloc((size_t)size + 1, 1);
+    addrs = calloc((size_t)size + 1, sizeof(void *));
+    lens = calloc((size_t)size + 1, sizeof(size_t));
+    if (!all || !got || !addrs || !lens) {
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(name, sizeof name, "world%u", m->gen);
+    if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, WORLD_BLOB, m->out, m->nout,
+                           all, got, err, sizeof err)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: %s", m->gen, err);
+        goto out;
+    }
+    /* ranks order: the current plan's GPUs, then the joiners, then the others */
+    unsigned epoch = 0, attempt = 0;
+    int step = -1, total = w->have_plan ? w->plan.total_gpus : 0, np = 0;
+    unsigned char *placed = calloc((size_t)size + 1, 1);
+    if (!placed) {
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int g = 0; g < total; g++)
+        w->perm[g] = -1;
+    for (int r = 0; r < size; r++) {
+        const unsigned char *b = all + (size_t)r * WORLD_BLOB;
+        if (!got[r]) {
+            w->dead[r] = 1;
+            nrs_ucx_mark_failed(w->u, r);
+            continue;
+        }
+        uint32_t g1 = get_u32(b + 4);
+        if (g1 && (int)g1 <= total) {
+            w->perm[g1 - 1] = r;
+            placed[r] = 1;
+        }
+        if (!get_u32(b + 20)) { /* a rank already in the world: its counters */
+            attempt = get_u32(b + 8) > attempt ? get_u32(b + 8) : attempt;
+            step = (int)get_u32(b + 12) > step ? (int)get_u32(b + 12) : step;
+            epoch = get_u32(b + 16);
+        }
+        addrs[r] = (void *)(b + WORLD_HDR);
+        lens[r] = get_u32(b);
+    }
+    np = total;
+    for (int r = m->base; r < size; r++)
+        if (!placed[r])
+            w->perm[np++] = r, placed[r] = 1;
+    for (int r = 0; r < size; r++)
+        if (!placed[r])
+            w->perm[np++] = r;
+    free(placed);
+    for (int g = 0; g < total; g++)
+        if (w->perm[g] < 0) {
+            rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: no rank holds GPU %d of epoch %u",
+                               m->gen, g, w->plan.epoch);
+            goto out;
+        }
+    if (w->have_plan && epoch && epoch != w->plan.epoch) {
+        rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: the job is on epoch %u, this rank on %u",
+                           m->gen, epoch, w->plan.epoch);
+        goto out;
+    }
+    if (nrs_ucx_connect(w->u, addrs, lens, err, sizeof err)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "world %u: %s", m->gen, err);
+        goto out;
+    }
+    if (w->joiner && !w->x.ops) {
+        w->attempt = attempt;
+        w->join_step = step;
+        w->my_gpu = -1;
+        if (nrs_xport_ucx_open(&w->x, w->u, nrs_wk_owner_rank, w)) {
+            rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    w->world_gen = m->gen;
+out:
+    free(mine);
+    free(all);
+    free(got);
+    free(addrs);
+    free(lens);
+    return rc;
+}
+
+/* A rank of a join step: HELLO as a joiner, wait for the world to be
+ * complete (every joiner connected), join it, take the committed plan. */
+int nrs_wk_join_world(nrs_worker_t *w)
+{
+    char why[256];
+    nrs_hdr_t h;
+    if (w->ctl_fd < 0)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "a joining rank needs the job's controller: %s",
+                             nrs_worker_control(w));
+    double end = nrs_now_s() + nrs_wk_env_double("NRS_WORKER_JOIN_TIMEOUT", 120);
+    while (!w->world_gen) {
+        double left = end - nrs_now_s();
+        int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
+        if (k <= 0)
+            return nrs_wk_seterr(w, NRS_ERR_RDV, "join: %s", k < 0 ? w->ctl_err
+                                 : "the controller never completed the world (do all ranks of the "
+                            "join step run?)");
+        const uint8_t *p = w->cbuf + NRS_PROTO_HDR;
+        if (h.type == NRS_MSG_PLAN) {
+            nrs_msg_plan_t *m = malloc(sizeof *m);
+            if (m && !nrs_dec_plan(p, h.length, m, why, sizeof why) &&
+                !(m->flags & NRS_PLAN_TRANSITION)) {
+                w->plan = m->plan;
+                w->have_plan = 1;
+                w->rep.epoch = m->plan.epoch;
+            }
+            free(m);
+        } else if (h.type == NRS_MSG_WORLD) {
+            nrs_msg_world_t *m = malloc(sizeof *m);
+            int rc = !m ? nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory")
+                     : nrs_dec_world(p, h.length, m, why, sizeof why)
+                         ? nrs_wk_seterr(w, NRS_ERR_PLAN, "WORLD: %s", why)
+                         : nrs_wk_world_switch(w, m);
+            free(m);
+            if (rc)
+                return rc;
+        } else if (h.type == NRS_MSG_ERROR) {
+            return ctl_error(w, &h);
+        }
+    }
+    if (!w->have_plan)
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "join: no plan from the controller");
+    nrs_wk_free_state(w);
+    w->my_gpu = -1;
+    return nrs_wk_index_state(w);
+}
+
+int nrs_worker_joined_at(const nrs_worker_t *w)
+{
+    return w ? w->join_step : nrs_wk_nohandle(__func__);
+}

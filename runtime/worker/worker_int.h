@@ -1,0 +1,161 @@
+/* runtime/worker: what the files of the worker API (include/nereus/nereus.h)
+ * share: the handle, and the helpers one file defines for the others. Not
+ * installed; runtime/ctl's hooks are in worker.h. The files: worker.c (errors,
+ * init, accessors, finalize), worker_state.c (the plan's state, its buffers,
+ * reports), worker_trans.c (transitions, checkpoints), worker_ctl.c (the
+ * control channel, its collectives, a growing world), worker_sync.c (the step
+ * boundary, the per-step weight sync). */
+#ifndef NRS_WORKER_WORKER_INT_H
+#define NRS_WORKER_WORKER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctl/proto.h"
+#include "emu/geometry.h"
+#include "emu/graph.h"
+#include "emu/xport.h"
+#include "rdv/rdv.h"
+#include "worker/dtrans.h"
+#include "worker/worker.h"
+#include "xfer/ucx.h"
+
+struct nrs_worker {
+    nrs_spec_t spec;
+    nrs_rdv_t *r;
+    nrs_ucx_t *u;
+    nrs_xport_t x;
+    int xport_ucx;
+    int me, n;
+    double timeout_s;
+    nrs_plan_t plan;
+    int have_plan, broken;
+    nrs_emu_state_t st; /* the current plan's state, every rank's buffers */
+    nrs_xmem_t *mem;    /* [st.nbuf]: this rank's (host) memory, ptr NULL elsewhere */
+    void **dev;         /* [st.nbuf]: CUDA copies when mem_kind == NRS_MEM_CUDA */
+    int *mine;          /* indices into st.buf of this rank's buffers */
+    int nmine;
+    int mem_kind, allocated;
+    int cuda_dev;       /* the CUDA device this rank's state lives on */
+    unsigned attempt;
+    nrs_dtrans_result_t last;
+    int have_last;
+    /* reports */
+    nrs_worker_report_t rep;
+    nrs_report_fn sink;
+    void *sink_arg;
+    nrs_worker_report_hook_fn hook;
+    void *hook_arg;
+    int ctl_fd; /* control channel to nereus-controller, -1 if none */
+    char ctl_err[384];
+    int *perm;  /* [n]: perm[g] = rank holding GPU g of the current plan (g < total_gpus),
+                 * then the ranks holding nothing, in order */
+    int my_gpu; /* this rank's GPU in the current plan, -1: none */
+    uint8_t *cbuf;          /* a frame from the controller */
+    nrs_msg_plan_t *pend;   /* PLAN(TRANSITION) waiting for its PREPARE */
+    int have_pend, retired, ponr_acked;
+    unsigned ctl_epoch;     /* epoch of the transition being run for the controller */
+    /* the per-step weight sync of the current epoch (nrs_emu_weight_sync) */
+    nrs_emu_graph_t *sg;    /* its graph, built once per epoch */
+    int *stmap;             /* [sg->nold]: train weight -> index into st.buf */
+    int *sgidx;             /* [sg->nnew]: generation buffer -> index into st.buf (kept in
+                             * place on a train buffer, or persistent on its own pool), -1 */
+    nrs_xmem_t *sgmem;      /* [sg->nnew]: generation buffers the sync allocated (sgidx -1) */
+    int synced;             /* the generation buffers hold this epoch's sync */
+    unsigned sync_n, agree_n, sync_sample;
+    long long sync_steps, sync_failed, sync_bytes, sync_last_bytes, sync_sampled;
+    double sync_last_s, sync_total_s;
+    int defer;              /* control frames: keep a PREPARE for the step's agreement */
+    unsigned prep_epoch;    /* the PREPARE kept, 0: none */
+    unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
+    unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
+    unsigned char *dead;    /* [n]: ranks out of the job for good (lost GPUs of a committed
+                             * epoch, or gone): never waited for again */
+    int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */
+    char *ckpt_dir;         /* checkpoints (ckpt.h), NULL: none */
+    int joiner;             /* this rank came with a join step (NEREUS_JOIN) */
+    unsigned world_gen;     /* generations of the world this rank is in */
+    nrs_msg_world_t *world_pend; /* a WORLD read, kept for the step agreement */
+    int join_step;          /* joiner: the job's step when it joined; -1 */
+    unsigned agreed_world;  /* the newest world generation a rank of the plan has */
+    int last_step;          /* the last step reported */
+    long restored_step;     /* the last transition restored this step's checkpoint; -1 */
+    unsigned char *present; /* broken: [st.nbuf] 1 = complete on some survivor (census) */
+    char err[640];
+};
+
+/* worker.c */
+/* Sets the message of w (NULL: this thread's, last_error(NULL)); returns rc. */
+int nrs_wk_seterr(const nrs_worker_t *w, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* NRS_ERR_INVAL for call fn given a NULL handle. */
+int nrs_wk_nohandle(const char *fn);
+/* NRS_ERR_RETIRED for call fn once the controller retired this rank. */
+int nrs_wk_retired_err(nrs_worker_t *w, const char *fn);
+/* The rank that holds GPU owner of the current plan (arg: the handle); -1: none. */
+int nrs_wk_owner_rank(void *arg, int owner);
+/* The identity map: rank r holds GPU r (w->perm, w->my_gpu). */
+void nrs_wk_perm_identity(nrs_worker_t *w);
+/* $name as a number; dflt when unset or empty. */
+double nrs_wk_env_double(const char *name, double dflt);
+/* The executor options every distributed run of this rank shares. */
+void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
+/* The rendezvous that names this job's ranks in failure reports (NULL: a joiner). */
+nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);
+
+/* worker_state.c */
+/* Frees the current epoch's weight sync (its graph and generation buffers). */
+void nrs_wk_sync_reset(nrs_worker_t *w);
+/* Frees the current plan's state and buffers (the sync's too). */
+void nrs_wk_free_state(nrs_worker_t *w);
+/* The rank that holds buffer b. */
+int nrs_wk_buf_rank(const nrs_worker_t *w, const nrs_emu_buf_t *b);
+/* Builds the current plan's state and finds this rank's buffers. */
+int nrs_wk_index_state(nrs_worker_t *w);
+/* 0 if plan p fits this job, else the error. */
+int nrs_wk_plan_ok(nrs_worker_t *w, const nrs_plan_t *p);
+/* CUDA state: copies to the host buffers (dir 'd') or back to the device ('h'). */
+int nrs_wk_sync_host(nrs_worker_t *w, char dir);
+/* Writes the counts v, m where the caller gave a pointer. */
+void nrs_wk_counts(long long *verified, long long *mismatches, long long v, long long m);
+
+/* worker_trans.c */
+/* A transition to next (a resize: gpu_map, lost; ctl: the controller runs its PONR). */
+int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu_map,
+                         const int *lost, int nlost, int ctl);
+
+/* worker_ctl.c */
+/* Sends a step's report to the controller, if there is a channel. */
+void nrs_wk_ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r);
+/* One frame within timeout_s: 1 (in *h, w->cbuf), 0 on time-out, -1 channel gone. */
+int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h);
+/* A controller-driven transition's point of no return: ACK, wait for COMMIT. */
+int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen);
+/* Runs the transition the pending PLAN announced, on its PREPARE(epoch). */
+int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch);
+/* Handles one frame from the controller (PLAN, PREPARE, WORLD, ERROR). */
+int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h);
+/* nrs_rdv_gather over the control channel (arg: the handle). */
+int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
+                      const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                      char *err, size_t errlen);
+/* The step boundaries' gather: the controller's or PMIx's. */
+int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
+                       size_t len, const int *out, int nout, void *all, unsigned char *got,
+                       char *err, size_t errlen);
+/* Switches to the world m describes (every rank, the joiners too). */
+int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m);
+/* A joiner's init: HELLO, wait for its world, join it, take the committed plan. */
+int nrs_wk_join_world(nrs_worker_t *w);
+
+/* worker_sync.c */
+/* The current plan's ranks in part that have not said they leave; how many. */
+int nrs_wk_plan_ranks(const nrs_worker_t *w, int *part);
+/* The ranks left out of a collective of part[0, np) (in[r] = 1: a participant); how many. */
+int nrs_wk_plan_outsiders(const nrs_worker_t *w, const int *part, int np, bool skip_gone,
+                          unsigned char *in, int *out);
+/* 1 if a rank of the plan is retired or dead. */
+int nrs_wk_someone_leaving(const nrs_worker_t *w);
+
+#endif

@@ -1,0 +1,454 @@
+/* The worker API: transitions, checkpoints, and restore from one when a
+ * transition's state survives nowhere (worker_int.h). */
+#define _GNU_SOURCE
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu/geometry.h"
+#include "emu/graph.h"
+#include "util/util.h"
+#include "worker/ckpt.h"
+#include "worker/dtrans.h"
+#include "worker/worker_int.h"
+
+/* ---- transitions ------------------------------------------------------------------- */
+
+/* NRS_WORKER_KILL=RANK:OPS (SIGKILL after OPS of its ops) or RANK:ponr (right
+ * after the point-of-no-return vote): the tests' failure injection. */
+static int64_t kill_hook(const nrs_worker_t *w)
+{
+    const char *k = getenv("NRS_WORKER_KILL");
+    char *end;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':')
+        return -1;
+    return !strcmp(end + 1, "ponr") ? -2 : strtoll(end + 1, NULL, 10);
+}
+
+static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
+                   int nout);
+
+/* A transition to next. gpu_map/lost: the controller's resize (survivors first,
+ * adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
+ * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
+int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu_map,
+                         const int *lost, int nlost, int ctl)
+{
+    char err[512];
+    int rc;
+    /* after a failure past the point of no return only a restore from a checkpoint
+     * (a controller's transition) can make the state whole again */
+    int recover = w->broken && ctl && (w->ckpt_dir || w->present);
+    if (!w->have_plan || !w->allocated || (w->broken && !recover))
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, w->broken ? "an earlier transition failed past "
+                             "its point of no return (no checkpoint to restore)"
+                             : "no plan or no state");
+    if ((rc = nrs_wk_plan_ok(w, next)))
+        return rc;
+    if (next->epoch <= w->plan.epoch)
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "epoch %u is not after the current %u", next->epoch,
+                             w->plan.epoch);
+    nrs_emu_opts_t eo;
+    nrs_emu_opts_init(&eo);
+    eo.chunk_bytes = (int64_t)nrs_wk_env_double("NRS_WORKER_CHUNK", 0);
+    eo.gpu_map = gpu_map;
+    eo.ngpu_map = gpu_map ? next->total_gpus : 0;
+    eo.lost = lost;
+    eo.nlost = nlost;
+    /* a partial state: what no survivor holds complete is lost too (the census
+     * told every rank the same); the rest is rebuilt from replicas */
+    unsigned char *missing = NULL;
+    if (w->broken && w->present && (missing = calloc(w->st.nbuf + 1, 1))) {
+        for (size_t i = 0; i < w->st.nbuf; i++)
+            missing[i] = !w->present[i];
+        eo.missing = missing;
+        eo.nmissing = w->st.nbuf;
+    }
+    int out_ranks[NRS_PROTO_MAX_LOST], nout = 0;
+    int *nperm = calloc((size_t)w->n + 1, sizeof(int)), np = 0;
+    if (!nperm)
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    /* The new numbering: GPU i of next is physical GPU gpu_map[i] of the current plan. */
+    char *used = calloc((size_t)w->n + 1, 1);
+    for (int i = 0; used && i < next->total_gpus; i++) {
+        int phys = gpu_map ? gpu_map[i] : i;
+        int r = phys >= 0 && phys < w->n ? (w->perm ? w->perm[phys] : phys) : -1;
+        if (w->n == 1)
+            r = 0;
+        if (r < 0 || (w->n > 1 && used[r])) {
+            free(used);
+            free(nperm);
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "GPU %d of epoch %u has no rank of this job", i,
+                                 next->epoch);
+        }
+        used[r] = 1;
+        if (np < w->n)
+            nperm[np++] = r;
+    }
+    for (int i = 0; used && w->n > 1 && i < nlost; i++) {
+        int r = lost[i] >= 0 && lost[i] < w->n && w->perm ? w->perm[lost[i]] : -1;
+        if (r == w->me) {
+            free(used);
+            free(nperm);
+            return nrs_wk_seterr(w, NRS_ERR_PLAN, "this rank's GPU %d is lost in epoch %u", lost[i],
+                                 next->epoch);
+        }
+        if (r >= 0 && nout < NRS_PROTO_MAX_LOST)
+            out_ranks[nout++] = r;
+    }
+    /* and the ranks the step agreement found dead or leaving (they hold no GPU of
+     * the current plan any more: e.g. killed by a shrink two epochs ago) */
+    for (int r = 0; used && w->n > 1 && r < w->n; r++) {
+        int dup = r == w->me || used[r] || !(w->gone[r] || w->leaving[r] || w->dead[r]);
+        for (int i = 0; !dup && i < nout; i++)
+            dup = out_ranks[i] == r;
+        if (!dup && nout < NRS_PROTO_MAX_LOST)
+            out_ranks[nout++] = r;
+    }
+    for (int r = 0; used && r < w->n && w->n > 1; r++)
+        if (!used[r])
+            nperm[np++] = r;
+    if (!used) {
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    free(used);
+    nrs_emu_graph_t *g = NULL;
+    int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
+    w->restored_step = -1;
+    free(missing);
+    if (grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) {
+        nrs_emu_graph_free(g);
+        rc = restore(w, next, nperm, out_ranks, nout);
+        free(nperm);
+        return rc;
+    }
+    if (grc) {
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
+                             grc == NRS_EMU_ELOST ? "state lost on every replica" : err);
+    }
+    if ((size_t)g->nold != w->st.nbuf) {
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)",
+                             g->nold, w->st.nbuf);
+    }
+    if ((rc = nrs_wk_sync_host(w, 'd'))) {
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return rc;
+    }
+    nrs_dtrans_opts_t o;
+    nrs_wk_dtrans_opts(w, &o);
+    o.kill_after = kill_hook(w);
+    o.attempt = w->attempt++;
+    o.out_ranks = out_ranks;
+    o.nout = nout;
+    if (ctl) {
+        o.at_ponr = nrs_wk_ctl_ponr;
+        o.ponr_arg = w;
+    }
+    nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
+    if (!nm) {
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    unsigned char *present = calloc((size_t)g->nnew + 1, 1);
+    o.present_out = present;
+    int out = nrs_dtrans_run(g, next->epoch, &w->x, nrs_wk_job_rdv(w), w->mem, nm, &o,
+                             &w->last);
+    size_t nnew = (size_t)g->nnew;
+    w->have_last = 1;
+    snprintf(w->err, sizeof w->err, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
+             w->last.msg);
+    nrs_emu_graph_free(g);
+    if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) {
+        free(nm);
+        free(nperm);
+        free(present);
+        return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
+    }
+    for (int i = 0; i < nout; i++) /* out of the job for good */
+        w->dead[out_ranks[i]] = 1;
+    /* committed or partial: the new state is what we hold now */
+    for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
+        if (w->mem[i].ptr)
+            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+    int mk = w->mem_kind;
+    nrs_wk_free_state(w);
+    w->plan = *next;
+    w->rep.epoch = next->epoch;
+    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    free(nperm);
+    w->my_gpu = -1;
+    for (int i = 0; i < next->total_gpus; i++)
+        if (w->n == 1 || w->perm[i] == w->me)
+            w->my_gpu = i;
+    if (w->n == 1)
+        w->my_gpu = 0;
+    if ((rc = nrs_wk_index_state(w))) {
+        free(nm);
+        return rc;
+    }
+    if (w->st.nbuf != nnew) { /* runtime/emu builds both the same way */
+        free(nm);
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "new state has %zu buffers, the graph %zu",
+                             w->st.nbuf, nnew);
+    }
+    memcpy(w->mem, nm, sizeof(*nm) * w->st.nbuf);
+    free(nm);
+    w->allocated = 1;
+    w->mem_kind = mk;
+    free(w->present);
+    w->present = NULL;
+    if (out == NRS_DT_PARTIAL) {
+        w->broken = 1;
+        if (present && nnew == w->st.nbuf)
+            w->present = present, present = NULL;
+        free(present);
+        return NRS_ERR_PARTIAL;
+    }
+    free(present);
+    w->broken = 0;
+    return nrs_wk_sync_host(w, 'h');
+}
+
+int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
+{
+    if (!w)
+        return nrs_wk_nohandle(__func__);
+    return nrs_wk_do_transition(w, next, NULL, NULL, 0, 0);
+}
+
+double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
+{
+    if (!w)
+        nrs_wk_nohandle(__func__);
+    if (!w || !w->have_last) /* no transition yet: no rank failed, nothing restored */
+        return which == NRS_TS_FAILED_RANK || which == NRS_TS_RESTORED_STEP ? -1 : 0;
+    const nrs_dtrans_result_t *r = &w->last;
+    switch (which) {
+    case NRS_TS_SECONDS: return r->total_s;
+    case NRS_TS_PREPARE_S: return r->prepare_s;
+    case NRS_TS_EXECUTE_S: return r->execute_s;
+    case NRS_TS_VOTE_S: return r->vote_s;
+    case NRS_TS_COMMIT_S: return r->commit_s;
+    case NRS_TS_BYTES_SENT: return (double)r->bytes_sent;
+    case NRS_TS_BYTES_RECV: return (double)r->bytes_recv;
+    case NRS_TS_TRANSFERS: return (double)r->xfers;
+    case NRS_TS_MAX_INFLIGHT: return (double)r->max_inflight;
+    case NRS_TS_FAILED_RANK: return r->failed_rank;
+    case NRS_TS_PRESENT: return (double)r->present;
+    case NRS_TS_REBUILDABLE: return (double)r->rebuildable;
+    case NRS_TS_LOST: return (double)r->lost;
+    case NRS_TS_RESTORED_STEP: return (double)w->restored_step;
+    default: return 0;
+    }
+}
+
+/* ---- checkpoints: write at a step boundary, restore when state is lost ------------- */
+
+int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
+{
+    if (!w)
+        return nrs_wk_nohandle(__func__);
+    char *d = dir && *dir ? strdup(dir) : NULL;
+    if (dir && *dir && !d)
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "nrs_worker_set_checkpoint_dir: out of memory");
+    free(w->ckpt_dir);
+    w->ckpt_dir = d;
+    return NRS_OK;
+}
+
+/* Every rank votes ok (0) or not under (key, name) among all ranks but out;
+ * 0 when every participant's vote came and is 0. */
+static int vote_all(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine, const int *out,
+                    int nout, char *why, size_t whylen)
+{
+    int32_t *all = calloc((size_t)w->n + 1, sizeof(int32_t));
+    unsigned char *got = calloc((size_t)w->n + 1, 1), *skip = calloc((size_t)w->n + 1, 1);
+    char err[384];
+    int rc = -1;
+    if (!all || !got || !skip) {
+        snprintf(why, whylen, "out of memory");
+        goto out;
+    }
+    if (nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
+                           sizeof err)) {
+        snprintf(why, whylen, "%s", err);
+        goto out;
+    }
+    for (int i = 0; i < nout; i++)
+        skip[out[i]] = 1;
+    for (int i = 0; i < w->n; i++)
+        if (!skip[i] && (!got[i] || all[i])) {
+            snprintf(why, whylen, "rank %d %s", i, got[i] ? "failed" : "did not vote (dead)");
+            goto out;
+        }
+    rc = 0;
+out:
+    free(all);
+    free(got);
+    free(skip);
+    return rc;
+}
+
+int nrs_worker_checkpoint(nrs_worker_t *w, long step)
+{
+    char err[512] = "", name[48];
+    if (!w)
+        return nrs_wk_nohandle(__func__);
+    if (step < 0)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: step %ld: negative", step);
+    if (!w->ckpt_dir)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: no checkpoint directory "
+                             "($NEREUS_CHECKPOINT_DIR)");
+    if (!w->have_plan || !w->allocated || w->broken)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: no plan or no state");
+    /* every rank of the plan takes part: a checkpoint without one is not one */
+    int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
+    unsigned char *in = calloc((size_t)w->n + 1, 1);
+    void **bytes = calloc((size_t)w->nmine + 1, sizeof(void *));
+    int nout = 0, rc = NRS_OK;
+    if (!part || !out || !in || !bytes) {
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (nrs_wk_someone_leaving(w)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld skipped: ranks of the "
+                           "plan are retired or dead (the last one stays)", step);
+        goto done;
+    }
+    nout = nrs_wk_plan_outsiders(w, part, nrs_wk_plan_ranks(w, part), false, in, out);
+    if (w->n > 1 && !in[w->me])
+        goto done; /* holds nothing of the plan */
+    int32_t ok = 0;
+    if ((rc = nrs_wk_sync_host(w, 'd'))) { /* this rank votes no, with why */
+        snprintf(err, sizeof err, "%.500s", w->err);
+        ok = 1;
+    }
+    for (int k = 0; k < w->nmine; k++)
+        bytes[k] = w->mem[w->mine[k]].ptr;
+    if (!ok && nrs_ckpt_write(w->ckpt_dir, step, &w->st, w->mine, w->nmine, bytes, err, sizeof err))
+        ok = 1;
+    char why[512] = "";
+    snprintf(name, sizeof name, "ck%ld", step);
+    if (vote_all(w, (4ULL << 32) | w->plan.epoch, name, ok, out, nout, why, sizeof why)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld not published: %s", step,
+                           ok ? err : why);
+        goto done;
+    }
+    int lowest = -1; /* the lowest rank of the plan publishes */
+    for (int i = 0; i < w->n && lowest < 0; i++)
+        if (in[i])
+            lowest = i;
+    if (lowest == w->me && nrs_ckpt_publish(w->ckpt_dir, step, err, sizeof err))
+        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "%s", err);
+done:
+    free(part);
+    free(out);
+    free(in);
+    free(bytes);
+    return rc;
+}
+
+/* A transition whose state survives nowhere: the new plan's buffers from the
+ * newest checkpoint. Prepare (read everything), vote, the controller's PONR,
+ * then the old state goes. Before the PONR an abort leaves it intact. */
+static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
+                   int nout)
+{
+    char err[512], why[512] = "", name[48];
+    double t0 = nrs_now_s();
+    long step = nrs_ckpt_latest(w->ckpt_dir);
+    nrs_ckpt_t *ck = NULL;
+    nrs_emu_state_t st2;
+    memset(&st2, 0, sizeof st2);
+    st2.max_gpu = -1;
+    int g2 = -1, n2 = 0, rc = NRS_OK;
+    int32_t ok = 0;
+    for (int i = 0; i < next->total_gpus && w->n > 1; i++)
+        if (nperm[i] == w->me)
+            g2 = i;
+    if (w->n == 1)
+        g2 = 0;
+    if (step < 0) {
+        snprintf(err, sizeof err, "no checkpoint in %s", w->ckpt_dir);
+        ok = 1;
+    } else if (nrs_ckpt_open(&ck, w->ckpt_dir, step, err, sizeof err) ||
+               nrs_emu_state_build(&w->spec, next, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st2, err,
+                                   sizeof err)) {
+        ok = 1;
+    }
+    nrs_xmem_t *nm = calloc(st2.nbuf + 1, sizeof(*nm));
+    long long nbytes = 0;
+    if (!nm)
+        ok = 1;
+    for (size_t i = 0; !ok && i < st2.nbuf; i++) {
+        const nrs_emu_buf_t *b = &st2.buf[i];
+        if (b->gpu != g2)
+            continue;
+        if (w->x.ops->mem_alloc(w->x.ctx, b->gpu, (size_t)b->bytes, &nm[i])) {
+            snprintf(err, sizeof err, "%lld bytes for buffer %zu", (long long)b->bytes, i);
+            ok = 1;
+        } else if (nrs_ckpt_fill(ck, b, nm[i].ptr, err, sizeof err)) {
+            ok = 1;
+        }
+        n2++;
+        nbytes += b->bytes;
+    }
+    nrs_ckpt_close(ck);
+    snprintf(name, sizeof name, "rs%u", w->attempt++);
+    if (vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ||
+        nrs_wk_ctl_ponr(w, why, sizeof why)) {
+        for (size_t i = 0; nm && i < st2.nbuf; i++)
+            if (nm[i].ptr)
+                w->x.ops->mem_free(w->x.ctx, &nm[i]);
+        rc = nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: state lost on every replica; "
+                           "restore from %s%s: %s; aborted before the point of no return: old "
+                           "state intact", w->plan.epoch, next->epoch, w->ckpt_dir,
+                           step >= 0 ? "" : " (none)", ok ? err : why);
+        goto out;
+    }
+    /* past the point of no return: the new state is the checkpoint's */
+    for (int i = 0; i < nout; i++) /* out of the job for good */
+        w->dead[out[i]] = 1;
+    int mk = w->mem_kind;
+    nrs_wk_free_state(w);
+    w->plan = *next;
+    w->rep.epoch = next->epoch;
+    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    w->my_gpu = g2;
+    if ((rc = nrs_wk_index_state(w)))
+        goto out;
+    if (w->st.nbuf != st2.nbuf) {
+        rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "restored state has %zu buffers, the plan %zu",
+                           st2.nbuf, w->st.nbuf);
+        goto out;
+    }
+    memcpy(w->mem, nm, sizeof(*nm) * st2.nbuf);
+    memset(nm, 0, sizeof(*nm) * st2.nbuf);
+    w->allocated = 1;
+    w->mem_kind = mk;
+    w->restored_step = step;
+    w->broken = 0;
+    free(w->present);
+    w->present = NULL;
+    memset(&w->last, 0, sizeof w->last);
+    w->last.failed_rank = -1;
+    w->last.total_s = nrs_now_s() - t0;
+    w->have_last = 1;
+    snprintf(w->last.msg, sizeof w->last.msg, "restored epoch %u from the checkpoint of step "
+             "%ld: %d buffer(s), %lld bytes here", next->epoch, step, n2, nbytes);
+    snprintf(w->err, sizeof w->err, "transition: %s", w->last.msg);
+    rc = nrs_wk_sync_host(w, 'h');
+out:
+    free(nm);
+    nrs_emu_state_free(&st2);
+    return rc;
+}
