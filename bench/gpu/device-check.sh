@@ -117,8 +117,26 @@ worker_gpu() {
     rm -f "$out"
     [ "$rc" -eq 0 ] && [ "$ok" -eq 4 ]
 }
+# One rank over UCX (NRS_WORKER_XPORT=ucx): its transitions of GPU state go
+# through the NCCL transport (a communicator of one: allocations, zero-fills,
+# local 2-D copies on the GPU). With 4 ranks on one GPU (worker_gpu above)
+# NCCL refuses the duplicate GPU and every rank stages through host memory.
+worker_nccl1() {
+    local out rc
+    out=$(mktemp)
+    env UCX_TLS=sm UCX_NET_DEVICES=lo NRS_WORKER_XPORT=ucx NRS_WORKER_TIMEOUT=15 \
+        "$D/tests/mp/pmix_srv" -q -n 1 -t 60 -- "$D/tests/mp/mp_worker" --seed 15 --count 4 \
+        2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    grep -q "transitions of GPU state over NCCL (1 ranks)" "$out" ||
+        { echo "worker_nccl1: the NCCL transport was not used"; rc=1; }
+    grep -q "4 transition(s) committed, every shard verified" "$out" || rc=1
+    rm -f "$out"
+    [ "$rc" -eq 0 ]
+}
 if [ -x "$D/tests/mp/mp_worker" ]; then
     step worker_gpu 90 bash -c "$(declare -f worker_gpu); worker_gpu"
+    step worker_nccl1 60 bash -c "$(declare -f worker_nccl1); worker_nccl1"
 fi
 step gpu_bench 190 bash "$R/bench/gpu/run.sh" "$D"
 [ -f "$LOG/gpu_bench.log" ] && ! grep -q '^gpu_bench: ok$' "$LOG/gpu_bench.log" &&

@@ -482,6 +482,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     if (!w)
         return NRS_OK;
     nrs_wk_free_state(w);
+    nrs_wk_nccl_free(w);
     if (w->x.ops)
         nrs_xport_close(&w->x);
     if (w->u) {

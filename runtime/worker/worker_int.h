@@ -82,6 +82,7 @@ struct nrs_worker {
     int last_step;          /* the last step reported */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
     unsigned char *present; /* broken: [st.nbuf] 1 = complete on some survivor (census) */
+    struct nrs_wk_nccl *nccl; /* worker_nccl.c: the NCCL transport of GPU state, NULL */
     char err[640];
 };
 
@@ -157,5 +158,23 @@ int nrs_wk_plan_outsiders(const nrs_worker_t *w, const int *part, int np, bool s
                           unsigned char *in, int *out);
 /* 1 if a rank of the plan is retired or dead. */
 int nrs_wk_someone_leaving(const nrs_worker_t *w);
+
+/* worker_nccl.c (GPU state over NCCL; without HAVE_NCCL these say no) */
+/* The participants' choice for graph g (every rank not in out[nout] calls
+ * it, with the same arguments): 1 when the transition moves GPU state over
+ * NCCL (the communicator and its transport ready), 0 when it stages through
+ * host memory. A failed set-up falls back (0) and stays off for the job. */
+int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key, const int *out,
+                       int nout);
+/* The NCCL transport (after a choice of 1). */
+const nrs_xport_t *nrs_wk_nccl_xport(const nrs_worker_t *w);
+/* The executor options that differ over NCCL: cancel, errors, peer watch. */
+void nrs_wk_nccl_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
+/* After a transition over NCCL: anything but a commit drops the communicator. */
+void nrs_wk_nccl_after(nrs_worker_t *w, int outcome);
+/* m: device memory dev of bytes on GPU owner, as the NCCL transport holds it. */
+void nrs_wk_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes);
+/* Frees the communicator and the transport (finalize). */
+void nrs_wk_nccl_free(nrs_worker_t *w);
 
 #endif

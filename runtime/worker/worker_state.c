@@ -386,6 +386,8 @@ int nrs_wk_sync_host(nrs_worker_t *w, char dir)
     for (int k = 0; w->mem_kind == NRS_MEM_CUDA && k < w->nmine; k++) {
         int i = w->mine[k];
         size_t n = (size_t)w->st.buf[i].bytes;
+        if (!w->dev[i] && dir == 'd') /* none on the device (a partial state): the host's is it */
+            continue;
         if (!w->dev[i] && dir == 'h' && nrs_cuda_alloc(w->cuda_dev, n, &w->dev[i], e, sizeof e))
             return nrs_wk_seterr(w, NRS_ERR_NOMEM, "%s", e);
         if (dir == 'd' ? nrs_cuda_copy(w->mem[i].ptr, w->dev[i], n, 'd', e, sizeof e)

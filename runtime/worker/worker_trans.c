@@ -137,13 +137,30 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)",
                              g->nold, w->st.nbuf);
     }
-    if ((rc = nrs_wk_sync_host(w, 'd'))) {
+    /* GPU state: GPU to GPU over NCCL when every participant can, else
+     * through the host copies over UCX */
+    int nccl = w->xport_ucx && !w->broken && w->mem_kind == NRS_MEM_CUDA &&
+               nrs_wk_nccl_choose(w, g, next->epoch, out_ranks, nout);
+    const nrs_xport_t *x = nccl ? nrs_wk_nccl_xport(w) : &w->x;
+    nrs_xmem_t *old = nccl ? calloc(w->st.nbuf + 1, sizeof(*old)) : w->mem;
+    if (!old) {
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; nccl && k < w->nmine; k++) {
+        int i = w->mine[k];
+        nrs_wk_nccl_wrap(&old[i], w->dev[i], w->st.buf[i].gpu, (size_t)w->st.buf[i].bytes);
+    }
+    if (!nccl && (rc = nrs_wk_sync_host(w, 'd'))) {
         nrs_emu_graph_free(g);
         free(nperm);
         return rc;
     }
     nrs_dtrans_opts_t o;
     nrs_wk_dtrans_opts(w, &o);
+    if (nccl)
+        nrs_wk_nccl_opts(w, &o);
     o.kill_after = kill_hook(w);
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
@@ -156,29 +173,39 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (!nm) {
         nrs_emu_graph_free(g);
         free(nperm);
+        if (nccl)
+            free(old);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
     unsigned char *present = calloc((size_t)g->nnew + 1, 1);
     o.present_out = present;
-    int out = nrs_dtrans_run(g, next->epoch, &w->x, nrs_wk_job_rdv(w), w->mem, nm, &o,
-                             &w->last);
+    int out = nrs_dtrans_run(g, next->epoch, x, nrs_wk_job_rdv(w), old, nm, &o, &w->last);
     size_t nnew = (size_t)g->nnew;
     w->have_last = 1;
-    snprintf(w->err, sizeof w->err, "transition %u -> %u: %s", w->plan.epoch, next->epoch,
-             w->last.msg);
+    snprintf(w->err, sizeof w->err, "transition %u -> %u%s: %s", w->plan.epoch, next->epoch,
+             nccl ? " (over NCCL)" : "", w->last.msg);
     nrs_emu_graph_free(g);
-    if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) {
+    if (nccl)
+        nrs_wk_nccl_after(w, out);
+    if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) { /* the old state is intact */
         free(nm);
         free(nperm);
         free(present);
+        if (nccl)
+            free(old);
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */
         w->dead[out_ranks[i]] = 1;
     /* committed or partial: the new state is what we hold now */
     for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
-        if (w->mem[i].ptr)
-            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+        if (old[i].ptr)
+            x->ops->mem_free(x->ctx, &old[i]);
+    if (nccl) { /* the executor freed the old device buffers (or the loop above) */
+        for (size_t i = 0; i < w->st.nbuf; i++)
+            w->dev[i] = NULL;
+        free(old);
+    }
     int mk = w->mem_kind;
     nrs_wk_free_state(w);
     w->plan = *next;
@@ -200,7 +227,19 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "new state has %zu buffers, the graph %zu",
                              w->st.nbuf, nnew);
     }
-    memcpy(w->mem, nm, sizeof(*nm) * w->st.nbuf);
+    if (nccl) { /* device buffers from the transport; fresh host copies (filled on demand) */
+        for (int k = 0; k < w->nmine; k++) {
+            int i = w->mine[k];
+            w->dev[i] = nm[i].ptr;
+            if (w->x.ops->mem_alloc(w->x.ctx, w->st.buf[i].gpu, (size_t)w->st.buf[i].bytes,
+                                    &w->mem[i])) {
+                free(nm);
+                return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory for host copies");
+            }
+        }
+    } else {
+        memcpy(w->mem, nm, sizeof(*nm) * w->st.nbuf);
+    }
     free(nm);
     w->allocated = 1;
     w->mem_kind = mk;
@@ -215,7 +254,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     free(present);
     w->broken = 0;
-    return nrs_wk_sync_host(w, 'h');
+    return nccl ? 0 : nrs_wk_sync_host(w, 'h');
 }
 
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)

@@ -98,6 +98,11 @@ static int n_zero(void *ctx, nrs_xmem_t *m)
                                                             : 0;
 }
 
+void nrs_xport_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes)
+{
+    *m = (nrs_xmem_t){.ptr = dev, .owner = owner, .bytes = bytes, .handle = MEM_DEVICE};
+}
+
 static char *base(const nrs_xregion_t *r) { return (char *)r->mem->ptr + r->off; }
 
 static int n_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)

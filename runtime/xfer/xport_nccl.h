@@ -26,6 +26,11 @@
 int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_rank_fn owner_rank,
                         void *arg, const int *comm_rank, int nranks, double timeout_s);
 
+/* m: the nrs_xmem_t of device memory allocated elsewhere (bytes at dev on
+ * this rank's GPU), as this transport's mem_alloc would have made it, so
+ * that the transport can move it and mem_free (cudaFree) free it. */
+void nrs_xport_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes);
+
 /* The first transport error since open ("" if none). */
 const char *nrs_xport_nccl_error(const nrs_xport_t *x);
 

@@ -89,6 +89,7 @@ typedef struct {
     void *comm;
     net_t *net; /* OP_NET: a group's transfers to other ranks, progressed together */
     int nnet;
+    void *own;  /* freed once the op ran (a host->device copy's staged bytes) */
 } op_t;
 typedef struct fstream {
     op_t *q;
@@ -137,6 +138,8 @@ static int run_op(fstream_t *s, op_t *o)
     case OP_COPY:
         for (size_t r = 0; r < o->rows; r++)
             memmove(o->d + r * o->dpitch, o->s + r * o->spitch, o->n);
+        free(o->own);
+        o->own = NULL;
         return 0;
     case OP_SET:
         memset(o->d, o->v, o->n);
@@ -309,7 +312,8 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
     else if (e == cudaSuccess && k == cudaMemcpyHostToDevice) {
         void *stage = malloc(n ? n : 1);
         memcpy(stage, s, n);
-        legacy.q[legacy.n - 1].s = stage; /* leaked: fine for a fake */
+        legacy.q[legacy.n - 1].s = stage;
+        legacy.q[legacy.n - 1].own = stage;
     }
     return e;
 }

@@ -10,6 +10,7 @@
 FAKE="$B/tests/fakegpu/.libs/libfakegpu.so"
 N="$B/tests/mp/mp_nccl"
 T="$B/tests/mp/mp_transition"
+W="$B/tests/mp/mp_worker"
 [ -e "$FAKE" ] || { echo "[  FAILED  ] fake GPU: $FAKE not built"; mp_fail=1; mp_done; }
 export UCX_NET_DEVICES=lo UCX_TLS=sm
 # Sanitizer builds: the preloaded fake comes before ASan's runtime, on purpose.
@@ -47,4 +48,37 @@ else
     mp_fail=$((mp_fail + 1))
 fi
 rm -f "$stamp"
+# The worker API with its state in (fake) GPU memory: transitions over NCCL.
+mp_case "fake GPU: worker 4 ranks, state on the GPU, 4 transitions over NCCL" 0 120 \
+    env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
+if [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && ! grep -q "stages through host memory" "$mp_out"; then
+    echo "[       OK ] fake GPU: worker: 4 of 4 ranks verified every shard, all over NCCL"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] fake GPU: worker: $got of 4 ranks verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1))
+fi
+mp_case "fake GPU: worker, NCCL refused at set-up: falls back to host staging" 0 120 \
+    env "$fake" FAKE_NCCL_DUPLICATE=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
+    --seed 15 --count 4
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+back=$(grep -c "GPU state stages through host memory: nccl: ncclCommInitRankConfig" "$mp_out")
+[ "$got" -eq 4 ] && [ "$back" -eq 4 ] && { echo "[       OK ] fake GPU: worker: every rank said why and staged, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker fallback: $got of 4 verified, $back said why"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: worker, NRS_WORKER_NCCL=0: host staging" 0 120 \
+    env "$fake" NRS_WORKER_NCCL=0 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
+    --seed 15 --count 4
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+[ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: NCCL off, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker, NCCL off: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: worker over NCCL, rank 1 SIGKILLed before the PONR" 137 60 env "$fake" \
+    "$SRV" -n 4 -t 50 -- "$W" --seed 15 --count 3 --kill 1
+got=$(grep -c "aborted after .* old state intact" "$mp_out")
+[ "$got" -eq 3 ] && grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: 3 survivors aborted, old state intact"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker kill: $got of 3 survivor(s) aborted intact"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: worker over NCCL, rank 2 SIGKILLed past the PONR" 137 60 env "$fake" \
+    "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2
+got=$(grep -c "census: .* present, .* rebuildable, .* lost" "$mp_out")
+[ "$got" -eq 3 ] && { echo "[       OK ] fake GPU: worker past the PONR: 3 survivors reported the census"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker past the PONR: $got of 3 reported"; mp_fail=$((mp_fail + 1)); }
 mp_done
