@@ -138,8 +138,9 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
                              g->nold, w->st.nbuf);
     }
     /* GPU state: GPU to GPU over NCCL when every participant can, else
-     * through the host copies over UCX */
-    int nccl = w->xport_ucx && !w->broken && w->mem_kind == NRS_MEM_CUDA &&
+     * through the host copies over UCX (every participant votes, whatever
+     * its memory: a rank without a GPU says no for all) */
+    int nccl = w->xport_ucx && !w->broken &&
                nrs_wk_nccl_choose(w, g, next->epoch, out_ranks, nout);
     const nrs_xport_t *x = nccl ? nrs_wk_nccl_xport(w) : &w->x;
     nrs_xmem_t *old = nccl ? calloc(w->st.nbuf + 1, sizeof(*old)) : w->mem;

@@ -71,6 +71,13 @@ mp_case "fake GPU: worker, NRS_WORKER_NCCL=0: host staging" 0 120 \
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 [ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: NCCL off, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] fake GPU: worker, NCCL off: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
+# shellcheck disable=SC2016 # expanded by the rank's shell
+mp_case "fake GPU: worker, rank 2 without a GPU: every rank stages" 0 120 \
+    env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- bash -c \
+    '[ "$PMIX_RANK" = 2 ] && export FAKE_GPUS=0; exec "$0" --seed 15 --count 4' "$W"
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+[ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker, mixed memory: host staging on every rank, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker, mixed memory: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
 mp_case "fake GPU: worker over NCCL, rank 1 SIGKILLed before the PONR" 137 60 env "$fake" \
     "$SRV" -n 4 -t 50 -- "$W" --seed 15 --count 3 --kill 1
 got=$(grep -c "aborted after .* old state intact" "$mp_out")
