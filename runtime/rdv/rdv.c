@@ -627,16 +627,15 @@ int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *min
     for (int i = 0; i < nout; i++)
         if (out[i] >= 0 && out[i] < n)
             skip[out[i]] = 1;
-    int dead = 0;
-    for (int i = 0; i < n; i++)
-        if (!skip[i] && i != (int)r->me.rank && nrs_rdv_peer_failed(r, i))
-            skip[i] = 1, dead++;
+    /* The ranks known dead stay in the list: when each rank learns of a death
+     * is its own affair, and ranks whose lists differ would wait for each
+     * other's fences for ever. The server completes it without the dead. */
     for (int i = 0; i < n; i++)
         if (!skip[i])
             part[np++] = i;
-    /* every rank of the job: the wildcard fence (it completes without the dead) */
+    /* every rank of the job: the wildcard fence */
     if (nrs_rdv_put(r, key, name, mine, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
-        nrs_rdv_fence_survivors(r, nout || dead ? part : NULL, np, timeout_s, err, errlen))
+        nrs_rdv_fence_survivors(r, nout ? part : NULL, np, timeout_s, err, errlen))
         goto out;
     for (int k = 0; k < np; k++) {
         int i = part[k];

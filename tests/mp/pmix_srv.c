@@ -362,7 +362,9 @@ static void notify_death(int rank, int status)
 
     if (!srv.notify)
         return;
-    PMIX_LOAD_PROCID(&src, srv.nspace, PMIX_RANK_WILDCARD);
+    /* The source is the dead rank: with the namespace's wildcard as the source
+     * (as before), PMIx 4.2 delivered the event to no client of it. */
+    PMIX_LOAD_PROCID(&src, srv.nspace, (pmix_rank_t)rank);
     PMIX_LOAD_PROCID(&dead, srv.nspace, (pmix_rank_t)rank);
     PMIX_INFO_LOAD(&info[0], PMIX_EVENT_AFFECTED_PROC, &dead, PMIX_PROC);
     PMIX_INFO_LOAD(&info[1], PMIX_EXIT_CODE, &code, PMIX_INT);

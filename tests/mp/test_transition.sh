@@ -15,4 +15,20 @@ done
 mp_case "transition: a corrupted byte is caught" 1 60 env UCX_TLS=sm NRS_MP_CORRUPT=1 \
     "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --seed 3 --count 4
 mp_grep "transition: the mismatch is reported" "checksum mismatch"
+# A rank SIGKILLed mid-transition: the server notifies its death (PMIx event),
+# every survivor hears of it, and all abort with their old state intact; the
+# votes' fences must not hang on ranks that learned of the death at
+# different times.
+mp_case "transition sm 4 ranks: rank 1 SIGKILLed mid-transition" 137 60 env UCX_TLS=sm \
+    NRS_MP_KILL=1:5 "$SRV" -n 4 -t 50 -- "$T" --seed 31 --count 6
+got=$(grep -c "aborted, old state intact" "$mp_out")
+heard=$(grep -c "rdv: rank 1 reported failed by the resource manager" "$mp_out")
+late=$(grep -c "timed out" "$mp_out")
+if [ "$got" -eq 3 ] && [ "$heard" -eq 3 ] && [ "$late" -eq 0 ]; then
+    echo "[       OK ] transition: 3 survivors heard of the death and aborted intact, no fence timed out"
+    mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] transition kill: $got of 3 aborted intact, $heard heard of it, $late time-out(s)"
+    mp_fail=$((mp_fail + 1))
+fi
 mp_done
