@@ -48,6 +48,17 @@ int nrs_spank_strlcpy(char *dst, const char *src, size_t n)
     return 0;
 }
 
+bool nrs_spank_node_name_ok(const char *name)
+{
+    if (name == NULL || name[0] == '\0' || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        return false;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '_' || *c == '.'))
+            return false;
+    return true;
+}
+
 void nrs_spank_config_reset(void)
 {
     memset(&nrs_spank_config, 0, sizeof(nrs_spank_config));
@@ -130,18 +141,18 @@ static int nrs_config_word(const char *word, unsigned *seen, char *err, size_t e
     char known[256];
 
     if (eq == NULL || eq == word) {
-        snprintf(err, errlen, "plugstack argument '%s': expected key=value", word);
+        snprintf(err, errlen, "argument '%s': expected key=value", word);
         return -1;
     }
     a = nrs_arg_find(word, (size_t)(eq - word));
     if (a == NULL) {
         nrs_known_keys(known, sizeof(known));
-        snprintf(err, errlen, "plugstack argument '%.*s' is unknown (known: %s)",
+        snprintf(err, errlen, "argument '%.*s' is unknown (known: %s)",
                  (int)(eq - word), word, known);
         return -1;
     }
     if (*seen & (1u << (a - nrs_args))) {
-        snprintf(err, errlen, "plugstack argument '%s' given twice", a->key);
+        snprintf(err, errlen, "argument '%s' given twice", a->key);
         return -1;
     }
     *seen |= 1u << (a - nrs_args);
@@ -165,6 +176,12 @@ int nrs_spank_config_parse(int ac, char **av)
 fail:
     c->parsed = true;
     c->broken = true;
-    nrs_err("%s", c->error);
+    /* Never an error where every user would see it (srun, sbatch, each step):
+     * slurmd's log is the admin's, and it parses once, at start-up. */
+    if (spank_context() == S_CTX_SLURMD)
+        slurm_error(NRS_SPANK_PREFIX "plugstack.conf: %s (every --nereus is refused until it is "
+                    "fixed; jobs without --nereus are not affected)", c->error);
+    else
+        nrs_debug("plugstack.conf: %s (--nereus is refused)", c->error);
     return -1;
 }

@@ -50,8 +50,11 @@ typedef struct {
 
 extern nrs_spank_config_t nrs_spank_config;
 
-/* Parse argv once into nrs_spank_config. 0, or -1 with the reason logged and
- * kept in nrs_spank_config.error. Later calls return the first result. */
+/* Parse argv once into nrs_spank_config. 0, or -1 with the reason kept in
+ * nrs_spank_config.error (and config.broken set). Later calls return the
+ * first result. A bad plugstack line must not fail or disturb jobs without
+ * --nereus: the reason is logged as an error once in slurmd's context (the
+ * admin's log), at debug level elsewhere; only --nereus is refused, with it. */
 int nrs_spank_config_parse(int ac, char **av);
 /* Reset to defaults (tests and re-init). */
 void nrs_spank_config_reset(void);
@@ -73,11 +76,16 @@ bool nrs_spank_option_given(spank_t sp);
 int nrs_spank_options_register(spank_t sp);
 
 /* Validate a spec file with the runtime's loader; on failure log
- * "nereus: FILE:LINE:COL: message" and return -1. */
+ * "nereus: FILE:LINE:COL: message" and return -1. It is opened without
+ * blocking and must be a regular file (a FIFO would hang the caller). */
 int nrs_spank_validate_spec(const char *path);
 
 /* Copy src into dst of size n; -1 (and dst untouched) if it does not fit. */
 int nrs_spank_strlcpy(char *dst, const char *src, size_t n);
+
+/* name can be a node name in a path (state_dir's "%n", ctl_node): one
+ * component of [A-Za-z0-9._-], not "." or "..". */
+bool nrs_spank_node_name_ok(const char *name);
 
 /* Per context. Each returns 0 or -1 (with the reason logged). */
 int nrs_submit_init(spank_t sp, int ac, char **av);
@@ -96,6 +104,8 @@ void nrs_epilog(spank_t sp, int ac, char **av);
 
 /* state_dir with "%n" replaced by node: 0, or -1 (too long, logged). */
 int nrs_state_dir(const char *node, char *out, size_t n);
+/* The same, silent: -1 when it does not fit. */
+int nrs_state_dir_expand(const char *node, char *out, size_t n);
 /* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid for at most
  * NRS_HINT_MS (then SIGKILL), its output logged: its exit status, or -1
  * (could not run it, killed). Never blocks longer. */

@@ -2,9 +2,13 @@
  * (the only place Slurm allows it, in every context that uses them), one
  * callback each. Callbacks may fire more than once (DESIGN §8): they only
  * record the latest value, and validation is cached per path. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "nereus/spec.h"
 #include "nrs_spank.h"
@@ -47,23 +51,55 @@ bool nrs_spank_option_given(spank_t sp)
     return getenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus") != NULL;
 }
 
+/* What a non-regular file is, for the message. */
+static const char *nrs_file_kind(mode_t m)
+{
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISCHR(m) || S_ISBLK(m))
+        return "a device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "a special file";
+}
+
 int nrs_spank_validate_spec(const char *path)
 {
     char err[NRS_ERR_MAX];
     nrs_spec_t *spec = calloc(1, sizeof(*spec));
-    int rc = -1;
+    struct stat st;
+    int fd = -1, rc = -1;
 
     if (spec == NULL) {
         nrs_err("%s: out of memory", path);
         goto out;
     }
+    /* Open without blocking (a FIFO or a device would hang slurmstepd or srun
+     * here for good) and read only a regular file. */
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        nrs_err("%s:1:1: cannot open: %s", path, strerror(errno));
+        goto out;
+    }
+    if (fstat(fd, &st) != 0) {
+        nrs_err("%s:1:1: cannot stat: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        nrs_err("job spec %s is %s, not a regular file", path, nrs_file_kind(st.st_mode));
+        goto out;
+    }
     err[0] = '\0';
-    if (nrs_spec_load(path, spec, err, sizeof(err)) != 0) {
+    if (nrs_spec_load_fd(fd, path, spec, err, sizeof(err)) != 0) {
         nrs_err("%s", err[0] ? err : "invalid job spec");
         goto out;
     }
     rc = 0;
 out:
+    if (fd >= 0)
+        close(fd);
     free(spec);
     return rc;
 }
@@ -97,7 +133,8 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
     }
     /* Submission side: refuse a bad spec before any allocation exists. */
     if (nrs_spank_config.broken) {
-        nrs_err("the plugin is misconfigured (%s); ask your administrator", nrs_spank_config.error);
+        nrs_err("plugstack.conf: %s; --nereus cannot be used until it is fixed (ask your "
+                "administrator)", nrs_spank_config.error);
         return -1;
     }
     path = nrs_opt_spec_path(optarg);

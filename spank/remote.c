@@ -61,7 +61,9 @@ int nrs_remote_init(spank_t sp, int ac, char **av)
 {
     if (nrs_spank_options_register(sp) < 0)
         return -1;
-    return nrs_spank_config_parse(ac, av);
+    /* A broken config fails no step: post_opt refuses --nereus with it. */
+    (void)nrs_spank_config_parse(ac, av);
+    return 0;
 }
 
 static int nrs_remote_ids(spank_t sp, nrs_remote_t *r)
@@ -78,56 +80,123 @@ static int nrs_remote_ids(spank_t sp, nrs_remote_t *r)
 }
 
 /* Host number idx of the first of these node lists found in the job's
- * environment; "" when none. */
-static void nrs_remote_list_host(spank_t sp, const char *const *lists, size_t nlists, uint32_t idx,
-                                 char *buf, size_t n)
+ * environment (the user's to set: callers check the name): the list's
+ * name, or NULL when none is there. *fits: the host fitted buf ("" else). */
+static const char *nrs_remote_list_host(spank_t sp, const char *const *lists, size_t nlists,
+                                        uint32_t idx, char *buf, size_t n, bool *fits)
 {
     char nodelist[8192];
+    const char *from = NULL;
     hostlist_t hl = NULL;
     char *host = NULL;
 
     buf[0] = '\0';
+    *fits = true;
     for (size_t i = 0; i < nlists && hl == NULL; i++)
-        if (spank_getenv(sp, lists[i], nodelist, sizeof(nodelist)) == ESPANK_SUCCESS)
-            hl = slurm_hostlist_create(nodelist);
+        if (spank_getenv(sp, lists[i], nodelist, sizeof(nodelist)) == ESPANK_SUCCESS &&
+            (hl = slurm_hostlist_create(nodelist)) != NULL)
+            from = lists[i];
     for (uint32_t i = 0; hl != NULL && i <= idx; i++) {
         free(host);
         host = slurm_hostlist_shift(hl);
     }
-    if (host != NULL)
-        nrs_spank_strlcpy(buf, host, n);
+    if (host != NULL && nrs_spank_strlcpy(buf, host, n) < 0)
+        *fits = false;
     free(host);
     if (hl != NULL)
         slurm_hostlist_destroy(hl);
     buf[n - 1] = '\0';
+    return from;
 }
 
-/* This node's name. Several slurmd may share one host, so the host name is
- * not it, and SLURMD_NODENAME in the job's environment at this point is the
- * submitter's (a step launched from a batch script inherits the batch
- * node's). The step's node list, indexed by our relative node id, is right. */
-static void nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t n)
+/* A node name goes into root's paths (state_dir's "%n", mkdir, chown) and
+ * ctl_node: refuse anything but a plain name. 0, or -1 (logged). */
+static int nrs_remote_check_node(const char *name, bool fits, const char *what, const char *from)
 {
-    static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                        "SLURM_NODELIST"};
+    char shown[68];
+    size_t i;
 
-    nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), node_id, buf, n);
-    if (buf[0] == '\0' && (gethostname(buf, n) != 0 || buf[0] == '\0'))
+    if (fits && nrs_spank_node_name_ok(name))
+        return 0;
+    if (!fits) {
+        nrs_err("%s (from %s) is too long: refusing Nereus for this job", what, from);
+        return -1;
+    }
+    for (i = 0; name[i] != '\0' && i < sizeof(shown) - 4; i++) /* printable, short */
+        shown[i] = name[i] >= 0x20 && name[i] < 0x7f ? name[i] : '?';
+    snprintf(shown + i, sizeof(shown) - i, "%s", name[i] != '\0' ? "..." : "");
+    nrs_err("%s '%s' (from %s) is not a valid node name ([A-Za-z0-9._-]+, not . or ..): "
+            "refusing Nereus for this job", what, shown, from);
+    return -1;
+}
+
+/* The host name, when no node list says more. */
+static void nrs_remote_host_name(char *buf, size_t n)
+{
+    if (gethostname(buf, n) != 0 || buf[0] == '\0')
         nrs_spank_strlcpy(buf, "unknown", n);
     buf[n - 1] = '\0';
 }
 
+/* This node's name. Several slurmd may share one host, so the host name is
+ * not it. Slurm sets SLURMD_NODENAME to it in slurmstepd's own environment,
+ * which the user does not control; the job's environment (spank_getenv) is
+ * the user's, and its SLURMD_NODENAME at this point is the submitter's (a
+ * step launched from a batch script inherits the batch node's). Without it
+ * (another Slurm?): the step's node list, indexed by our relative node id.
+ * Either way the name must be a plain node name. 0, or -1 (logged). */
+static int nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t n)
+{
+    static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                        "SLURM_NODELIST"};
+    const char *e = getenv("SLURMD_NODENAME"), *from = "SLURMD_NODENAME";
+    bool fits = true;
+
+    if (e != NULL && e[0] != '\0') {
+        fits = nrs_spank_strlcpy(buf, e, n) == 0;
+    } else {
+        from = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), node_id, buf, n,
+                                    &fits);
+        if (from == NULL || (fits && buf[0] == '\0')) {
+            from = "the host name";
+            nrs_remote_host_name(buf, n);
+        }
+    }
+    return nrs_remote_check_node(buf, fits, "this node's name", from);
+}
+
 /* The job's first node: where its controller runs, whichever step (batch
- * script, or a step on a subset of the nodes) comes first. */
-static void nrs_remote_first_node(spank_t sp, char *buf, size_t n)
+ * script, or a step on a subset of the nodes) comes first. Only the job's
+ * environment says (the user's: a wrong name only points this job's
+ * NEREUS_SOCKET_DIR elsewhere, but it goes into a path, so it is checked).
+ * No job node list: our own step's first node. 0, or -1 (logged). */
+static int nrs_remote_first_node(spank_t sp, char *buf, size_t n)
 {
     static const char *const lists[] = {"SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+    static const char *const step[] = {"SLURM_STEP_NODELIST"};
+    bool fits = true;
+    const char *from = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), 0, buf, n,
+                                            &fits);
 
-    nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), 0, buf, n);
+    if (from == NULL || (fits && buf[0] == '\0'))
+        from = nrs_remote_list_host(sp, step, 1, 0, buf, n, &fits);
+    if (from == NULL || (fits && buf[0] == '\0')) {
+        from = "the host name";
+        nrs_remote_host_name(buf, n);
+    }
+    return nrs_remote_check_node(buf, fits, "the job's first node", from);
 }
 
 /* state_dir with "%n" replaced by the node name. */
 int nrs_state_dir(const char *node, char *out, size_t n)
+{
+    if (nrs_state_dir_expand(node, out, n) == 0)
+        return 0;
+    nrs_err("state_dir %s: expanded path too long", nrs_spank_config.state_dir);
+    return -1;
+}
+
+int nrs_state_dir_expand(const char *node, char *out, size_t n)
 {
     const char *s = nrs_spank_config.state_dir;
     size_t used = 0;
@@ -142,15 +211,12 @@ int nrs_state_dir(const char *node, char *out, size_t n)
             s++;
         }
         if (used + len >= n)
-            goto fail;
+            return -1;
         memcpy(out + used, piece, len);
         used += len;
     }
     out[used] = '\0';
     return 0;
-fail:
-    nrs_err("state_dir %s: expanded path too long", nrs_spank_config.state_dir);
-    return -1;
 }
 
 /* mkdir -p, root-owned 0755, refusing a component others may write to: a
@@ -217,10 +283,10 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     struct stat st;
     int n, m;
 
-    nrs_remote_node_name(sp, r->node_id, node, sizeof(node));
-    nrs_remote_first_node(sp, first, sizeof(first));
-    if (first[0] == '\0') /* no job node list: our own step's first node */
-        nrs_remote_node_name(sp, 0, first, sizeof(first));
+    /* Both names are checked before anything is created. */
+    if (nrs_remote_node_name(sp, r->node_id, node, sizeof(node)) < 0 ||
+        nrs_remote_first_node(sp, first, sizeof(first)) < 0)
+        return -1;
     r->ctl_here = strcmp(node, first) == 0;
     snprintf(r->node, sizeof(r->node), "%s", node);
 
@@ -276,7 +342,7 @@ int nrs_remote_post_opt(spank_t sp, int ac, char **av)
     if (r->step_id == SLURM_EXTERN_CONT)
         return 0; /* the extern step runs no tasks of the job */
     if (nrs_spank_config.broken) {
-        nrs_err("plugin misconfigured on this node: %s", nrs_spank_config.error);
+        nrs_err("plugstack.conf: %s (on this node)", nrs_spank_config.error);
         goto fail;
     }
     if (nrs_spank_opt.arg[0] == '\0') {
@@ -486,16 +552,20 @@ static int nrs_child_become(uid_t uid, gid_t gid, const gid_t *groups, size_t ng
 }
 
 static void nrs_remote_child(const nrs_remote_t *r, const char *cwd, int logfd, int errfd,
-                             int maxfd, const gid_t *groups, int ngroups, char *const argv[],
+                             const gid_t *groups, int ngroups, char *const argv[],
                              char *const envp[])
 {
     int e = 0;
 
     if (nrs_child_become(r->uid, r->gid, groups, (size_t)ngroups, cwd, logfd) != 0)
         goto fail;
-    for (int fd = 3; fd < maxfd; fd++)
-        if (fd != errfd)
-            close(fd);
+    /* Every descriptor of slurmstepd but errfd (close-on-exec), moved to 3. */
+    if (errfd != 3) {
+        if (dup3(errfd, 3, O_CLOEXEC) < 0)
+            goto fail;
+        errfd = 3;
+    }
+    closefrom(4);
     execve(argv[0], argv, envp);
 fail:
     e = errno ? errno : EINVAL;
@@ -504,17 +574,41 @@ fail:
     _exit(127);
 }
 
+/* The groups slurmstepd has now (the user's, in user_init), however many:
+ * *groups (malloc'd; NULL when none) and *n. 0, or -1 (logged). */
+static int nrs_remote_groups(gid_t **groups, int *n)
+{
+    int k = getgroups(0, NULL);
+
+    *groups = NULL;
+    *n = 0;
+    if (k > 0 && (*groups = calloc((size_t)k, sizeof(**groups))) == NULL) {
+        nrs_err("getgroups: out of memory");
+        return -1;
+    }
+    if (k > 0)
+        k = getgroups(k, *groups);
+    if (k < 0) {
+        nrs_err("getgroups: %s", strerror(errno));
+        free(*groups);
+        *groups = NULL;
+        return -1;
+    }
+    *n = k;
+    return 0;
+}
+
 /* Fork and exec the watcher; its pid, or -1 with the reason logged. */
 static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
 {
     char job[16], interval[32], conf[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX + 32];
     char env_conf[NRS_SPANK_PATH_MAX + 16], env_job[32], env_dir[NRS_SPANK_PATH_MAX + 32];
     const char *sc = getenv("SLURM_CONF"); /* this node's, else the job's */
-    static gid_t groups[1024];
-    int ngroups = getgroups(1024, groups), pfd[2], e = 0, logfd, maxfd;
+    gid_t *groups = NULL;
+    int ngroups = 0, pfd[2], e = 0, logfd = -1;
     char *argv[16], *envp[8];
     int a = 0, v = 0;
-    pid_t pid;
+    pid_t pid = -1;
 
     conf[0] = '\0';
     if (sc != NULL && sc[0] != '\0')
@@ -548,32 +642,26 @@ static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *pro
     envp[v++] = env_job;
     envp[v++] = env_dir;
     envp[v] = NULL;
-    if (ngroups < 0)
-        ngroups = 0; /* more than we can hold: the primary group only */
-    maxfd = (int)sysconf(_SC_OPEN_MAX);
-    if (maxfd < 0 || maxfd > 65536)
-        maxfd = 65536;
-    if (nrs_remote_path(log, sizeof(log), r->job_dir, "watcher.log") < 0)
-        return -1;
+    if (nrs_remote_groups(&groups, &ngroups) < 0 ||
+        nrs_remote_path(log, sizeof(log), r->job_dir, "watcher.log") < 0)
+        goto fail;
     logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (logfd < 0) {
         nrs_err("%s: %s", log, strerror(errno));
-        return -1;
+        goto fail;
     }
     if (pipe2(pfd, O_CLOEXEC) != 0) {
         nrs_err("pipe: %s", strerror(errno));
-        close(logfd);
-        return -1;
+        goto fail;
     }
     pid = fork();
     if (pid == 0)
-        nrs_remote_child(r, r->job_dir, logfd, pfd[1], maxfd, groups, ngroups, argv, envp);
+        nrs_remote_child(r, r->job_dir, logfd, pfd[1], groups, ngroups, argv, envp);
     close(pfd[1]);
-    close(logfd);
     if (pid < 0) {
         nrs_err("fork: %s", strerror(errno));
         close(pfd[0]);
-        return -1;
+        goto fail;
     }
     /* EOF: exec succeeded (the pipe was close-on-exec); an int: why not. */
     while (read(pfd[0], &e, sizeof(e)) < 0 && errno == EINTR)
@@ -582,9 +670,36 @@ static pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *pro
     if (e != 0) {
         waitpid(pid, NULL, 0);
         nrs_err("cannot run %s as uid %u: %s", prog, (unsigned)r->uid, strerror(e));
-        return -1;
+        pid = -1;
     }
+fail:
+    if (logfd >= 0)
+        close(logfd);
+    free(groups);
     return pid;
+}
+
+/* One connection attempt that never blocks past deadline: a listener whose
+ * backlog is full makes a blocking connect() wait (EAGAIN here). */
+static bool nrs_remote_try_connect(const struct sockaddr_un *sa, double deadline)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int ok = 0, err = 0;
+    socklen_t len = sizeof(err);
+
+    if (fd < 0)
+        return false;
+    if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0) {
+        ok = 1;
+    } else if (errno == EINPROGRESS) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        int left = (int)(deadline - nrs_now_ms());
+
+        ok = poll(&p, 1, left > 50 ? 50 : left > 0 ? left : 0) == 1 &&
+             getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    close(fd);
+    return ok;
 }
 
 /* Bounded wait until the controller accepts connections on DIR/ctl.sock;
@@ -600,12 +715,7 @@ static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child)
     if (nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->ctl_dir, "ctl.sock") < 0)
         return -1;
     for (;;) {
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-
-        if (fd >= 0)
-            close(fd);
-        if (ok)
+        if (nrs_remote_try_connect(&sa, deadline))
             return 0;
         if (child > 0 && nrs_watcher_gone(child)) {
             nrs_remote_path(log, sizeof(log), r->ctl_dir, "controller.log");

@@ -15,7 +15,8 @@
  *      watcher.log stay).
  *
  * Both log their failures and never fail the epilog (that would drain the
- * node). A job without --nereus returns at once. */
+ * node). A job without --nereus returns at once, unless one of its steps
+ * had it (a job directory is here): one lstat. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -37,7 +38,9 @@ enum { NRS_EPILOG_WAIT_MS = 2000, NRS_RM_DEPTH = 16 };
 int nrs_slurmd_init(spank_t sp, int ac, char **av)
 {
     (void)sp;
-    return nrs_spank_config_parse(ac, av);
+    /* A broken config is logged here, once, and never stops slurmd. */
+    (void)nrs_spank_config_parse(ac, av);
+    return 0;
 }
 
 
@@ -251,30 +254,74 @@ static void nrs_epilog_first_node(const char *dir, char *out, size_t n)
     }
     out[k > 0 ? k : 0] = '\0';
     out[strcspn(out, "\n")] = '\0';
-    for (const char *c = out; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-              *c == '-' || *c == '_' || *c == '.')) {
-            out[0] = '\0';
-            return;
+    if (!nrs_spank_node_name_ok(out))
+        out[0] = '\0';
+}
+
+/* This node's name (slurmd's SLURMD_NODENAME, else the host name) into
+ * node[n]: 0, or -1 (logged unless quiet) when it does not fit or is no
+ * plain node name (it goes into root's paths). */
+static int nrs_epilog_node_name(uint32_t job_id, char *node, size_t n, bool quiet)
+{
+    const char *e = getenv("SLURMD_NODENAME");
+
+    if (e != NULL && *e != '\0') {
+        if (nrs_spank_strlcpy(node, e, n) < 0) {
+            if (!quiet)
+                slurm_error(NRS_SPANK_PREFIX "job %u: epilog: SLURMD_NODENAME longer than %zu "
+                            "bytes", job_id, n - 1);
+            return -1;
         }
+    } else if (gethostname(node, n) != 0) {
+        return -1;
+    }
+    node[n - 1] = '\0';
+    if (!nrs_spank_node_name_ok(node)) {
+        if (!quiet)
+            slurm_error(NRS_SPANK_PREFIX "job %u: epilog: node name '%.64s' is not a plain node "
+                        "name", job_id, node);
+        return -1;
+    }
+    return 0;
+}
+
+/* A job whose allocation had no --nereus may still have run steps with it
+ * (sbatch job.sh, whose sruns say --nereus): those left a job directory here.
+ * For the others this costs one lstat and says nothing. */
+static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
+{
+    char node[256], state[NRS_SPANK_PATH_MAX], dir[NRS_SPANK_PATH_MAX];
+    uint32_t job_id = 0;
+    struct stat st;
+    int k;
+
+    if (nrs_spank_config_parse(ac, av) != 0)
+        return false;
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS &&
+        !nrs_env_u32("SLURM_JOB_ID", &job_id))
+        return false;
+    if (nrs_epilog_node_name(job_id, node, sizeof(node), true) < 0 ||
+        nrs_state_dir_expand(node, state, sizeof(state)) < 0)
+        return false;
+    k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
+    return k > 0 && (size_t)k < sizeof(dir) && lstat(dir, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 void nrs_epilog(spank_t sp, int ac, char **av)
 {
     char node[256], first[256], state[NRS_SPANK_PATH_MAX], ctl_state[NRS_SPANK_PATH_MAX];
     char dir[NRS_SPANK_PATH_MAX], ctl_dir[NRS_SPANK_PATH_MAX];
-    const char *e = getenv("SLURMD_NODENAME");
     uint32_t job_id = 0, u32;
     uid_t uid;
     gid_t gid;
     bool shared;
     int k, hint = 0;
 
-    if (!nrs_spank_option_given(sp))
+    if (!nrs_spank_option_given(sp) && !nrs_epilog_has_job_dir(sp, ac, av))
         return;
     /* Slurm calls no slurm_spank_init in this context: parse here (once). */
     if (nrs_spank_config_parse(ac, av) != 0) {
-        slurm_error(NRS_SPANK_PREFIX "epilog: plugin misconfigured: %s", nrs_spank_config.error);
+        slurm_error(NRS_SPANK_PREFIX "epilog: plugstack.conf: %s", nrs_spank_config.error);
         return;
     }
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS &&
@@ -292,12 +339,8 @@ void nrs_epilog(spank_t sp, int ac, char **av)
     if (spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
         gid = nrs_env_u32("SLURM_JOB_GID", &u32) ? (gid_t)u32 : (gid_t)-1;
     }
-    if (e != NULL && *e != '\0')
-        nrs_spank_strlcpy(node, e, sizeof(node));
-    else if (gethostname(node, sizeof(node)) != 0)
-        return;
-    node[sizeof(node) - 1] = '\0';
-    if (nrs_state_dir(node, state, sizeof(state)) < 0)
+    if (nrs_epilog_node_name(job_id, node, sizeof(node), false) < 0 ||
+        nrs_state_dir(node, state, sizeof(state)) < 0)
         return;
     k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
     if (k < 0 || (size_t)k >= sizeof(dir))

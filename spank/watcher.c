@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -246,6 +247,7 @@ static int nrw_spawn_controller(nrw_t *w, int gpus)
         nrw_log("%s: %s", log, strerror(errno));
         return -1;
     }
+    pid_t parent = getpid();
     pid = fork();
     if (pid < 0) {
         nrw_log("fork: %s", strerror(errno));
@@ -253,6 +255,11 @@ static int nrw_spawn_controller(nrw_t *w, int gpus)
         return -1;
     }
     if (pid == 0) {
+        /* The plugin stops only the watcher (SIGKILL at worst): never leave
+         * the controller behind it. getppid() closes the race with a
+         * watcher killed before prctl. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
         dup2(fd, 2);
         execv(prog, argv);
         fprintf(stderr, "nereus-watcher: cannot run %s: %s\n", prog, strerror(errno));

@@ -141,6 +141,11 @@ typedef struct {
 /* Load and validate a spec file. 0 on success; -1 with err = "FILE:LINE:COL: msg". */
 int nrs_spec_load(const char *path, nrs_spec_t *out, char *err, size_t errlen);
 
+/* Same from a descriptor the caller opened (and still owns: it is not closed),
+ * read to its end; name is used as FILE in messages. For callers that must
+ * check what they open first (e.g. refuse a FIFO that would block). */
+int nrs_spec_load_fd(int fd, const char *name, nrs_spec_t *out, char *err, size_t errlen);
+
 /* Same from memory; name is used as FILE in messages. */
 int nrs_spec_load_buffer(const char *name, const char *buf, size_t len, nrs_spec_t *out,
                          char *err, size_t errlen);

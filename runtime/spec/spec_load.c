@@ -2,10 +2,12 @@
  * presets and overrides, and the entry points. Cross-field checks live in
  * spec_check.c. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "spec/spec_check.h"
 #include "spec/spec_internal.h"
@@ -408,19 +410,18 @@ fail:
     return rc;
 }
 
-int nrs_spec_load(const char *path, nrs_spec_t *out, char *err, size_t errlen)
+int nrs_spec_load_fd(int fd, const char *name, nrs_spec_t *out, char *err, size_t errlen)
 {
-    FILE *fp = NULL;
     char *buf = NULL;
     size_t len = 0;
     int rc = -1;
-    nrs_diag_t d = {.file = path ? path : "<spec>", .err = err, .errlen = errlen};
+    nrs_diag_t d = {.file = name ? name : "<spec>", .err = err, .errlen = errlen};
     const nrs_mark_t top = {1, 1};
 
     if (out)
         memset(out, 0, sizeof(*out));
-    if (!path || !(fp = fopen(path, "rb"))) {
-        nrs_diag_at(&d, top, "cannot open: %s", path ? strerror(errno) : "no path given");
+    if (fd < 0) {
+        nrs_diag_at(&d, top, "cannot read: %s", strerror(EBADF));
         goto fail;
     }
     /* one byte more than the bound tells "too large" from "exactly at the bound" */
@@ -429,19 +430,41 @@ int nrs_spec_load(const char *path, nrs_spec_t *out, char *err, size_t errlen)
         nrs_diag_at(&d, top, "out of memory");
         goto fail;
     }
-    len = fread(buf, 1, (size_t)NRS_SPEC_MAX_BYTES + 1, fp);
-    if (ferror(fp)) {
-        nrs_diag_at(&d, top, "cannot read: %s", strerror(errno));
-        goto fail;
+    while (len < (size_t)NRS_SPEC_MAX_BYTES + 1) {
+        ssize_t k = read(fd, buf + len, (size_t)NRS_SPEC_MAX_BYTES + 1 - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            nrs_diag_at(&d, top, "cannot read: %s", strerror(errno));
+            goto fail;
+        }
+        if (k == 0)
+            break;
+        len += (size_t)k;
     }
     if (len > NRS_SPEC_MAX_BYTES) {
         nrs_diag_at(&d, top, "spec too large (more than %d bytes)", NRS_SPEC_MAX_BYTES);
         goto fail;
     }
-    rc = nrs_spec_load_buffer(path, buf, len, out, err, errlen);
+    rc = nrs_spec_load_buffer(name, buf, len, out, err, errlen);
 fail:
-    if (fp)
-        fclose(fp);
     free(buf);
+    return rc;
+}
+
+int nrs_spec_load(const char *path, nrs_spec_t *out, char *err, size_t errlen)
+{
+    nrs_diag_t d = {.file = path ? path : "<spec>", .err = err, .errlen = errlen};
+    int fd, rc;
+
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!path || (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        nrs_diag_at(&d, (nrs_mark_t){1, 1}, "cannot open: %s",
+                    path ? strerror(errno) : "no path given");
+        return -1;
+    }
+    rc = nrs_spec_load_fd(fd, path, out, err, errlen);
+    close(fd);
     return rc;
 }

@@ -2,7 +2,9 @@
 # The job's controller as the plugin starts it (the shrink itself: test_shrink):
 # an srun-only job with --nereus gets one controller on its first node, its
 # tasks on every node get NEREUS_SOCKET_DIR and can ask `nereus status`, and
-# the controller goes away with the step, it runs as the job's user; concurrent steps share one; a job without --nereus starts none;
+# the controller goes away with the step (and with a killed watcher), it runs
+# as the job's user; concurrent steps share one, and the epilog of their job
+# (no --nereus of its own) cleans the job directory; a job without --nereus starts none;
 # a missing controller binary (runtime_dir pointing elsewhere) gives the tasks
 # a clear NEREUS_ERROR and the job still runs; with the plugin "required"
 # the step's launch fails instead.
@@ -53,6 +55,33 @@ if [ "$nc" -eq 1 ] && [ "$(grep -c "^sock=$state/n1/$jidc err=unset$" conc.out)"
     [ "$(grep -c ': started .*nereus-controller' "$state/n1/$jidc/watcher.log")" -eq 1 ]; then
     sl_ok "3 concurrent steps with --nereus: one controller, all 3 get its socket"
 else sl_fail "3 concurrent steps with --nereus: one controller, all 3 get its socket" "$nc running"; fi
+# The job's allocation had no --nereus, its steps did: its epilog still cleans
+# the job directory (on the first node only the two logs stay).
+only_logs() { [ "$(ls -A "$state/n1/$jidc" 2>/dev/null | sort | xargs)" = "controller.log watcher.log" ]; }
+if sl_wait_until 10 only_logs; then
+    sl_ok "job without --nereus whose steps had it: its epilog cleans the job directory (only the logs stay)"
+else ls -la "$state/n1/$jidc" >"$sl_out" 2>&1
+    sl_fail "job without --nereus whose steps had it: its epilog cleans the job directory" "left: $(ls -A "$state/n1/$jidc" 2>/dev/null | xargs)"; fi
+
+# 1d. The watcher killed (SIGKILL: no chance to stop its child): the
+# controller dies with it (parent-death signal), not orphaned for the rest
+# of the step.
+sl_run 20 sbatch --parsable -J nrs-ctl1d -N 1 -o pdeath.out --nereus=good.yaml --wrap 'sleep 20'
+jidd=$(tail -1 "$sl_out")
+dird="$state/n1/$jidd"
+pid_of_prog() { ps -eo pid=,args= | grep -E "^ *[0-9]+ [^ ]*nereus-$1 --socket-dir $dird( |\$)" | awk '{print $1}' | head -1; }
+both_up() { [ -n "$(pid_of_prog watcher)" ] && [ -n "$(pid_of_prog controller)" ]; }
+if sl_wait_job_state "$jidd" RUNNING 30 && sl_wait_until 15 both_up; then
+    wpid=$(pid_of_prog watcher) cpid=$(pid_of_prog controller)
+    kill -KILL "$wpid"
+    ctl_gone() { ! kill -0 "$cpid" 2>/dev/null || [ "$(sed 's/.*) //' /proc/"$cpid"/stat 2>/dev/null | cut -d' ' -f1)" = Z ]; }
+    if sl_wait_until 3 ctl_gone && [ "$(sl_job_field "$jidd" JobState)" = RUNNING ]; then
+        sl_ok "watcher SIGKILLed: its controller dies with it while the job runs on"
+    else ps -o pid,ppid,args -p "$cpid" >"$sl_out" 2>&1
+        sl_fail "watcher SIGKILLed: its controller dies with it while the job runs on" "controller $cpid still there"; fi
+else sl_fail "watcher SIGKILLed: its controller dies with it" "job '$jidd': no watcher and controller"; fi
+timeout 10 scancel "$jidd" 2>/dev/null
+sl_wait_job_state "$jidd" CANCELLED 20
 
 # 1c. As another user (nobody): the watcher and controller run with its real
 # and effective uid, not root's, and answer it; the watcher's libslurm call

@@ -84,11 +84,12 @@ else sl_fail "unsafe state dir on one node: that step runs without Nereus, NEREU
 sl_at_exit sl_plugstack_restore
 sed 's/$/ bogus=1/' "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" >"$(sl_plugstack)"
 sl_run 30 srun --nereus=good.yaml true
-if [ "$sl_rc" -ne 0 ] && grep -q "nereus: plugstack argument 'bogus' is unknown (known: runtime_dir, state_dir, default_spec, poll_interval, controller_tcp)" "$sl_out"; then
+if [ "$sl_rc" -ne 0 ] && grep -q "nereus: plugstack.conf: argument 'bogus' is unknown (known: runtime_dir, state_dir, default_spec, poll_interval, controller_tcp)" "$sl_out"; then
     sl_ok "unknown plugstack argument: --nereus refused with the reason"
 else sl_fail "unknown plugstack argument: --nereus refused with the reason" "rc=$sl_rc"; fi
 sl_run 30 srun -N 2 echo fine
-sl_check "unknown plugstack argument: a job without --nereus still runs" test "$sl_rc" -eq 0 -a "$(grep -c '^fine$' "$sl_out")" -eq 2
+sl_check "unknown plugstack argument: a job without --nereus still runs, nothing from nereus" \
+    test "$sl_rc" -eq 0 -a "$(grep -c '^fine$' "$sl_out")" -eq 2 -a "$(grep -ci nereus "$sl_out")" -eq 0
 sl_plugstack_restore
 
 sl_check_slurmds

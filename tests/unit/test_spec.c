@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -530,6 +531,48 @@ static void test_file_errors(void **state)
     rmdir(dir);
 }
 
+/* nrs_spec_load_fd: the same result as nrs_spec_load, messages naming the
+ * given name, the descriptor left open; a pipe is read to its end. */
+static void test_load_fd(void **state)
+{
+    char path[512], err[NRS_ERR_MAX];
+    nrs_spec_t s, ref;
+    size_t len = 0;
+    int fd, p[2];
+
+    src_path(path, sizeof(path), "examples/tiny-cpu.yaml");
+    assert_int_equal(nrs_spec_load(path, &ref, err, sizeof(err)), 0);
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(nrs_spec_load_fd(fd, "named.yaml", &s, err, sizeof(err)), 0);
+    assert_string_equal(s.path, "named.yaml");
+    snprintf(s.path, sizeof(s.path), "%s", ref.path);
+    assert_memory_equal(&s, &ref, sizeof(s));
+    assert_int_equal(fcntl(fd, F_GETFD), 0); /* still open: the caller's */
+    close(fd);
+
+    src_path(path, sizeof(path), "tests/unit/data/spec/bad/alias-undefined.yaml");
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(nrs_spec_load_fd(fd, "bad.yaml", &s, err, sizeof(err)), -1);
+    assert_error_shape(err, "bad.yaml");
+    close(fd);
+
+    src_path(path, sizeof(path), "examples/tiny-cpu.yaml");
+    char *buf = slurp(path, &len);
+    assert_non_null(buf);
+    assert_true(len > 0 && len < 65536); /* fits a pipe's buffer */
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(write(p[1], buf, len), (ssize_t)len);
+    close(p[1]);
+    assert_int_equal(nrs_spec_load_fd(p[0], "pipe", &s, err, sizeof(err)), 0);
+    close(p[0]);
+    free(buf);
+
+    assert_int_equal(nrs_spec_load_fd(-1, "nofd", &s, err, sizeof(err)), -1);
+    assert_string_equal(err, "nofd:1:1: cannot read: Bad file descriptor");
+}
+
 static void test_suggest(void **state)
 {
     assert_int_equal(nrs_edit_distance("gpus_per_nod", 12, "gpus_per_node", 13, 3), 1);
@@ -614,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_bad_files_all_listed),
         cmocka_unit_test(test_buffer_bounds),
         cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_load_fd),
         cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_runtime_cost_switches),
         cmocka_unit_test(test_truncations_and_mutations),
