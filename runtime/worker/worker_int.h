@@ -170,7 +170,10 @@ int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key, 
 const nrs_xport_t *nrs_wk_nccl_xport(const nrs_worker_t *w);
 /* The executor options that differ over NCCL: cancel, errors, peer watch. */
 void nrs_wk_nccl_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
-/* After a transition over NCCL: anything but a commit drops the communicator. */
+/* Before a transition over NCCL: every connection it needs, set up at once. */
+void nrs_wk_nccl_preconnect(nrs_worker_t *w, const nrs_emu_graph_t *g);
+/* After a transition over NCCL: a commit frees what waited to be freed;
+ * anything else drops the communicator (and the transport). */
 void nrs_wk_nccl_after(nrs_worker_t *w, int outcome);
 /* m: device memory dev of bytes on GPU owner, as the NCCL transport holds it. */
 void nrs_wk_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes);

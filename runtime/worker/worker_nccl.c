@@ -182,11 +182,22 @@ int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key,
         free(part);
         return 0;
     }
-    int rc = try_shrink(w, N, part, np, err, sizeof err);
-    if (rc == 0)
+    nrs_xport_close(&N->x); /* it names the communicator about to go */
+    /* a shrink when only some of the members remain; if it fails anywhere
+     * (the parent's own error, say), a fresh communicator after all */
+    int rc = try_shrink(w, N, part, np, err, sizeof err), ok;
+    snprintf(name, sizeof name, "nccl.shrunk.%s", tag); /* every participant votes */
+    ok = all_yes(w, key, name, rc == 1, out, nout);
+    if (!ok && N->c) {
+        nrs_nccl_abort(N->c);
+        nrs_nccl_fini(N->c);
+        N->c = NULL;
+    }
+    if (!ok) {
         rc = fresh(w, N, key, tag, out, nout, me, np, err, sizeof err) ? -1 : 1;
-    snprintf(name, sizeof name, "nccl.up.%s", tag);
-    int ok = all_yes(w, key, name, rc == 1, out, nout);
+        snprintf(name, sizeof name, "nccl.up.%s", tag);
+        ok = all_yes(w, key, name, rc == 1, out, nout);
+    }
     if (ok) {
         free(N->members);
         N->members = part;
@@ -196,7 +207,6 @@ int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key,
             cr[r] = -1;
         for (int i = 0; cr && i < np; i++)
             cr[part[i]] = i;
-        nrs_xport_close(&N->x);
         ok = cr && !nrs_xport_nccl_open(&N->x, N->c, w->cuda_dev, nrs_wk_owner_rank, w, cr, w->n,
                                         w->timeout_s);
         free(cr);
@@ -236,10 +246,21 @@ void nrs_wk_nccl_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
     }
 }
 
+void nrs_wk_nccl_preconnect(nrs_worker_t *w, const nrs_emu_graph_t *g)
+{
+    struct nrs_wk_nccl *N = w->nccl;
+    if (nrs_xport_nccl_preconnect(&N->x, g, w->timeout_s))
+        fprintf(stderr, "nereus: worker[%d]: %s\n", w->me, nrs_xport_nccl_error(&N->x));
+}
+
 void nrs_wk_nccl_after(nrs_worker_t *w, int outcome)
 {
     struct nrs_wk_nccl *N = w->nccl;
-    if (N && outcome != NRS_DT_COMMITTED) /* every participant drops it alike */
+    if (!N)
+        return;
+    if (outcome == NRS_DT_COMMITTED)
+        nrs_xport_nccl_release(&N->x);
+    else /* every participant drops it alike */
         drop_comm(N, 1);
 }
 
@@ -263,6 +284,7 @@ const nrs_xport_t *nrs_wk_nccl_xport(const nrs_worker_t *w)
     return NULL;
 }
 void nrs_wk_nccl_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o) { (void)w, (void)o; }
+void nrs_wk_nccl_preconnect(nrs_worker_t *w, const nrs_emu_graph_t *g) { (void)w, (void)g; }
 void nrs_wk_nccl_after(nrs_worker_t *w, int outcome) { (void)w, (void)outcome; }
 void nrs_wk_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes)
 {

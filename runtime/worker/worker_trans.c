@@ -180,20 +180,22 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     unsigned char *present = calloc((size_t)g->nnew + 1, 1);
     o.present_out = present;
+    if (nccl) /* a failure here fails the run at once, on every rank alike */
+        nrs_wk_nccl_preconnect(w, g);
     int out = nrs_dtrans_run(g, next->epoch, x, nrs_wk_job_rdv(w), old, nm, &o, &w->last);
     size_t nnew = (size_t)g->nnew;
     w->have_last = 1;
     snprintf(w->err, sizeof w->err, "transition %u -> %u%s: %s", w->plan.epoch, next->epoch,
              nccl ? " (over NCCL)" : "", w->last.msg);
     nrs_emu_graph_free(g);
-    if (nccl)
-        nrs_wk_nccl_after(w, out);
     if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) { /* the old state is intact */
         free(nm);
         free(nperm);
         free(present);
-        if (nccl)
+        if (nccl) {
+            nrs_wk_nccl_after(w, out);
             free(old);
+        }
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */
@@ -203,6 +205,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         if (old[i].ptr)
             x->ops->mem_free(x->ctx, &old[i]);
     if (nccl) { /* the executor freed the old device buffers (or the loop above) */
+        nrs_wk_nccl_after(w, out); /* the transport is gone after this unless committed */
         for (size_t i = 0; i < w->st.nbuf; i++)
             w->dev[i] = NULL;
         free(old);

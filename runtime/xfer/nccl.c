@@ -520,10 +520,12 @@ static cudaError_t push_event(nrs_nccl_t *c)
     }
     cudaEvent_t ev;
     cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(ev, c->stream);
     if (e != cudaSuccess)
         return e;
+    if ((e = cudaEventRecord(ev, c->stream)) != cudaSuccess) {
+        cudaEventDestroy(ev);
+        return e;
+    }
     c->ev[(c->ev_head + c->ev_n++) % c->ev_cap] = ev;
     return cudaSuccess;
 }

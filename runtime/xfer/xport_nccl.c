@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emu/graph.h"
 #include "util/util.h"
 #include "xfer/xport_nccl.h"
 
@@ -38,6 +39,8 @@ typedef struct {
     size_t head, n, nout, cap;
     stage_t *pool; /* staging buffers not in use */
     size_t npool, poolcap;
+    void **dfree; /* device frees deferred while transfers were posted */
+    size_t ndfree, dfcap;
     int failed;
     char err[256];
 } xn_t;
@@ -77,13 +80,39 @@ static int n_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
     return 0;
 }
 
+/* cudaFree synchronizes the device: with NCCL kernels out that wait for a
+ * peer, it would block this rank (no progress, no failure checks, no
+ * abort) until they end, perhaps for ever. So a device buffer is freed at
+ * once only when nothing is posted; else at the next moment nothing is
+ * (n_progress, nrs_xport_nccl_release), or after the communicator's abort. */
+static void flush_frees(xn_t *X)
+{
+    for (size_t i = 0; i < X->ndfree; i++)
+        nrs_cuda_free(X->dfree[i]);
+    X->ndfree = 0;
+}
+
 static void n_free(void *ctx, nrs_xmem_t *m)
 {
-    (void)ctx;
-    if (m->handle == MEM_DEVICE)
-        nrs_cuda_free(m->ptr);
-    else
+    xn_t *X = ctx;
+    if (m->handle != MEM_DEVICE) {
         free(m->ptr);
+    } else if (!X->n) {
+        nrs_cuda_free(m->ptr);
+    } else {
+        if (X->ndfree == X->dfcap) {
+            size_t cap = X->dfcap ? 2 * X->dfcap : 64;
+            void **v = realloc(X->dfree, cap * sizeof(*v));
+            if (!v) { /* no room to wait: free now, and block if it must */
+                nrs_cuda_free(m->ptr);
+                m->ptr = NULL;
+                return;
+            }
+            X->dfree = v;
+            X->dfcap = cap;
+        }
+        X->dfree[X->ndfree++] = m->ptr;
+    }
     m->ptr = NULL;
 }
 
@@ -206,11 +235,27 @@ static int n_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, n
     return n_post(ctx, 0, peer, dst, req);
 }
 
-/* The posts not yet out, as one group between their packing and unpacking. */
+/* How many of the k posts at p go out together: the longest run with at
+ * most one transfer per peer and direction. NCCL progresses the transfers
+ * of a group to different peers independently, but runs a second one to
+ * the same peer after the first, behind whatever shares its channel; a
+ * rank whose peer waits for that second one could wait for ever. */
+static size_t run_length(const npost_t *p, size_t k)
+{
+    size_t n = 0;
+    for (; n < k; n++)
+        for (size_t j = 0; j < n; j++)
+            if (p[j].peer == p[n].peer && p[j].is_send == p[n].is_send)
+                return n;
+    return n;
+}
+
+/* The next run of the posts not yet out, as one group between their
+ * packing and unpacking. */
 static int issue(xn_t *X)
 {
-    size_t k = X->n - X->nout;
     npost_t *p = X->q + X->head + X->nout;
+    size_t k = run_length(p, X->n - X->nout);
     nrs_cuda_copy2d_t *pre = calloc(k, sizeof(*pre)), *post = calloc(k, sizeof(*post));
     nrs_nccl_xfer_t *x = calloc(k, sizeof(*x));
     int npre = 0, npost = 0, rc = -1;
@@ -246,7 +291,7 @@ static int issue(xn_t *X)
     }
     for (size_t i = 0; i < k; i++)
         p[i].ticket = t;
-    X->nout = X->n;
+    X->nout += k;
     rc = 0;
 out:
     free(pre);
@@ -274,12 +319,16 @@ static int n_progress(void *ctx)
         X->nout--;
         completed++;
     }
-    if (X->n == 0)
+    if (X->n == 0) {
         X->head = 0;
+        flush_frees(X);
+    }
     /* out now when the stream has drained (nothing would wait behind it)
-     * or enough have gathered */
-    if (X->n > X->nout && (X->nout == 0 || X->n - X->nout >= GROUP_MIN) && issue(X))
-        return -1;
+     * or enough have gathered; each group a run of them (run_length) */
+    if (X->n > X->nout && (X->nout == 0 || X->n - X->nout >= GROUP_MIN))
+        while (X->n > X->nout)
+            if (issue(X))
+                return -1;
     return completed;
 }
 
@@ -294,6 +343,7 @@ static void drop_all(xn_t *X)
         nrs_cuda_free(p->stage);
     }
     X->head = X->n = X->nout = 0;
+    flush_frees(X);
 }
 
 static void n_destroy(void *ctx)
@@ -303,6 +353,7 @@ static void n_destroy(void *ctx)
     for (size_t i = 0; i < X->npool; i++)
         nrs_cuda_free(X->pool[i].p);
     free(X->pool);
+    free(X->dfree);
     free(X->q);
     free(X->comm_rank);
     free(X);
@@ -344,4 +395,86 @@ void nrs_xport_nccl_cancel(nrs_xport_t *x)
     drop_all(X);
     X->failed = 0;
     X->err[0] = '\0';
+}
+
+void nrs_xport_nccl_release(nrs_xport_t *x)
+{
+    xn_t *X = x->ctx;
+    if (!X->n)
+        flush_frees(X);
+}
+
+/* ---- connections before the transfers ------------------------------------------------ */
+
+static void add_peer(xn_t *X, int *peers, int *np, int owner)
+{
+    int r = X->owner_rank(X->arg, owner);
+    int cr = r >= 0 && r < X->nranks ? X->comm_rank[r] : -1;
+    if (cr < 0 || cr == nrs_nccl_rank(X->c))
+        return;
+    for (int i = 0; i < *np; i++)
+        if (peers[i] == cr)
+            return;
+    peers[(*np)++] = cr;
+}
+
+int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double timeout_s)
+{
+    xn_t *X = x->ctx;
+    int me = nrs_nccl_rank(X->c), n = nrs_nccl_size(X->c), np = 0, rc = -1;
+    int *peers = malloc((size_t)(n > 0 ? n : 1) * sizeof(*peers));
+    nrs_nccl_xfer_t *xf = NULL;
+    void *buf = NULL;
+    char err[256];
+    if (!peers)
+        return xn_fail(X, "nccl xport: out of memory");
+    for (size_t i = 0; i < g->nops; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        if (op->type != NRS_EMU_OP_XFER)
+            continue;
+        int s = X->owner_rank(X->arg, g->buf[op->src_buf].b.gpu);
+        int d = X->owner_rank(X->arg, g->buf[op->dst_buf].b.gpu);
+        int cs = s >= 0 && s < X->nranks ? X->comm_rank[s] : -1;
+        int cd = d >= 0 && d < X->nranks ? X->comm_rank[d] : -1;
+        if (cs == me)
+            add_peer(X, peers, &np, g->buf[op->dst_buf].b.gpu);
+        else if (cd == me)
+            add_peer(X, peers, &np, g->buf[op->src_buf].b.gpu);
+    }
+    if (!np) {
+        free(peers);
+        return 0;
+    }
+    if (!(xf = calloc(2 * (size_t)np, sizeof(*xf))) ||
+        nrs_cuda_alloc(X->device, 2 * (size_t)np, &buf, err, sizeof err)) {
+        xn_fail(X, "nccl xport: pre-connect: %s", xf ? err : "out of memory");
+        goto out;
+    }
+    /* one byte each way with every peer, in one group that is the same on
+     * both sides of each pair: NCCL sets up each connection at its first
+     * use, blocking until the peer takes part, and groups that differ
+     * between ranks could wait for each other there */
+    for (int i = 0; i < np; i++) {
+        xf[2 * i] = (nrs_nccl_xfer_t){peers[i], 1, (char *)buf + 2 * i, 1};
+        xf[2 * i + 1] = (nrs_nccl_xfer_t){peers[i], 0, (char *)buf + 2 * i + 1, 1};
+    }
+    double end = nrs_now_s() + timeout_s;
+    int64_t t = nrs_nccl_post(X->c, NULL, 0, xf, 2 * np, NULL, 0, timeout_s, err, sizeof err), done = 0;
+    while (t >= 0 && !nrs_nccl_poll(X->c, &done, err, sizeof err) && done <= t &&
+           nrs_now_s() < end)
+        nrs_nap_us(50);
+    if (t < 0 || done <= t) {
+        if (t >= 0 && done <= t && !nrs_nccl_aborted(X->c)) {
+            snprintf(err, sizeof err, "timed out after %.1f s", timeout_s);
+            nrs_nccl_abort(X->c);
+        }
+        xn_fail(X, "nccl xport: pre-connect with %d peer(s): %s", np, err);
+        goto out;
+    }
+    rc = 0;
+out:
+    nrs_cuda_free(buf);
+    free(xf);
+    free(peers);
+    return rc;
 }

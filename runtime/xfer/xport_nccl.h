@@ -5,10 +5,16 @@
  * NCCL has no tags: a send and a receive between two ranks match in the
  * order they are posted. The executor posts every rank's operations in the
  * graph's global order, so they match; the xport tag is not used. What was
- * posted since the last progress goes out as one group (ncclGroupStart /
- * End) on the communicator's stream; any such grouping of each rank's
- * operations in global order is free of deadlock (the globally first
- * unfinished transfer is in the running group of both of its ranks).
+ * posted goes out (once the stream has drained, or 16 wait) as groups
+ * (ncclGroupStart / End) on the communicator's stream, each a run of the
+ * posts with at most one transfer per peer and direction (NCCL progresses
+ * those independently). Any such grouping of each rank's operations into
+ * consecutive runs of the global order is free of deadlock: the globally
+ * first unfinished transfer has every earlier operation of both of its
+ * ranks done, so it is in the running group of both. That needs every
+ * connection set up first (NCCL makes one at its first use and blocks
+ * until the peer takes part): nrs_xport_nccl_preconnect. Device buffers
+ * are freed only when nothing is posted (cudaFree synchronizes the device).
  * Strided regions are packed into (and unpacked from) a device staging
  * buffer on the same stream. Memory of a GPU owner is this rank's device;
  * host memory (owner < 0) can be allocated and copied but never travels.
@@ -16,6 +22,7 @@
 #ifndef NRS_XFER_XPORT_NCCL_H
 #define NRS_XFER_XPORT_NCCL_H
 
+#include "emu/graph.h"
 #include "emu/xport.h"
 #include "xfer/nccl.h"
 
@@ -30,6 +37,18 @@ int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_ran
  * this rank's GPU), as this transport's mem_alloc would have made it, so
  * that the transport can move it and mem_free (cudaFree) free it. */
 void nrs_xport_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes);
+
+/* Before a transition over this transport, on every rank of the
+ * communicator (the same graph g): one byte each way with every rank this
+ * one exchanges transfers with, in one group, waited for (timeout_s), so
+ * that no connection is set up in the middle of the transfers. 0, or -1
+ * (the error in nrs_xport_nccl_error; the communicator aborted on a
+ * time-out). */
+int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double timeout_s);
+
+/* Frees the device buffers whose free waited for the posted transfers to
+ * end, if none is posted now (the caller, after a transition). */
+void nrs_xport_nccl_release(nrs_xport_t *x);
 
 /* The first transport error since open ("" if none). */
 const char *nrs_xport_nccl_error(const nrs_xport_t *x);

@@ -24,7 +24,11 @@
  * event waits do nothing: the races they prevent appear), FAKE_CORRUPT=1
  * (each NCCL chunk to self loses its last byte), FAKE_SLEEP=S
  * (cudaGetDeviceCount sleeps: a hang), FAKE_NCCL_DUPLICATE=1 (init fails,
- * as real NCCL's does for two ranks on one GPU). */
+ * as real NCCL's does for two ranks on one GPU), FAKE_NCCL_STRICT=1 (a
+ * group may hold one transfer per peer and direction, and the first group
+ * that reaches a peer must go both ways with it: the rules the NCCL
+ * transport keeps so that NCCL's lazy connection set-up and per-channel
+ * order cannot deadlock it; a group that breaks them fails). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -107,6 +111,7 @@ typedef struct fcomm {
     int lfd;         /* listening socket */
     int *out, *in;   /* per peer: connection we send on, connection we receive on */
     int *peers;      /* parent world rank of each rank (for messages only) */
+    unsigned char *conn; /* FAKE_NCCL_STRICT: a group went both ways with this peer */
     int nderived;    /* splits and shrinks started: names the children */
     ncclComm_t *pending; /* split: where to write the child at completion */
     struct fcomm *child;
@@ -453,6 +458,7 @@ static fcomm_t *mkcomm(const char *token, int rank, int size)
     snprintf(c->token, sizeof c->token, "%s", token);
     c->out = malloc(size * sizeof(int));
     c->in = malloc(size * sizeof(int));
+    c->conn = calloc(size, 1);
     for (int i = 0; i < size; i++)
         c->out[i] = c->in[i] = -1;
     if (size > 1) {
@@ -789,11 +795,44 @@ ncclResult_t ncclRecv(void *b, size_t n, ncclDataType_t t, int peer, ncclComm_t 
 {
     return p2p(0, b, n, t, peer, c, s);
 }
+/* FAKE_NCCL_STRICT's rules (see the top): 0, or -1 with why on stderr. */
+static int strict_ok(void)
+{
+    for (int i = 0; i < ngrp; i++) {
+        p2p_t *a = &grp[i];
+        int other = 0;
+        if (a->peer == a->c->rank)
+            continue;
+        for (int j = 0; j < ngrp; j++) {
+            if (j == i || grp[j].c != a->c || grp[j].peer != a->peer)
+                continue;
+            if (grp[j].send == a->send) {
+                fprintf(stderr, "fake: strict: two %ss to rank %d in one group\n",
+                        a->send ? "send" : "receive", a->peer);
+                return -1;
+            }
+            other = 1;
+        }
+        if (!a->c->conn[a->peer] && !other) {
+            fprintf(stderr, "fake: strict: rank %d's first group with rank %d goes one way: "
+                    "NCCL would set up the connection mid-transfer\n", a->c->rank, a->peer);
+            return -1;
+        }
+    }
+    for (int i = 0; i < ngrp; i++)
+        grp[i].c->conn[grp[i].peer] = 1;
+    return 0;
+}
+
 ncclResult_t ncclGroupEnd(void)
 {
     if (--depth)
         return ncclSuccess;
     fcomm_t *c = ngrp ? grp[0].c : NULL;
+    if (getenv("FAKE_NCCL_STRICT") && strict_ok()) {
+        ngrp = 0;
+        return ncclInvalidUsage;
+    }
     static int used[sizeof grp / sizeof grp[0]];
     memset(used, 0, sizeof used);
     /* transfers to other ranks: one op on the stream, progressed together */

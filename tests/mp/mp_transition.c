@@ -171,7 +171,15 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
                 goto out;
             }
         }
+#ifdef HAVE_NCCL
+    if (use_nccl && nrs_xport_nccl_preconnect(x, g, timeout))
+        fprintf(stderr, "mp_transition[%d]: %s\n", me, nrs_xport_nccl_error(x));
+#endif
     int out = nrs_dtrans_run(g, epoch, x, r, old, nw, &o, &res);
+#ifdef HAVE_NCCL
+    if (use_nccl)
+        nrs_xport_nccl_release(x);
+#endif
     E->xfers = res.xfers;
     E->bytes = res.bytes_sent;
     E->max_inflight = res.max_inflight;

@@ -27,7 +27,7 @@ for n in 2 4; do
         || { echo "[  FAILED  ] fake GPU: nccl $n ranks: $got of $((n - 1)) survivor(s) verified the shrunk ring"; mp_fail=$((mp_fail + 1)); }
 done
 for n in 2 4 8; do
-    mp_case "fake GPU: transitions over NCCL, $n ranks, 6 random" 0 150 env "$fake" \
+    mp_case "fake GPU: transitions over NCCL, $n ranks, 6 random" 0 150 env "$fake" FAKE_NCCL_STRICT=1 \
         "$SRV" -q -n "$n" -t 140 -- "$T" --nccl --seed $((n * 7 + 3)) --count 6
     mp_grep "fake GPU: $n ranks moved their shards over nccl" "6 transition(s) over nccl"
 done
@@ -48,9 +48,14 @@ else
     mp_fail=$((mp_fail + 1))
 fi
 rm -f "$stamp"
+# The NCCL transport's own rules (FAKE_NCCL_STRICT): one transfer per peer and
+# direction per group, connections made first, both ways.
+mp_case "fake GPU: the strict double refuses a one-way first group" 1 60 env "$fake" FAKE_NCCL_STRICT=1 \
+    FAKE_GPUS=3 "$SRV" -q -n 3 -t 50 -- "$N" --bytes 4096
+mp_grep "fake GPU: strict: the ring's first groups are one-way" "NCCL would set up the connection mid-transfer"
 # The worker API with its state in (fake) GPU memory: transitions over NCCL.
 mp_case "fake GPU: worker 4 ranks, state on the GPU, 4 transitions over NCCL" 0 120 \
-    env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
+    env "$fake" FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
 if [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && ! grep -q "stages through host memory" "$mp_out"; then
