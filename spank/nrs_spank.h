@@ -62,6 +62,7 @@ void nrs_spank_config_reset(void);
 /* --nereus[=FILE]: what the user asked for, filled by the option callback. */
 typedef struct {
     bool given;                     /* --nereus seen (with or without FILE) */
+    bool bare;                      /* ... without FILE (remote context) */
     char arg[NRS_SPANK_PATH_MAX];   /* FILE as given, or default_spec */
     char checked[NRS_SPANK_PATH_MAX]; /* last arg validated successfully */
 } nrs_spank_opt_t;
@@ -71,6 +72,12 @@ extern nrs_spank_opt_t nrs_spank_opt;
 /* --nereus given to this job: in prolog/epilog context too (there Slurm
  * runs no option callback; the option is in the job's environment). */
 bool nrs_spank_option_given(spank_t sp);
+
+/* At submission a relative FILE is made absolute and handed to the job in
+ * this variable of srun's/sbatch's/salloc's environment (which the job
+ * inherits unless --export says otherwise), so that a step running in
+ * another directory (--chdir) uses the file the user meant. */
+#define NRS_SPEC_PATH_ENV "NEREUS_SPEC_PATH"
 
 /* Register every option of the table; call from slurm_spank_init only. */
 int nrs_spank_options_register(spank_t sp);
@@ -106,6 +113,21 @@ void nrs_epilog(spank_t sp, int ac, char **av);
 int nrs_state_dir(const char *node, char *out, size_t n);
 /* The same, silent: -1 when it does not fit. */
 int nrs_state_dir_expand(const char *node, char *out, size_t n);
+/* Open the state directory path (absolute, "%n" expanded) walking it from
+ * "/" with openat(O_NOFOLLOW | O_DIRECTORY): no link is followed and no
+ * component is looked up again after its check. Every component must be a
+ * directory of root's that group and others cannot write to; an ancestor
+ * (never the state directory itself) may instead be a sticky directory of
+ * root's, like /tmp. create: missing components are made (mkdirat, root,
+ * 0755); else a missing one fails with errno ENOENT. The directory's fd, or
+ * -1 with the reason in why[n] (nothing created below an unsafe component).
+ * The same rule for slurmstepd and job_epilog. */
+int nrs_state_dir_open(const char *path, bool create, char *why, size_t n);
+/* Remove everything under the open directory dfd, never following a link
+ * (unlinkat relative to each directory's fd, at most a few levels deep);
+ * keep_logs: but the regular *.log files at the top (*kept: some were).
+ * 0, or -1 when something could not be removed. */
+int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept);
 /* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid for at most
  * NRS_HINT_MS (then SIGKILL), its output logged: its exit status, or -1
  * (could not run it, killed). Never blocks longer. */

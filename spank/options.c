@@ -4,6 +4,7 @@
  * record the latest value, and validation is cached per path. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,10 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote);
 
 static struct spank_option nrs_spank_options[] = {
     {"nereus", "FILE",
-     "Adapt the TP/PP/DP layout of this RLHF job while it runs; FILE is the "
-     "Nereus job spec (YAML). Without FILE, the site's default_spec.",
+     "--nereus[=FILE]: adapt the TP/PP/DP layout of this RLHF job while it "
+     "runs; FILE is the Nereus job spec (YAML), given with '=' (in "
+     "'--nereus FILE' FILE is the command). Without FILE, the site's "
+     "default_spec.",
      2, NRS_OPT_NEREUS, nrs_opt_nereus},
     SPANK_OPTIONS_TABLE_END,
 };
@@ -104,6 +107,36 @@ out:
     return rc;
 }
 
+/* The job's own spec for a relative FILE that an srun in a batch script or
+ * an salloc shell inherited from the job (the option in its environment)
+ * and that names no file here (another directory): the file the job was
+ * submitted with (NRS_SPEC_PATH_ENV), if it is a regular file. NULL: none,
+ * FILE is resolved here as given. */
+static const char *nrs_opt_inherited_spec(const char *arg)
+{
+    const char *inherited = getenv("SLURM_SPANK__SLURM_SPANK_OPTION_nereus_nereus");
+    const char *job = getenv(NRS_SPEC_PATH_ENV);
+    struct stat st;
+
+    if (arg[0] == '/' || inherited == NULL || strcmp(inherited, arg) != 0 || job == NULL ||
+        job[0] != '/' || lstat(arg, &st) == 0 || errno != ENOENT)
+        return NULL;
+    return stat(job, &st) == 0 && S_ISREG(st.st_mode) ? job : NULL;
+}
+
+/* Hand the spec's absolute path to the job (NRS_SPEC_PATH_ENV in our own
+ * environment, which srun/sbatch/salloc pass on): its steps may run in
+ * another directory. */
+static void nrs_opt_export_path(const char *path)
+{
+    char abs[PATH_MAX];
+
+    if (realpath(path, abs) != NULL)
+        setenv(NRS_SPEC_PATH_ENV, abs, 1);
+    else
+        unsetenv(NRS_SPEC_PATH_ENV); /* never an outer job's for this one */
+}
+
 /* The spec a --nereus with this optarg names, or NULL with the reason logged. */
 static const char *nrs_opt_spec_path(const char *optarg)
 {
@@ -118,7 +151,7 @@ static const char *nrs_opt_spec_path(const char *optarg)
 static int nrs_opt_nereus(int val, const char *optarg, int remote)
 {
     nrs_spank_opt_t *o = &nrs_spank_opt;
-    const char *path;
+    const char *path, *job;
 
     (void)val;
     o->given = true;
@@ -126,7 +159,8 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
      * would fail the step even for an "optional" plugin); post_opt and
      * user_init check as the job's user and disable Nereus on error. */
     if (remote) {
-        path = optarg != NULL && optarg[0] != '\0' ? optarg : nrs_spank_config.default_spec;
+        o->bare = optarg == NULL || optarg[0] == '\0';
+        path = !o->bare ? optarg : nrs_spank_config.default_spec;
         if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0)
             o->arg[0] = '\0';
         return 0;
@@ -140,14 +174,17 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
     path = nrs_opt_spec_path(optarg);
     if (path == NULL)
         return -1;
+    if ((job = nrs_opt_inherited_spec(path)) != NULL)
+        path = job;
     if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0) {
         nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
         return -1;
     }
-    if (strcmp(o->checked, o->arg) == 0)
-        return 0;
-    if (nrs_spank_validate_spec(o->arg) < 0)
-        return -1;
-    nrs_spank_strlcpy(o->checked, o->arg, sizeof(o->checked));
+    if (strcmp(o->checked, o->arg) != 0) {
+        if (nrs_spank_validate_spec(o->arg) < 0)
+            return -1;
+        nrs_spank_strlcpy(o->checked, o->arg, sizeof(o->checked));
+    }
+    nrs_opt_export_path(o->arg);
     return 0;
 }

@@ -25,9 +25,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -219,69 +221,287 @@ int nrs_state_dir_expand(const char *node, char *out, size_t n)
     return 0;
 }
 
-/* mkdir -p, root-owned 0755, refusing a component others may write to: a
- * user who can write there could plant a symlink at a job's directory. */
-static int nrs_mkdir_p(const char *path)
+/* Component fd of state_dir (its path so far: shown) may hold root's paths
+ * to the job directories: root's, and group and others cannot write to it
+ * (they could swap a job's directory, or plant a link or a future job's
+ * directory); only an ancestor that existed before us may instead be a
+ * sticky directory of root's (like /tmp: others may add entries, not move
+ * root's). 0, or -1 with why. */
+static int nrs_state_dir_check(int fd, const char *path, const char *shown, bool last, bool made,
+                               char *why, size_t n)
 {
-    char buf[NRS_SPANK_PATH_MAX];
     struct stat st;
 
-    if (nrs_spank_strlcpy(buf, path, sizeof(buf)) < 0)
-        return -1;
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char c = *p;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-            nrs_err("state_dir: mkdir %s: %s", buf, strerror(errno));
-            return -1;
-        }
-        *p = c;
-        if (c == '\0')
-            break;
-    }
-    if (lstat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        nrs_err("state_dir %s is not a directory", buf);
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, n, "state_dir %s: %s: %s", path, shown, strerror(errno));
         return -1;
     }
-    if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) {
-        nrs_err("state_dir %s is writable by group or others; refusing it", buf);
+    if (st.st_uid != 0) {
+        snprintf(why, n, "state_dir %s: %s is owned by uid %u, not root", path, shown,
+                 (unsigned)st.st_uid);
+        return -1;
+    }
+    if ((st.st_mode & 022) != 0 && (last || made || (st.st_mode & S_ISVTX) == 0)) {
+        snprintf(why, n, "state_dir %s: %s is writable by group or others%s", path,
+                 shown, last && (st.st_mode & S_ISVTX) ? " (sticky is not enough for state_dir "
+                                                        "itself, only above it, like /tmp)" : "");
         return -1;
     }
     return 0;
 }
 
-/* DIR/ctl_node: the job's first node, for job_epilog (whose environment
- * does not name it), to find the controller. Written once (O_EXCL, no link
- * followed); the user may change it, which only points the hint, run as
- * the user, elsewhere. A failure costs only the hint: logged, not fatal. */
-static void nrs_remote_note_first(const nrs_remote_t *r, const char *first)
+/* The next component c of state_dir below fd, made if missing (create);
+ * never through a link. Its fd, or -1 with why (errno ENOENT: missing). */
+static int nrs_state_dir_step(int fd, const char *c, const char *path, const char *shown,
+                              bool create, bool *made, char *why, size_t n)
 {
-    char path[NRS_SPANK_PATH_MAX + 16];
-    int fd;
+    struct stat st;
+    int nfd;
 
-    if (first[0] == '\0' || snprintf(path, sizeof(path), "%s/ctl_node", r->job_dir) >=
-                                 (int)sizeof(path))
-        return;
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        if (errno != EEXIST)
-            slurm_error(NRS_SPANK_PREFIX "%s: %s", path, strerror(errno));
-        return;
+    *made = false;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        nfd = openat(fd, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (nfd >= 0 || errno != ENOENT || !create || *made)
+            break;
+        if (mkdirat(fd, c, 0755) == 0)
+            *made = true;
+        else if (errno != EEXIST) {
+            snprintf(why, n, "state_dir %s: mkdir %s: %s", path, shown, strerror(errno));
+            return -1;
+        }
     }
-    if (dprintf(fd, "%s\n", first) < 0)
-        slurm_error(NRS_SPANK_PREFIX "%s: %s", path, strerror(errno));
-    close(fd);
+    if (nfd >= 0) {
+        /* Ours: 0755 whatever the umask, so that users reach their job dirs. */
+        if (*made && fchmod(nfd, 0755) != 0) {
+            snprintf(why, n, "state_dir %s: chmod %s: %s", path, shown, strerror(errno));
+            close(nfd);
+            return -1;
+        }
+        return nfd;
+    }
+    int e = errno;
+
+    if (e == ENOENT)
+        snprintf(why, n, "state_dir %s: %s does not exist", path, shown);
+    else if (fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+        snprintf(why, n, "state_dir %s: %s is a symbolic link (name the real directory in "
+                 "plugstack.conf)", path, shown);
+    else if (e == ENOTDIR || e == ELOOP)
+        snprintf(why, n, "state_dir %s: %s is not a directory", path, shown);
+    else
+        snprintf(why, n, "state_dir %s: %s: %s", path, shown, strerror(e));
+    errno = e == ENOENT ? ENOENT : EPERM;
+    return -1;
 }
 
-/* <state_dir>/<job id>, mode 0700, owned by the job's user. Several steps of
- * one job share it; whoever comes first creates it. */
+int nrs_state_dir_open(const char *path, bool create, char *why, size_t n)
+{
+    char buf[NRS_SPANK_PATH_MAX], shown[NRS_SPANK_PATH_MAX];
+    size_t used = 0;
+    int fd, e = EPERM;
+
+    why[0] = '\0';
+    if (path[0] != '/' || nrs_spank_strlcpy(buf, path, sizeof(buf)) < 0) {
+        snprintf(why, n, "state_dir %s: not an absolute path", path);
+        errno = EINVAL;
+        return -1;
+    }
+    shown[0] = '/';
+    shown[1] = '\0';
+    fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, n, "state_dir %s: /: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (nrs_state_dir_check(fd, path, "/", false, false, why, n) != 0)
+        goto fail;
+    for (char *c = buf, *next; *c != '\0'; c = next) {
+        bool made, last;
+        int nfd;
+
+        while (*c == '/')
+            c++;
+        if (*c == '\0')
+            break;
+        next = c + strcspn(c, "/");
+        if (*next != '\0')
+            *next++ = '\0';
+        last = next[strspn(next, "/")] == '\0';
+        if (strcmp(c, ".") == 0 || strcmp(c, "..") == 0) {
+            snprintf(why, n, "state_dir %s: '.' and '..' are not allowed in it", path);
+            goto fail;
+        }
+        /* The path so far, for messages (it fits: buf does). */
+        used += (size_t)snprintf(shown + used, sizeof(shown) - used, "/%s", c);
+        nfd = nrs_state_dir_step(fd, c, path, shown, create, &made, why, n);
+        if (nfd < 0) {
+            e = errno;
+            goto fail;
+        }
+        close(fd);
+        fd = nfd;
+        if (nrs_state_dir_check(fd, path, shown, last, made, why, n) != 0)
+            goto fail;
+        if (last)
+            return fd;
+    }
+    snprintf(why, n, "state_dir %s: not a directory below /", path);
+fail:
+    if (fd >= 0)
+        close(fd);
+    errno = e;
+    return -1;
+}
+
+/* ---- the job directory <state>/<job id> ---------------------------------------
+ *
+ * Made by root relative to the checked state dir's fd (nrs_state_dir_open),
+ * never by path, under <state>/.lock. Several steps of one job share it;
+ * whoever comes first makes it. Job ids are reused (a wrap, a reset of
+ * slurmctld's state): what an earlier job left there is removed first. */
+enum { NRS_LOCK_MS = 5000 };
+
+/* <state>/.lock, root's 0600: no user can open it, so none can hold it. It
+ * serializes the steps of a job starting on this node at once, from the
+ * look at <state>/<job id> to its making (two first steps would both make
+ * it, or one take the other's half-made one for an earlier job's); each
+ * holds it for a few calls. fd, or -1 (logged). */
+static int nrs_state_lock(int sfd, const char *state)
+{
+    double deadline = nrs_now_ms() + NRS_LOCK_MS;
+    struct stat st;
+    int fd = openat(sfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        nrs_err("%s/.lock: %s", state, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != 0) {
+        nrs_err("%s/.lock is not a regular file of root's", state);
+        goto fail;
+    }
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            nrs_err("%s/.lock: %s", state, strerror(errno));
+            goto fail;
+        }
+        if (nrs_now_ms() >= deadline) {
+            nrs_err("%s/.lock: still taken after %d s", state, NRS_LOCK_MS / 1000);
+            goto fail;
+        }
+        poll(NULL, 0, 10);
+    }
+    return fd;
+fail:
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* <state>/<id> (st: its lstat) is this job's: a directory of the job's user
+ * holding ctl_node, which the step that made it wrote before handing it
+ * over. Another owner's is an earlier job's; so is one without ctl_node (an
+ * ended job's: its epilog removed all but the logs). 1: this job's, 0: an
+ * earlier job's, -1: cannot tell (logged). */
+static int nrs_job_dir_ours(int sfd, const char *state, const char *id, const struct stat *st,
+                            uid_t uid)
+{
+    char path[32];
+    struct stat cs;
+
+    if (!S_ISDIR(st->st_mode) || st->st_uid != uid)
+        return 0;
+    /* Through <id>: a directory in sfd, where only root makes entries. */
+    snprintf(path, sizeof(path), "%s/ctl_node", id);
+    if (fstatat(sfd, path, &cs, AT_SYMLINK_NOFOLLOW) == 0)
+        return S_ISREG(cs.st_mode) ? 1 : 0;
+    if (errno == ENOENT)
+        return 0;
+    nrs_err("%s/%s: %s", state, path, strerror(errno));
+    return -1;
+}
+
+/* Move an earlier job's <state>/<id> aside, to a name no job id has, so that
+ * the new one can be made at once; nrs_job_dir_remove removes it after the
+ * lock. 0, or -1 (logged). */
+static int nrs_job_dir_retire(int sfd, const char *state, const char *id, char *aside, size_t n)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(aside, n, ".old-%s-%d-%ld", id, (int)getpid(), (long)ts.tv_nsec);
+    if (renameat(sfd, id, sfd, aside) != 0) {
+        nrs_err("%s/%s is an earlier job's and cannot be moved aside: %s", state, id,
+                strerror(errno));
+        aside[0] = '\0';
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove what nrs_job_dir_retire moved aside: the epilog's removal (no link
+ * followed). A failure only leaves it there (logged). */
+static void nrs_job_dir_remove(int sfd, const char *state, const char *aside)
+{
+    int fd = openat(sfd, aside, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    bool kept = false;
+    int rc = fd >= 0 ? nrs_rm_below(fd, 0, false, &kept) : 0;
+
+    if (fd >= 0)
+        close(fd);
+    if (rc != 0)
+        slurm_error(NRS_SPANK_PREFIX "cannot remove all of %s/%s (an earlier job's directory): "
+                    "left there", state, aside);
+    else if (unlinkat(sfd, aside, fd >= 0 ? AT_REMOVEDIR : 0) != 0)
+        slurm_error(NRS_SPANK_PREFIX "cannot remove %s/%s (an earlier job's directory): %s",
+                    state, aside, strerror(errno));
+}
+
+/* Make <state>/<id>: root's, 0700, while ctl_node (the job's first node, for
+ * job_epilog, and the mark of this job's directory) is written in it; then
+ * the job's user's. 0, or -1 (logged; what was made is removed). */
+static int nrs_job_dir_make(int sfd, const char *state, const char *id, const nrs_remote_t *r,
+                            const char *first)
+{
+    const char *what = "mkdir";
+    int jfd = -1, fd = -1, rc = -1;
+
+    if (mkdirat(sfd, id, 0700) != 0)
+        goto fail;
+    what = "open";
+    jfd = openat(sfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (jfd < 0 || fchmod(jfd, 0700) != 0)
+        goto fail;
+    what = "write ctl_node in";
+    fd = openat(jfd, "ctl_node", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 || dprintf(fd, "%s\n", first) < 0)
+        goto fail;
+    what = "chown";
+    if (fchown(jfd, r->uid, r->gid) != 0)
+        goto fail;
+    rc = 0;
+fail:
+    if (rc != 0) {
+        nrs_err("%s %s/%s: %s", what, state, id, strerror(errno));
+        if (jfd >= 0) {
+            unlinkat(jfd, "ctl_node", 0);
+            unlinkat(sfd, id, AT_REMOVEDIR);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (jfd >= 0)
+        close(jfd);
+    return rc;
+}
+
+/* <state_dir>/<job id>, mode 0700, owned by the job's user, for this step. */
 static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
 {
     char state[NRS_SPANK_PATH_MAX], ctl_state[NRS_SPANK_PATH_MAX], node[256], first[256];
+    char id[16], aside[64], why[NRS_SPANK_MSG_MAX];
     struct stat st;
-    int n, m;
+    int n, m, sfd, lfd = -1, ours = 0, rc = -1;
 
     /* Both names are checked before anything is created. */
     if (nrs_remote_node_name(sp, r->node_id, node, sizeof(node)) < 0 ||
@@ -290,7 +510,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     r->ctl_here = strcmp(node, first) == 0;
     snprintf(r->node, sizeof(r->node), "%s", node);
 
-    if (nrs_state_dir(node, state, sizeof(state)) < 0 || nrs_mkdir_p(state) < 0 ||
+    if (nrs_state_dir(node, state, sizeof(state)) < 0 ||
         nrs_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
         return -1;
     n = snprintf(r->job_dir, sizeof(r->job_dir), "%s/%u", state, r->job_id);
@@ -299,24 +519,38 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
         nrs_err("job directory path too long");
         return -1;
     }
-    if (mkdir(r->job_dir, 0700) == 0) {
-        if (lchown(r->job_dir, r->uid, r->gid) != 0) {
-            nrs_err("chown %s: %s", r->job_dir, strerror(errno));
-            return -1;
-        }
-        nrs_remote_note_first(r, first);
-        return 0;
-    }
-    if (errno != EEXIST) {
-        nrs_err("mkdir %s: %s", r->job_dir, strerror(errno));
+    snprintf(id, sizeof(id), "%u", r->job_id);
+    aside[0] = '\0';
+    sfd = nrs_state_dir_open(state, true, why, sizeof(why));
+    if (sfd < 0) {
+        nrs_err("%s; refusing it", why);
         return -1;
     }
-    if (lstat(r->job_dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != r->uid) {
-        nrs_err("%s exists and is not a directory of uid %u", r->job_dir, (unsigned)r->uid);
-        return -1;
+    lfd = nrs_state_lock(sfd, state);
+    if (lfd < 0)
+        goto out;
+    if (fstatat(sfd, id, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        ours = nrs_job_dir_ours(sfd, state, id, &st, r->uid);
+        if (ours < 0 || (ours == 0 && nrs_job_dir_retire(sfd, state, id, aside, sizeof(aside)) < 0))
+            goto out;
+        if (ours == 0)
+            nrs_verbose("job %u: %s is an earlier job's (owner uid %u%s): removed, made afresh",
+                        r->job_id, r->job_dir, (unsigned)st.st_uid,
+                        st.st_uid == r->uid ? ", no ctl_node" : "");
+    } else if (errno != ENOENT) {
+        nrs_err("%s: %s", r->job_dir, strerror(errno));
+        goto out;
     }
-    nrs_remote_note_first(r, first);
-    return 0;
+    if (ours == 0 && nrs_job_dir_make(sfd, state, id, r, first) < 0)
+        goto out;
+    rc = 0;
+out:
+    if (lfd >= 0)
+        close(lfd); /* the lock goes with it */
+    if (aside[0] != '\0')
+        nrs_job_dir_remove(sfd, state, aside);
+    close(sfd);
+    return rc;
 }
 
 /* Keep the first reason; the step goes on without Nereus (plugin "optional")
@@ -327,6 +561,30 @@ static void nrs_remote_disable(nrs_remote_t *r)
         nrs_spank_strlcpy(r->why, nrs_spank_last_error, sizeof(r->why));
     r->disabled = true;
     slurm_error(NRS_SPANK_PREFIX "job %u: running this step without Nereus", r->job_id);
+}
+
+/* "--nereus job.yaml cmd": the option's argument is optional, so job.yaml
+ * became the command (and a bare --nereus takes default_spec, or is refused
+ * at submission without one). true (logged) when the task's command looks
+ * like a spec. */
+static bool nrs_remote_argv_is_spec(spank_t sp)
+{
+    static const char *const ext[] = {".yaml", ".yml"};
+    char **argv = NULL;
+    int argc = 0;
+    size_t l;
+
+    if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 ||
+        argv == NULL || argv[0] == NULL)
+        return false;
+    l = strlen(argv[0]);
+    for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++)
+        if (l > strlen(ext[i]) && strcasecmp(argv[0] + l - strlen(ext[i]), ext[i]) == 0) {
+            nrs_err("'--nereus FILE' takes FILE as the command; write --nereus=FILE (the "
+                    "command is %.256s)", argv[0]);
+            return true;
+        }
+    return false;
 }
 
 int nrs_remote_post_opt(spank_t sp, int ac, char **av)
@@ -349,6 +607,8 @@ int nrs_remote_post_opt(spank_t sp, int ac, char **av)
         nrs_err("--nereus without FILE and no default_spec on this node");
         goto fail;
     }
+    if (nrs_spank_opt.bare && nrs_remote_argv_is_spec(sp))
+        goto fail;
     if (nrs_remote_job_dir(sp, r) < 0)
         goto fail;
     return 0;
@@ -831,20 +1091,39 @@ static int nrs_remote_unexport(spank_t sp, const nrs_remote_t *r)
     return spank_setenv(sp, "NEREUS_ERROR", r->why, 1) == ESPANK_SUCCESS ? 0 : -1;
 }
 
+/* The spec a relative FILE names: the submission's file, made absolute by
+ * srun/sbatch/salloc (NRS_SPEC_PATH_ENV in the job's environment), if that
+ * is a regular file; else FILE as given, in the step's working directory. */
+static const char *nrs_remote_spec_arg(spank_t sp, char *buf, size_t n)
+{
+    const char *arg = nrs_spank_opt.arg;
+    struct stat st;
+
+    if (arg[0] == '/' || spank_getenv(sp, NRS_SPEC_PATH_ENV, buf, (int)n) != ESPANK_SUCCESS ||
+        buf[0] != '/' || stat(buf, &st) != 0 || !S_ISREG(st.st_mode))
+        return arg;
+    nrs_debug("job spec %s: %s (%s, from the submission)", arg, buf, NRS_SPEC_PATH_ENV);
+    return buf;
+}
+
 int nrs_remote_user_init(spank_t sp, int ac, char **av)
 {
     nrs_remote_t *r = &nrs_remote;
+    char job_spec[PATH_MAX];
 
     (void)ac;
     (void)av;
     if (!nrs_spank_opt.given || r->step_id == SLURM_EXTERN_CONT)
         return 0;
-    if (r->disabled)
+    if (r->disabled) {
+        /* Said again here, where it reaches the user (srun's stderr), not
+         * only slurmd's log as in init_post_opt. */
+        slurm_error(NRS_SPANK_PREFIX "%s (this step runs without Nereus)", r->why);
         return nrs_remote_unexport(sp, r);
-    /* We run as the user in the step's working directory here: a relative
-     * spec resolves as it did at submission, and the user must be able to
-     * read it on this node. */
-    if (realpath(nrs_spank_opt.arg, r->spec) == NULL) {
+    }
+    /* We run as the user here, who must be able to read the spec on this
+     * node, in the step's working directory (--chdir: not the submission's). */
+    if (realpath(nrs_remote_spec_arg(sp, job_spec, sizeof(job_spec)), r->spec) == NULL) {
         nrs_err("job spec %s: %s", nrs_spank_opt.arg, strerror(errno));
         goto fail;
     }

@@ -147,9 +147,8 @@ static bool nrs_keep(int dfd, const char *name, int depth)
            fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Remove everything under the open directory dfd (but what nrs_keep keeps),
- * never following a link; *kept: something was kept. */
-static int nrs_rm_below(int dfd, int depth, bool *kept)
+/* Shared with remote.c (an earlier job's directory at a reused job id). */
+int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept)
 {
     int fd = dup(dfd), rc = 0;
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -163,7 +162,7 @@ static int nrs_rm_below(int dfd, int depth, bool *kept)
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if (nrs_keep(dfd, e->d_name, depth)) {
+        if (keep_logs && nrs_keep(dfd, e->d_name, depth)) {
             *kept = true;
             continue;
         }
@@ -178,7 +177,7 @@ static int nrs_rm_below(int dfd, int depth, bool *kept)
             rc = -1;
             continue;
         }
-        if (nrs_rm_below(sub, depth + 1, kept) != 0)
+        if (nrs_rm_below(sub, depth + 1, keep_logs, kept) != 0)
             rc = -1;
         close(sub);
         if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) != 0)
@@ -188,46 +187,38 @@ static int nrs_rm_below(int dfd, int depth, bool *kept)
     return rc;
 }
 
-/* <state>/<job id>, made by the plugin (remote.c nrs_remote_job_dir): a real
- * directory of the job's user in a state dir of root's that others cannot
- * write to (or sticky). Anything else is left alone. */
-static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, const char *state, const char *dir)
+/* <state>/<job id> (jfd: opened in the checked state dir sfd, no link
+ * followed; jerr: why not), made by the plugin (remote.c
+ * nrs_remote_job_dir): a real directory of the job's user. Anything else is
+ * left alone. */
+static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int jerr,
+                               const char *id, const char *dir)
 {
-    struct stat ps, st, fs;
-    int dfd;
+    struct stat st;
+    bool kept = false;
+    int rc;
 
-    if (lstat(state, &ps) != 0 || !S_ISDIR(ps.st_mode) || ps.st_uid != 0 ||
-        ((ps.st_mode & 022) != 0 && (ps.st_mode & S_ISVTX) == 0)) {
-        nrs_verbose("job %u: state_dir %s missing or unsafe: no clean-up", job_id, state);
+    if (jfd < 0) {
+        if (jerr == ELOOP || jerr == ENOTDIR)
+            slurm_error(NRS_SPANK_PREFIX "job %u: %s is not a directory of uid %u: left alone",
+                        job_id, dir, (unsigned)uid);
+        else if (jerr != ENOENT)
+            slurm_error(NRS_SPANK_PREFIX "job %u: %s: %s", job_id, dir, strerror(jerr));
         return;
     }
-    if (lstat(dir, &st) != 0) {
-        if (errno != ENOENT)
-            slurm_error(NRS_SPANK_PREFIX "job %u: %s: %s", job_id, dir, strerror(errno));
-        return;
-    }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != uid) {
+    if (fstat(jfd, &st) != 0 || st.st_uid != uid) {
         slurm_error(NRS_SPANK_PREFIX "job %u: %s is not a directory of uid %u: left alone", job_id,
                     dir, (unsigned)uid);
         return;
     }
     if (nrs_dir_wait_free(job_id, dir) != 0)
         return;
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0 || fstat(dfd, &fs) != 0 || fs.st_dev != st.st_dev || fs.st_ino != st.st_ino) {
-        slurm_error(NRS_SPANK_PREFIX "job %u: %s changed under us: left alone", job_id, dir);
-        if (dfd >= 0)
-            close(dfd);
-        return;
-    }
-    bool kept = false;
-    int rc = nrs_rm_below(dfd, 0, &kept);
-    close(dfd);
+    rc = nrs_rm_below(jfd, 0, true, &kept);
     if (rc == 0 && kept) {
         nrs_verbose("job %u: cleaned %s (its *.log kept)", job_id, dir);
         return;
     }
-    if (rc != 0 || rmdir(dir) != 0) {
+    if (rc != 0 || unlinkat(sfd, id, AT_REMOVEDIR) != 0) {
         slurm_error(NRS_SPANK_PREFIX "job %u: cannot remove all of %s: %s", job_id, dir,
                     strerror(errno));
         return;
@@ -237,17 +228,14 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, const char *state, co
 
 /* The job's first node, where its controller runs: the epilog's
  * environment does not say (SLURM_NODELIST holds this epilog's nodes), so
- * remote.c notes it in DIR/ctl_node. A node name or "" (none, or not one). */
-static void nrs_epilog_first_node(const char *dir, char *out, size_t n)
+ * remote.c notes it in the job directory jfd as ctl_node. A node name or ""
+ * (none, or not one). */
+static void nrs_epilog_first_node(int jfd, char *out, size_t n)
 {
-    char path[NRS_SPANK_PATH_MAX + 16];
     ssize_t k = -1;
-    int fd;
+    int fd = jfd >= 0 ? openat(jfd, "ctl_node", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                      : -1;
 
-    out[0] = '\0';
-    if (snprintf(path, sizeof(path), "%s/ctl_node", dir) >= (int)sizeof(path))
-        return;
-    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd >= 0) {
         k = read(fd, out, n - 1);
         close(fd);
@@ -310,12 +298,12 @@ static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
 void nrs_epilog(spank_t sp, int ac, char **av)
 {
     char node[256], first[256], state[NRS_SPANK_PATH_MAX], ctl_state[NRS_SPANK_PATH_MAX];
-    char dir[NRS_SPANK_PATH_MAX], ctl_dir[NRS_SPANK_PATH_MAX];
+    char dir[NRS_SPANK_PATH_MAX], ctl_dir[NRS_SPANK_PATH_MAX], id[16], why[NRS_SPANK_MSG_MAX];
     uint32_t job_id = 0, u32;
     uid_t uid;
     gid_t gid;
     bool shared;
-    int k, hint = 0;
+    int k, hint = 0, sfd, jfd, jerr;
 
     if (!nrs_spank_option_given(sp) && !nrs_epilog_has_job_dir(sp, ac, av))
         return;
@@ -345,10 +333,23 @@ void nrs_epilog(spank_t sp, int ac, char **av)
     k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
     if (k < 0 || (size_t)k >= sizeof(dir))
         return;
+    snprintf(id, sizeof(id), "%u", job_id);
+    /* The steps' rule (remote.c): an unsafe state dir is left alone, job
+     * directory, ctl_node and all; a missing one holds nothing of the job. */
+    sfd = nrs_state_dir_open(state, false, why, sizeof(why));
+    if (sfd < 0) {
+        if (errno == ENOENT)
+            nrs_verbose("job %u: epilog: %s: nothing to clean", job_id, why);
+        else
+            slurm_error(NRS_SPANK_PREFIX "job %u: epilog: %s: no clean-up", job_id, why);
+        return;
+    }
+    jfd = openat(sfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    jerr = jfd < 0 ? errno : 0;
     /* A state_dir without %n may be one directory shared by every node: only
      * the job's final epilog (the job no longer runs) may remove it. */
     shared = strstr(nrs_spank_config.state_dir, "%n") == NULL;
-    nrs_epilog_first_node(dir, first, sizeof(first));
+    nrs_epilog_first_node(jfd, first, sizeof(first));
     /* The job's first node is never released (it holds the controller):
      * its epilog is the job's end, no hint. */
     if (first[0] != '\0' && strcmp(first, node) != 0 && gid != (gid_t)-1 &&
@@ -357,10 +358,12 @@ void nrs_epilog(spank_t sp, int ac, char **av)
         (size_t)k < sizeof(ctl_dir))
         hint = nrs_hint_run(uid, gid, job_id, node, "job_epilog", ctl_dir, getenv("SLURM_NODELIST"),
                             shared);
-    if (shared && (first[0] == '\0' || (strcmp(first, node) != 0 && hint != 3))) {
+    if (shared && (first[0] == '\0' || (strcmp(first, node) != 0 && hint != 3)))
         nrs_verbose("job %u: %s may be shared with nodes still running the job: kept", job_id,
                     dir);
-        return;
-    }
-    nrs_epilog_cleanup(job_id, uid, state, dir);
+    else
+        nrs_epilog_cleanup(job_id, uid, sfd, jfd, jerr, id, dir);
+    if (jfd >= 0)
+        close(jfd);
+    close(sfd);
 }

@@ -9,7 +9,8 @@
 #    says) with "../" is refused with a clear NEREUS_ERROR; either way
 #    nothing is created outside the state dir;
 #  - a FIFO as the spec: refused at once, by srun at submission and by
-#    slurmstepd on the node (a relative spec resolves in --chdir there),
+#    slurmstepd on the node (a relative spec resolves in --chdir there when
+#    the job lacks srun's NEREUS_SPEC_PATH),
 #    instead of blocking in open() for good.
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "hostile inputs"
@@ -62,11 +63,12 @@ if [ "$sl_rc" -ne 0 ] && [ "$sl_rc" -ne 124 ] &&
 else sl_fail "srun --nereus=FIFO refused at once with the reason" "rc $sl_rc after ${took} s"; fi
 
 # On the node: spec.yaml here is a regular file (srun checks it), in the
-# step's --chdir it is a FIFO (slurmstepd opens it there).
+# step's --chdir it is a FIFO (slurmstepd opens it there: --export keeps
+# srun's NEREUS_SPEC_PATH, the file checked here, from the job).
 mkdir fifodir && mkfifo fifodir/spec.yaml && chmod 755 fifodir
 cp good.yaml spec.yaml
 t0=$SECONDS
-sl_run 40 srun -J nrs-fifo2 -N 1 -w n2 --chdir="$sl_tmp/fifodir" --nereus=spec.yaml \
+sl_run 40 srun -J nrs-fifo2 -N 1 -w n2 --chdir="$sl_tmp/fifodir" --export=PATH --nereus=spec.yaml \
     bash -c 'echo "spec=${NEREUS_SPEC-unset} err=${NEREUS_ERROR-unset}"'
 took=$((SECONDS - t0))
 if [ "$sl_rc" -eq 124 ]; then # a stepd blocked in open(): let it go, end the job
