@@ -177,6 +177,16 @@ static void send_delta_reply(nrs_ctl_t *c, nrs_conn_t *k, uint64_t gen, bool acc
     send_frame(c, k, buf, nrs_enc_delta_reply(buf, sizeof(buf), &r));
 }
 
+/* A removal bigger than one PLAN can carry (NRS_PROTO_MAX_LOST GPUs, counting
+ * those lost since the committed plan): refused whole, nothing applied. */
+static void too_many_lost(nrs_ctl_t *c, nrs_conn_t *from, uint64_t gen)
+{
+    char text[128];
+    snprintf(text, sizeof(text), "too many GPUs lost before a new plan (at most %d; %d already)",
+             NRS_PROTO_MAX_LOST, c->rz_nlost);
+    send_delta_reply(c, from, gen, false, 0, text);
+}
+
 /* ---- decisions ------------------------------------------------------------- */
 
 static void record(nrs_ctl_t *c, const decision_t *d)
@@ -736,6 +746,21 @@ static void on_report(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         close_step(c);
 }
 
+/* A rank that ACKed PREPARE waited for COMMIT or ABORT in vain and aborted
+ * epoch on its side. Before COMMIT: everyone aborts with it. After: the
+ * others go (or went) on without it, so it holds a stale epoch and is retired
+ * (its GPUs come back as lost), never left disagreeing unnoticed. */
+static void gave_up(nrs_ctl_t *c, nrs_conn_t *k, unsigned epoch)
+{
+    char nm[96];
+    if (c->tr == TR_PREPARE && epoch == c->tr_epoch)
+        return abort_transition(c, "%s gave up waiting for COMMIT of epoch %u",
+                                peer_name(k, nm, sizeof(nm)), epoch);
+    if (epoch == c->tr_epoch && (c->tr == TR_COMMIT || committed(c)->epoch == epoch))
+        return drop(c, k, NRS_PERR_REFUSED, "rank retired: it gave up on epoch %u, which the "
+                    "others committed", epoch);
+}
+
 static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_ack_t m;
@@ -744,6 +769,8 @@ static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         return drop(c, k, NRS_PERR_MALFORMED, "ACK: %s", why);
     if (m.epoch > c->a.plan.epoch && m.epoch > c->announced) /* late ACKs of an aborted one: fine */
         return drop(c, k, NRS_PERR_UNEXPECTED, "ACK of epoch %u never announced", m.epoch);
+    if (m.phase == NRS_MSG_PREPARE && m.status == NRS_ACK_GAVE_UP)
+        return gave_up(c, k, m.epoch);
     bool want = k->tr_state == TRP_WAIT && m.epoch == c->tr_epoch &&
                 ((c->tr == TR_PREPARE && m.phase == NRS_MSG_PREPARE) ||
                  (c->tr == TR_COMMIT && m.phase == NRS_MSG_COMMIT));
@@ -815,9 +842,11 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
                 if (!host[0] || strcmp(host, m->hosts[h]) != 0)
                     continue;
                 found++; /* already removed (rz_lost) or named twice: known, no change */
-                if (!in_list(gone, ngone, g) && !in_list(c->rz_lost, c->rz_nlost, g) &&
-                    ngone < NRS_PROTO_MAX_LOST)
-                    gone[ngone++] = g;
+                if (in_list(gone, ngone, g) || in_list(c->rz_lost, c->rz_nlost, g))
+                    continue;
+                if (ngone == NRS_PROTO_MAX_LOST)
+                    return too_many_lost(c, from, gen);
+                gone[ngone++] = g;
             }
             if (!found) {
                 snprintf(text, sizeof(text), "unknown host '%s' (no rank of epoch %u runs there)",
@@ -832,9 +861,15 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
                          cur->total_gpus);
                 return send_delta_reply(c, from, gen, false, 0, text);
             }
-            if (!in_list(gone, ngone, g) && !in_list(c->rz_lost, c->rz_nlost, g))
-                gone[ngone++] = g;
+            if (in_list(gone, ngone, g) || in_list(c->rz_lost, c->rz_nlost, g))
+                continue;
+            if (ngone == NRS_PROTO_MAX_LOST)
+                return too_many_lost(c, from, gen);
+            gone[ngone++] = g;
         }
+        /* rz_lost holds every GPU lost until a plan takes them away */
+        if (c->rz_nlost + ngone > NRS_PROTO_MAX_LOST)
+            return too_many_lost(c, from, gen);
         if (ngone == 0) {
             /* Every host and GPU named is already out of the allocation: the
              * same release from a second source (a released node's hint, then

@@ -163,6 +163,10 @@ typedef struct {
     double seconds;             /* COMMIT: time the rank spent in the transition */
 } nrs_msg_ack_t;
 
+/* ACK(PREPARE) status of a rank that had ACKed 0 and then waited for COMMIT
+ * or ABORT in vain: it has aborted the epoch on its side. */
+#define NRS_ACK_GAVE_UP 4
+
 typedef struct {
     uint32_t code;              /* nrs_perr_t */
     char text[NRS_PROTO_TEXT_MAX];

@@ -119,12 +119,16 @@ static int ctl_error(nrs_worker_t *w, const nrs_hdr_t *h)
 }
 
 /* At the point of no return of a controller-driven transition: every rank has
- * voted yes; tell the controller, and go on only on its COMMIT. */
+ * voted yes; tell the controller, and go on only on its COMMIT. The
+ * controller decides within its --transition-timeout, so this waits longer
+ * (4 x NRS_WORKER_TIMEOUT); a rank that gives up all the same says so
+ * (ACK status NRS_ACK_GAVE_UP), so that the controller aborts everyone with
+ * it or, if it had already committed, retires it: never a silent split. */
 int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
 {
     nrs_worker_t *w = arg;
     nrs_hdr_t h;
-    double end = nrs_now_s() + 2 * w->timeout_s;
+    double end = nrs_now_s() + 4 * w->timeout_s;
     ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
     w->ponr_acked = 1;
     while (w->ctl_fd >= 0 && nrs_now_s() < end) {
@@ -147,6 +151,8 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
         snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
         return -1;
     }
+    if (w->ctl_fd >= 0)
+        ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
     snprintf(why, whylen, "no COMMIT from the controller for epoch %u (%s)", w->ctl_epoch,
              w->ctl_fd < 0 ? w->ctl_err : "timed out");
     return -1;

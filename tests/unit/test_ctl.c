@@ -392,6 +392,86 @@ static void test_delta_twice(void **st)
     status_has("\"generation\":2,");
 }
 
+/* A rank that ACKed PREPARE and then gave up waiting for COMMIT (ACK status
+ * NRS_ACK_GAVE_UP): before COMMIT every rank is told ABORT; after COMMIT it
+ * alone is retired. Either way no rank keeps an epoch the others left. */
+static void gave_up(bool after_commit)
+{
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_delta_reply_t r;
+    drain_all();
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(r.accepted, 1);
+    for (int i = 0; i < 8; i++) {
+        expect(w[i], NRS_MSG_PLAN, &p, &h);
+        expect(w[i], NRS_MSG_PREPARE, &p, &h);
+    }
+    for (int i = 0; i < (after_commit ? 8 : 1); i++)
+        ack(w[i], 2, NRS_MSG_PREPARE, 0);
+    if (!after_commit) {
+        ack(w[0], 2, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP);
+        for (int i = 0; i < 8; i++)
+            expect(w[i], NRS_MSG_ABORT, &p, &h);
+        assert_int_equal(nrs_ctl_epoch(ctl), 1);
+        assert_int_equal(nrs_ctl_nworkers(ctl), 8);
+        return;
+    }
+    for (int i = 0; i < 8; i++)
+        expect(w[i], NRS_MSG_COMMIT, &p, &h);
+    ack(w[3], 2, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP);
+    expect(w[3], NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(w[3]->state, NRS_CONN_CLOSING);
+    for (int i = 0; i < 8; i++)
+        if (i != 3)
+            assert_true(w[i]->state < NRS_CONN_CLOSING);
+}
+
+static void test_gave_up_before_commit(void **st)
+{
+    (void)st;
+    gave_up(false);
+}
+
+static void test_gave_up_after_commit(void **st)
+{
+    (void)st;
+    gave_up(true);
+}
+
+/* More GPUs lost than one PLAN can carry (NRS_PROTO_MAX_LOST), in one delta
+ * or over two while a plan is pending: refused whole, not written past the
+ * lists (the controller once crashed on both). A job of 4,208 GPUs, one
+ * worker holding its transition in PREPARE. */
+static void test_too_many_lost(void **st)
+{
+    (void)st;
+    nrs_msg_delta_reply_t r;
+    static int g[NRS_PROTO_MAX_LOST];
+    teardown(NULL);
+    nrs_ctl_opts_t o;
+    char err[NRS_ERR_MAX];
+    spec_8b(&spec, 526);
+    nrs_ctl_opts_init(&o, &spec);
+    o.secret = "0123456789abcdef-secret";
+    o.job = "78";
+    assert_int_equal(nrs_ctl_new(&ctl, &o, now, err, sizeof(err)), 0);
+    nrs_conn_t *k = peer(false), *c = peer(false);
+    hello(k, NRS_ROLE_WORKER, 0, 4208, "big", NULL);
+    hello(c, NRS_ROLE_CLI, 0, 0, "login", NULL);
+    drain_all();
+    for (int i = 0; i < NRS_PROTO_MAX_LOST; i++)
+        g[i] = i + 1;
+    delta_send(c, NRS_DELTA_LOST, NULL, g, NRS_PROTO_MAX_LOST, &r);
+    assert_int_equal(r.accepted, 1);
+    for (int i = 0; i < 111; i++)
+        g[i] = NRS_PROTO_MAX_LOST + 1 + i;
+    delta_send(c, NRS_DELTA_LOST, NULL, g, 111, &r);
+    assert_int_equal(r.accepted, 0);
+    assert_non_null(strstr(r.text, "too many GPUs lost"));
+    status_has("\"generation\":1,"); /* the second one left no trace */
+}
+
 static void test_abort_on_gone_rank(void **st)
 {
     (void)st;
@@ -631,6 +711,55 @@ static void test_gather(void **st)
     expect(w[14], NRS_MSG_ERROR, &p, &h);
 }
 
+/* A contribution after its gather completed is late: refused at once, never
+ * the start of a second gather of the same (key, name) with another answer.
+ * A rank that had contributed starts the name over (a name used again). */
+static void test_gather_late(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    unsigned char got[N];
+    uint32_t vals[N];
+    nrs_msg_error_t e;
+    drain_all();
+    for (int i = 0; i < N; i++)
+        if (i != 5)
+            gather(w[i], 12, "ag6", 6, NULL, 0, 1000);
+    nrs_ctl_tick(ctl, now + 1.5);
+    for (int i = 0; i < N; i++)
+        if (i != 5) {
+            gathered(w[i], "ag6", got, vals);
+            assert_int_equal(got[5], 0);
+        }
+    now += 2;
+    gather(w[5], 12, "ag6", 6, NULL, 0, 1000);
+    expect(w[5], NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_REFUSED);
+    assert_non_null(strstr(e.text, "already completed without this rank"));
+    assert_int_equal(next(w[5], &p, &h), 0);
+    assert_int_equal(w[5]->state, NRS_CONN_CLOSING);
+    nrs_ctl_tick(ctl, now + 1.5); /* and no second gather answers it later */
+    assert_int_equal(next(w[5], &p, &h), 0);
+    gone(w[5]);
+    w[5] = NULL;
+    /* the same (key, name) again, from a rank that contributed: a new gather */
+    for (int i = 0; i < N; i++) {
+        if (i == 5)
+            continue;
+        gather(w[i], 12, "ag6", 7, NULL, 0, 1000);
+        assert_int_equal(w[i]->state, NRS_CONN_READY);
+    }
+    for (int i = 0; i < N; i++)
+        if (i != 5) {
+            gathered(w[i], "ag6", got, vals);
+            assert_int_equal(got[5], 0);
+            assert_int_equal(got[i], 1);
+            assert_int_equal(vals[i], 7);
+        }
+}
+
 /* An answer larger than a frame comes in chunks, ranks ascending. */
 static void test_gather_chunks(void **st)
 {
@@ -684,7 +813,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_peers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_status_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_late, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_too_many_lost, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gave_up_before_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gave_up_after_commit, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
