@@ -459,17 +459,25 @@ static void finish_commit(nrs_ctl_t *c)
 
 /* ---- peers ----------------------------------------------------------------- */
 
+/* A worker gone or dropped: its GPU freed; and if it takes part in the
+ * transition (a joiner does too, without a GPU yet), that transition learns
+ * of it now rather than at its time-out. */
 static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
 {
     char nm[96];
-    if (k->role != NRS_ROLE_WORKER || k->gpu < 0 || c->by_gpu[k->gpu] != k)
+    if (k->role != NRS_ROLE_WORKER)
         return;
-    c->by_gpu[k->gpu] = NULL;
-    c->nworkers--;
+    bool holds = k->gpu >= 0 && c->by_gpu[k->gpu] == k;
+    if (!holds && k->tr_state == TRP_NONE)
+        return;
+    peer_name(k, nm, sizeof(nm));
+    if (holds) {
+        c->by_gpu[k->gpu] = NULL;
+        c->nworkers--;
+        k->gpu = -1;
+    }
     int st = k->tr_state;
     k->tr_state = TRP_NONE;
-    peer_name(k, nm, sizeof(nm));
-    k->gpu = -1;
     if (st == TRP_NONE)
         return;
     if (c->tr == TR_PREPARE) {
