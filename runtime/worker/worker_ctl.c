@@ -24,8 +24,10 @@
 
 static void ctl_close(nrs_worker_t *w, const char *why)
 {
-    if (w->ctl_fd >= 0)
+    if (w->ctl_fd >= 0) { /* once, and loud: collectives through it fail from now on */
         close(w->ctl_fd);
+        fprintf(stderr, "nereus: worker[%d]: control channel closed: %s\n", w->me, why);
+    }
     w->ctl_fd = -1;
     snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: %.360s", why);
 }

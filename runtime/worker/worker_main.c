@@ -79,7 +79,8 @@ static void usage(FILE *f)
 "                          see docs/worker-api.md\n"
 "\n"
 "EXIT STATUS\n"
-"    0 every checksum verified; 1 a mismatch or a failure; 2 usage;\n"
+"    0 every checksum verified; 1 a mismatch or a failure (also: the\n"
+"    controller was lost during the run); 2 usage;\n"
 "    3 a transition failed past its point of no return; 4 retired by the\n"
 "    controller (its node left the job).\n");
 }
@@ -348,6 +349,13 @@ int main(int argc, char **argv)
             if (rc == NRS_ERR_VERIFY)
                 exitc = 1;
         }
+    }
+    /* a job that lost its controller ran on without adaptation, and its
+     * collectives through the controller failed: not a success */
+    if (controlled && !exitc && strcmp(nrs_worker_control(w), "connected") != 0) {
+        printf("rank %d: the controller was lost during the run: %s\n", me,
+               nrs_worker_control(w));
+        exitc = 1;
     }
     fflush(stdout);
     rc = nrs_worker_finalize(w);

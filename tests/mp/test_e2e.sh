@@ -36,7 +36,9 @@
 #      also listening on TCP (--tcp, --secret-file DIR/secret, as the plugin
 #      starts it): ranks 0-3 pass its contact (DIR/ctl.tcp) and the job's
 #      secret to 4-7 through the start-up rendezvous, 4-7 connect over TCP,
-#      and all 8 use the controller's collectives through a growth transition.
+#      and all 8 use the controller's collectives through a growth transition;
+#  11. the controller SIGKILLed mid-run: every rank says its channel closed
+#      and that the controller was lost, and the job exits 1, not 0.
 # In each, every rank runs the actor's weight sync (actor.train -> actor.generate)
 # every step and verifies its generation shards at the end; the 4-GPU epoch of 5.
 # reshards (generate tp 4, train tp 2: bytes move), the 8-GPU epochs do not.
@@ -362,4 +364,24 @@ n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w10.log")
 check "tcp: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
 stop_ctl "tcp"
 check "tcp: the contact file went with the controller" "[ ! -e '$D/ctl.tcp' ]"
+
+# --- 11. the controller SIGKILLed mid-run ---------------------------------------------------
+# The ranks run on without adaptation; each says its channel closed, and the
+# job does not end as a success (it once exited 0 with every later weight
+# sync failed).
+D="$tmp/s11"
+start_ctl "$D" "$tmp/c11.log"
+export NEREUS_SOCKET_DIR="$D"
+( sleep 3; kill -KILL "$cpid" ) &
+killer=$!
+mp_case "lost controller: SIGKILLed 3 s into a 30-step job: the job exits 1" 1 60 \
+    "$SRV" -q -n 8 -t 55 -- "$WK" --spec "$SPEC" --steps 30 --step-ms 200 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 32
+wait "$killer" 2>/dev/null
+cp "$mp_out" "$tmp/w11.log"
+n=$(grep -c 'the controller was lost during the run' "$tmp/w11.log")
+check "lost controller: all 8 ranks said so" "[ $n -eq 8 ]" "$n of 8"
+n=$(grep -c 'nereus: worker\[[0-7]\]: control channel closed' "$tmp/w11.log")
+check "lost controller: each rank logged its channel closing once" "[ $n -eq 8 ]" "$n of 8"
+cpid=""
 mp_done
