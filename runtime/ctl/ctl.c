@@ -14,17 +14,25 @@ const char *const nrs_ctl_trigger_names[] = {"none", "resources", "workload", "m
 #define trigger_names nrs_ctl_trigger_names
 
 static void logf_(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One log line. Control bytes are written as \xNN: peers' text (an ERROR's,
+ * a host name) goes into it, and a newline there would forge a line. */
 static void logf_(nrs_ctl_t *c, const char *fmt, ...)
 {
+    char line[2048];
     if (!c->o.log)
         return;
     va_list ap;
     va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
     fprintf(c->o.log, "nereus-controller: [%.3f] ", c->now - c->t_start);
-    vfprintf(c->o.log, fmt, ap);
+    for (const unsigned char *p = (const unsigned char *)line; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(c->o.log, "\\x%02x", *p);
+        else
+            fputc(*p, c->o.log);
     fputc('\n', c->o.log);
     fflush(c->o.log);
-    va_end(ap);
 }
 
 static const char *peer_name(const nrs_conn_t *k, char *buf, size_t n)

@@ -93,6 +93,7 @@ struct nrs_ctl {
     /* The ranks' all-gathers in progress (gather.c). */
     nrs_gather_t *gather[NRS_CTL_GATHER_MAX];
     int ngather;
+    struct nrs_gather_done *gather_done; /* the last ones completed: who took part */
     unsigned long gathers, gathers_short; /* answered; of them without every participant */
     unsigned long stale_reports;          /* REPORTs of a step already reported: ignored */
     unsigned char *rank_gone; /* [NRS_PROTO_MAX_RANKS]: a worker of that rank left */

@@ -4,7 +4,9 @@
  * pmix plugin fails every fence of a step once nodes left it). A gather is
  * complete when each participant has contributed or is gone (its channel
  * closed), or at its deadline; every contributor still connected then gets
- * the same answer. */
+ * the same answer. The last completed gathers are remembered (who took part)
+ * so that a contribution arriving after its gather was answered is refused,
+ * never the start of a second gather with another answer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,84 @@ struct nrs_gather {
     uint8_t *data;        /* [nranks * len] */
     int waiting;
 };
+
+/* A completed gather: its (key, name) and who contributed, one bit a rank (at
+ * most 8 KiB), never the data. The last DONE_MAX are kept: gathers follow one
+ * another at step boundaries, so a rank later than that is long gone. */
+enum { DONE_MAX = 64 };
+
+typedef struct {
+    uint64_t key;
+    char name[NRS_GATHER_NAME_MAX];
+    int nranks;
+    unsigned char *got; /* [(nranks + 7) / 8] */
+} done_t;
+
+struct nrs_gather_done {
+    done_t d[DONE_MAX];
+    int n, next; /* entries in use; the slot the next completion takes (the oldest) */
+};
+
+/* s with control bytes as \xNN, for a log line: a name comes from a peer. */
+static const char *printable(const char *s, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch < 0x20 || ch == 0x7f)
+            o += (size_t)snprintf(buf + o, n - o, "\\x%02x", ch);
+        else
+            buf[o++] = (char)ch;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static done_t *find_done(const nrs_ctl_t *c, uint64_t key, const char *name)
+{
+    struct nrs_gather_done *r = c->gather_done;
+    for (int i = 0; r && i < r->n; i++)
+        if (r->d[i].key == key && !strcmp(r->d[i].name, name))
+            return &r->d[i];
+    return NULL;
+}
+
+/* Remember who contributed to g (best effort: without memory a late rank
+ * would open a gather of its own, as if this one had been forgotten). A name
+ * used again replaces its earlier entry. */
+static void remember(nrs_ctl_t *c, const nrs_gather_t *g)
+{
+    if (!c->gather_done && !(c->gather_done = calloc(1, sizeof(*c->gather_done))))
+        return;
+    struct nrs_gather_done *r = c->gather_done;
+    unsigned char *got = calloc(((size_t)g->nranks + 7) / 8, 1);
+    if (!got)
+        return;
+    for (int k = 0; k < g->nranks; k++)
+        if (g->state[k] == GS_GOT)
+            got[k / 8] |= (unsigned char)(1u << (k % 8));
+    done_t *d = find_done(c, g->key, g->name);
+    if (!d) {
+        d = &r->d[r->next];
+        r->next = (r->next + 1) % DONE_MAX;
+        if (r->n < DONE_MAX)
+            r->n++;
+    }
+    free(d->got);
+    d->key = g->key;
+    snprintf(d->name, sizeof(d->name), "%s", g->name);
+    d->nranks = g->nranks;
+    d->got = got;
+}
+
+/* Rank r contributes to (key, name) after that gather completed without it:
+ * the others have their answer, in which r is missing (dead to them). A rank
+ * that did contribute starts the name over: a gather of that name again. */
+static bool late(const nrs_ctl_t *c, const nrs_msg_gather_t *m, int r)
+{
+    const done_t *d = find_done(c, m->key, m->name);
+    return d && !(r < d->nranks && (d->got[r / 8] >> (r % 8) & 1));
+}
 
 static void gather_free(nrs_gather_t *g)
 {
@@ -54,9 +134,11 @@ static void complete(nrs_ctl_t *c, int at)
     }
     c->gathers++;
     if (got < part) { /* the ranks learn who is missing: say it once here */
+        char nm[4 * NRS_GATHER_NAME_MAX];
         c->gathers_short++;
         nrs_ctl_log(c, "gather %s/%llu: %d of %d participant(s) after %.3f s, the others gone",
-                    g->name, (unsigned long long)g->key, got, part, c->now - g->t0);
+                    printable(g->name, nm, sizeof(nm)), (unsigned long long)g->key, got, part,
+                    c->now - g->t0);
     }
     /* the answer's frames, encoded once for every recipient (an empty answer is
      * one empty chunk) */
@@ -93,6 +175,7 @@ static void complete(nrs_ctl_t *c, int at)
     free(flen);
     unsigned gen = 0;
     bool world = (g->key & ~0xffffffffULL) == NRS_WORLD_KEY && sscanf(g->name, "world%u", &gen) == 1;
+    remember(c, g);
     gather_free(g);
     c->gather[at] = c->gather[--c->ngather];
     if (world)
@@ -156,7 +239,7 @@ static bool same_out(const nrs_gather_t *g, const nrs_msg_gather_t *m)
 void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_gather_t *m = malloc(sizeof(*m));
-    char why[128];
+    char why[128], nm[4 * NRS_GATHER_NAME_MAX + 8], text[sizeof(nm) + 96];
     const char *no = NULL;
     if (!m)
         return nrs_ctl_refuse(c, k, NRS_PERR_INTERNAL, "out of memory");
@@ -166,14 +249,19 @@ void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     }
     int r = k->rank, at = find(c, m->key, m->name);
     nrs_gather_t *g = at >= 0 ? c->gather[at] : NULL;
-    if (r < 0 || r >= m->nranks)
+    if (r < 0 || r >= m->nranks) {
         no = "GATHER: this rank is not one of the gather's ranks";
-    else if (g && (g->nranks != m->nranks || g->len != m->len || !same_out(g, m)))
+    } else if (late(c, m, r)) { /* refused: an answer of its own would differ from theirs */
+        snprintf(text, sizeof(text), "GATHER: gather %s/%llu already completed without this rank",
+                 printable(m->name, nm, sizeof(nm)), (unsigned long long)m->key);
+        no = text;
+    } else if (g && (g->nranks != m->nranks || g->len != m->len || !same_out(g, m))) {
         no = "GATHER: the ranks disagree on its participants or size";
-    else if (g && g->state[r] == GS_GOT)
+    } else if (g && g->state[r] == GS_GOT) {
         no = "GATHER: contributed twice";
-    else if (g ? g->state[r] == GS_OUT : false)
+    } else if (g ? g->state[r] == GS_OUT : false) {
         no = "GATHER: this rank is left out of it";
+    }
     for (int i = 0; !no && !g && i < m->nout; i++)
         if (m->out[i] == r)
             no = "GATHER: this rank is left out of it";
@@ -212,10 +300,12 @@ void nrs_ctl_gather_tick(nrs_ctl_t *c)
 {
     for (int i = c->ngather - 1; i >= 0; i--) {
         nrs_gather_t *g = c->gather[i];
+        char nm[4 * NRS_GATHER_NAME_MAX];
         if (c->now <= g->deadline)
             continue;
-        nrs_ctl_log(c, "gather %s/%llu: %d rank(s) did not contribute within %.1f s", g->name,
-                    (unsigned long long)g->key, g->waiting, g->deadline - g->t0);
+        nrs_ctl_log(c, "gather %s/%llu: %d rank(s) did not contribute within %.1f s",
+                    printable(g->name, nm, sizeof(nm)), (unsigned long long)g->key, g->waiting,
+                    g->deadline - g->t0);
         complete(c, i);
     }
 }
@@ -225,4 +315,8 @@ void nrs_ctl_gather_free(nrs_ctl_t *c)
     for (int i = 0; i < c->ngather; i++)
         gather_free(c->gather[i]);
     c->ngather = 0;
+    for (int i = 0; c->gather_done && i < c->gather_done->n; i++)
+        free(c->gather_done->d[i].got);
+    free(c->gather_done);
+    c->gather_done = NULL;
 }

@@ -35,6 +35,8 @@ typedef struct {
     int ndirty, cap_dirty;
     int max_conns;
     bool stopping, oom;
+    bool full;      /* the listeners are disarmed: the fd table (or memory) ran out */
+    bool full_said; /* that was logged, and no peer was accepted since */
     uid_t uid;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     char contact[sizeof(((struct sockaddr_un *)0)->sun_path) + 16]; /* DIR/ctl.tcp, written */
@@ -49,18 +51,26 @@ double nrs_loop_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* One log line. Control bytes are written as \xNN: the text may carry what a
+ * peer sent (the host of its HELLO), and a newline in it would forge a line. */
 static void lg(loop_t *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void lg(loop_t *L, const char *fmt, ...)
 {
+    char line[1024];
     if (!L->log)
         return;
     va_list ap;
     va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
     fprintf(L->log, "nereus-controller: [%.3f] ", nrs_loop_now() - L->t0);
-    vfprintf(L->log, fmt, ap);
+    for (const unsigned char *p = (const unsigned char *)line; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(L->log, "\\x%02x", *p);
+        else
+            fputc(*p, L->log);
     fputc('\n', L->log);
     fflush(L->log);
-    va_end(ap);
 }
 
 static void on_output(void *arg, nrs_conn_t *k)
@@ -91,12 +101,29 @@ static void set_events(loop_t *L, nrs_conn_t *k, unsigned ev)
         k->ev = ev;
 }
 
+/* Arm or disarm both listeners (they share the fd table). A listener with a
+ * peer pending stays readable while accept fails with EMFILE: left armed,
+ * the level-triggered epoll_wait would return at once forever. */
+static void arm_listeners(loop_t *L, bool on)
+{
+    const int fds[] = {L->ufd, L->tfd};
+    const uint64_t tags[] = {TAG_UNIX, TAG_TCP};
+    for (int i = 0; i < 2; i++) {
+        struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.u64 = tags[i]};
+        if (fds[i] >= 0)
+            epoll_ctl(L->ep, EPOLL_CTL_MOD, fds[i], &e);
+    }
+    L->full = !on;
+}
+
 static void close_conn(loop_t *L, nrs_conn_t *k, double now)
 {
     epoll_ctl(L->ep, EPOLL_CTL_DEL, k->fd, NULL);
     close(k->fd);
     nrs_ctl_detach(L->ctl, k, now);
     nrs_conn_free(k);
+    if (L->full && !L->stopping) /* an fd is free again: a pending peer may have it */
+        arm_listeners(L, true);
 }
 
 /* Flush what the controller queued; close peers that are done or broken. */
@@ -141,11 +168,22 @@ static void on_accept(loop_t *L, int lfd, bool tcp, double now)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if ((errno == EMFILE || errno == ENFILE) && now - L->last_full > 5) {
-                lg(L, "accept: %s: refusing peers for now", strerror(errno));
-                L->last_full = now;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* no fd (or memory) for the peer now: wait for a peer to close
+                 * or the next tick, the peers pending stay in the backlog */
+                if (!L->full_said && now - L->last_full > 5) {
+                    lg(L, "accept: %s: not accepting peers for now (they wait in the backlog)",
+                       strerror(errno));
+                    L->last_full = now;
+                    L->full_said = true;
+                }
+                arm_listeners(L, false);
             }
             return;
+        }
+        if (L->full_said) {
+            lg(L, "accepting peers again");
+            L->full_said = false;
         }
         if (nrs_ctl_nconns(L->ctl) >= L->max_conns) {
             refuse(L, fd, NRS_PERR_REFUSED, "too many connections");
@@ -196,6 +234,13 @@ static void on_conn(loop_t *L, nrs_conn_t *k, uint32_t ev, double now)
                 else if (k->role == NRS_ROLE_WORKER)
                     lg(L, "worker rank %d@%s disconnected", k->gpu, k->host);
                 k->state = NRS_CONN_DEAD;
+                if (r == 0 && k->out_off < k->out_len) {
+                    /* EOF may be a half-close (shutdown(SHUT_WR) after a
+                     * STATUS_REQ): flush the reply first; a peer that does not
+                     * read it is closed after the CLOSING bound (2 s) */
+                    k->state = NRS_CONN_CLOSING;
+                    k->t_closing = now;
+                }
                 break;
             }
             nrs_ctl_input(L->ctl, k, now);
@@ -440,6 +485,8 @@ int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t
                 uint64_t x;
                 if (read(L.timfd, &x, sizeof(x)) < 0)
                     (void)0; /* nothing to do: the tick happens anyway */
+                if (L.full) /* try again (fds may be free: not all are peers') */
+                    arm_listeners(&L, true);
                 nrs_ctl_tick(L.ctl, now);
             } else {
                 on_conn(&L, ev[i].data.ptr, ev[i].events, now);

@@ -153,7 +153,8 @@ static void handle(fw_fleet_t *f, fw_rank_t *r, const nrs_hdr_t *h, const uint8_
     }
 }
 
-static int drain(fw_fleet_t *f, fw_rank_t *r)
+/* Handle the frames that can be read now; EOF or an error marks r dead. */
+static int read_frames(fw_fleet_t *f, fw_rank_t *r)
 {
     int frames = 0;
     for (;;) {
@@ -178,8 +179,24 @@ static int drain(fw_fleet_t *f, fw_rank_t *r)
         if (k == -2 || r->dead)
             break;
     }
+    return frames;
+}
+
+/* A send failed: the controller may have closed after an ERROR ("rank
+ * retired") this rank has not read yet; read what it left, as the real
+ * worker does (nrs_client_refusal), then the rank is gone. */
+static void send_failed(fw_fleet_t *f, fw_rank_t *r)
+{
+    nrs_conn_clear_out(r->c);
+    read_frames(f, r);
+    r->dead = true;
+}
+
+static int drain(fw_fleet_t *f, fw_rank_t *r)
+{
+    int frames = read_frames(f, r);
     if (!r->dead && nrs_conn_flush(r->c) < 0)
-        r->dead = true;
+        send_failed(f, r);
     return frames;
 }
 
@@ -230,7 +247,7 @@ void fw_report(fw_fleet_t *f, long step, double factor, double gen_factor, doubl
         queue(r, buf, nrs_enc_report(buf, sizeof(buf), &m));
         r->step = step;
         if (nrs_conn_flush(r->c) < 0)
-            r->dead = true;
+            send_failed(f, r);
     }
 }
 
@@ -245,7 +262,7 @@ void fw_flush(fw_fleet_t *f, int timeout_ms)
                 continue;
             int rc = nrs_conn_flush(r->c);
             if (rc < 0)
-                r->dead = true;
+                send_failed(f, r);
             left |= rc == 1;
         }
         if (!left || fw_now() > end)

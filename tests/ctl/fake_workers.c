@@ -22,7 +22,10 @@ static const char usage[] =
     "         [--expect-epoch E] [--expect-retired K] [--timeout T] [--prepare-status S]\n"
     "         [--no-ack] [--verbose]\n"
     "       fake_workers --socket-dir D --bad garbage|midframe|slowloris|badversion|\n"
-    "         hugelen|nohello|beforehello|badhello|badreport [--timeout T]\n";
+    "         hugelen|nohello|beforehello|badhello|badreport [--timeout T]\n"
+    "       fake_workers --socket-dir D --bad hold --ranks N [--timeout T]\n"
+    "       fake_workers --socket-dir D --bad halfclose [--timeout T]\n"
+    "       fake_workers --socket-dir D --bad lategather|forgedhost --nranks M [--timeout T]\n";
 
 static int read_token(const char *path, char *out, size_t cap)
 {
@@ -66,6 +69,162 @@ static int expect_drop(int fd, double timeout, const char *mode)
         }
     }
     free(buf);
+    return rc;
+}
+
+/* N peers that connect and say nothing, held for secs, then closed: more of
+ * them than the controller's fd table holds leaves the rest in its listen
+ * backlog (the controller must neither spin nor stop accepting). */
+static int hold_peers(const char *dir, int n, double secs)
+{
+    char err[512];
+    int *fds = calloc((size_t)n, sizeof(int)), got = 0;
+    for (int i = 0; fds && i < n; i++) {
+        if ((fds[got] = nrs_client_connect_unix(dir, err, sizeof(err))) < 0) {
+            fprintf(stderr, "hold: connection %d: %s\n", i, err);
+            break;
+        }
+        got++;
+    }
+    printf("hold: %d connection(s) open for %.1f s\n", got, secs);
+    usleep((useconds_t)(secs * 1e6));
+    for (int i = 0; i < got; i++)
+        close(fds[i]);
+    free(fds);
+    return got == n ? 0 : 1;
+}
+
+/* A CLI that sends HELLO and STATUS_REQ, then half-closes (shutdown(SHUT_WR)):
+ * its reply must still come, whole, before the controller closes. */
+static int halfclose_peer(const char *dir, double timeout)
+{
+    char err[512];
+    uint8_t b[512], *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    nrs_msg_hello_t h;
+    nrs_msg_status_req_t q = {NRS_STATUS_JSON};
+    nrs_hdr_t hd;
+    int fd = nrs_client_connect_unix(dir, err, sizeof(err)), rc = 1, n;
+    size_t text = 0;
+    if (fd < 0 || !buf) {
+        fprintf(stderr, "halfclose: %s\n", fd < 0 ? err : "out of memory");
+        free(buf);
+        return 1;
+    }
+    memset(&h, 0, sizeof(h));
+    h.role = NRS_ROLE_CLI;
+    n = nrs_enc_hello(b, sizeof(b), &h);
+    n += nrs_enc_status_req(b + n, sizeof(b) - (size_t)n, &q);
+    if (send(fd, b, (size_t)n, MSG_NOSIGNAL) != n || shutdown(fd, SHUT_WR) != 0) {
+        fprintf(stderr, "halfclose: send: %s\n", strerror(errno));
+    } else {
+        while (nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &hd, timeout, err,
+                               sizeof(err)) == 0) {
+            if (hd.type != NRS_MSG_STATUS) {
+                printf("halfclose: got %s\n", nrs_msg_name(hd.type));
+                break;
+            }
+            text += hd.length;
+            if (!(hd.flags & NRS_FLAG_MORE)) {
+                rc = 0;
+                break;
+            }
+        }
+        printf("halfclose: %s, %zu bytes of status%s%s\n", rc ? "reply lost" : "reply whole",
+               text, rc ? ": " : "", rc ? err : "");
+    }
+    close(fd);
+    free(buf);
+    return rc;
+}
+
+/* The last rank of nranks, named on a host with a newline and a forged log
+ * line in it: it gets its plan and hangs up (the controller logs that). */
+static int forged_host(const char *dir, int nranks, double timeout)
+{
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    nrs_msg_hello_t hm;
+    nrs_hdr_t h;
+    char err[512];
+    int fd = nrs_client_connect_unix(dir, err, sizeof(err)), rc = 1;
+    memset(&hm, 0, sizeof(hm));
+    hm.role = NRS_ROLE_WORKER;
+    hm.rank = nranks - 1;
+    hm.nranks = nranks;
+    snprintf(hm.host, sizeof(hm.host), "node0\nnereus-controller: [0.000] FORGED");
+    if (fd >= 0 && nrs_client_send(fd, b, nrs_enc_hello(b, sizeof(b), &hm), err, sizeof(err)) == 0 &&
+        nrs_client_recv(fd, b, sizeof(b), &h, timeout, err, sizeof(err)) == 0)
+        rc = h.type == NRS_MSG_PLAN ? 0 : 1;
+    printf("forgedhost: %s\n", rc ? err : "got the plan, hanging up");
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Rank 0 and rank 1 of nranks (the others left out): rank 0 contributes to a
+ * gather of 1 s and is answered without rank 1 at its deadline; rank 1's late
+ * contribution must not open a second gather of the same (key, name) with
+ * another answer: it is refused at once. */
+static int late_gather(const char *dir, int nranks, double timeout)
+{
+    static nrs_msg_gather_t m;
+    static uint8_t b[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD], buf[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    int fd[2] = {-1, -1}, rc = 1;
+    char err[512];
+    nrs_hdr_t h;
+    for (int i = 0; i < 2; i++) {
+        nrs_msg_hello_t hm;
+        memset(&hm, 0, sizeof(hm));
+        hm.role = NRS_ROLE_WORKER;
+        hm.rank = i;
+        hm.nranks = nranks;
+        snprintf(hm.host, sizeof(hm.host), "node0");
+        if ((fd[i] = nrs_client_connect_unix(dir, err, sizeof(err))) < 0 ||
+            nrs_client_send(fd[i], b, nrs_enc_hello(b, sizeof(b), &hm), err, sizeof(err)) != 0 ||
+            nrs_client_recv(fd[i], buf, sizeof(buf), &h, timeout, err, sizeof(err)) != 0 ||
+            h.type != NRS_MSG_PLAN) {
+            printf("lategather: rank %d: no PLAN: %s\n", i, err);
+            goto out;
+        }
+    }
+    memset(&m, 0, sizeof(m));
+    m.key = 42;
+    snprintf(m.name, sizeof(m.name), "vote");
+    m.timeout_ms = 1000;
+    m.nranks = nranks;
+    for (int r = 2; r < nranks && m.nout < NRS_GATHER_MAX_OUT; r++)
+        m.out[m.nout++] = r;
+    m.len = 1;
+    for (int i = 0; i < 2; i++) {
+        uint8_t v = (uint8_t)('A' + i);
+        double t0 = fw_now();
+        m.data = &v;
+        if (nrs_client_send(fd[i], b, nrs_enc_gather(b, sizeof(b), &m), err, sizeof(err)) != 0 ||
+            nrs_client_recv(fd[i], buf, sizeof(buf), &h, timeout, err, sizeof(err)) != 0) {
+            printf("lategather: rank %d: %s\n", i, err);
+            goto out;
+        }
+        double dt = fw_now() - t0;
+        nrs_msg_gathered_t g;
+        nrs_msg_error_t e;
+        if (h.type == NRS_MSG_GATHERED &&
+            nrs_dec_gathered(buf + NRS_PROTO_HDR, h.length, &g, err, sizeof(err)) == 0) {
+            printf("lategather: rank %d: GATHERED of %u rank(s) after %.2f s\n", i, g.count, dt);
+            if (i == 1 || g.count != 1) /* a second answer to one gather */
+                goto out;
+        } else if (h.type == NRS_MSG_ERROR &&
+                   nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
+            printf("lategather: rank %d: ERROR %s: %s (after %.2f s)\n", i,
+                   nrs_perr_name((int)e.code), e.text, dt);
+            rc = i == 1 && e.code == NRS_PERR_REFUSED && dt < 0.5 ? 0 : 1;
+        } else {
+            printf("lategather: rank %d: unexpected %s\n", i, nrs_msg_name(h.type));
+            goto out;
+        }
+    }
+out:
+    for (int i = 0; i < 2; i++)
+        if (fd[i] >= 0)
+            close(fd[i]);
     return rc;
 }
 
@@ -199,6 +358,14 @@ int main(int argc, char **argv)
         }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (bad && dir && !strcmp(bad, "hold"))
+        return hold_peers(dir, n, timeout);
+    if (bad && dir && !strcmp(bad, "halfclose"))
+        return halfclose_peer(dir, timeout);
+    if (bad && dir && !strcmp(bad, "lategather"))
+        return nranks >= 2 ? late_gather(dir, nranks, timeout) : 2;
+    if (bad && dir && !strcmp(bad, "forgedhost"))
+        return nranks >= 1 ? forged_host(dir, nranks, timeout) : 2;
     if (bad)
         return dir ? bad_peer(dir, bad, timeout) : 2;
     if ((!dir && !tcp) || nranks < 1 || n < 1) {

@@ -38,6 +38,7 @@ alive() { kill -0 "$cpid" 2>/dev/null; }
 # suites side by side)
 term_ctl() { [ "$(cat /proc/"$1"/comm 2>/dev/null)" = nereus-controll ] && kill -TERM "$1"; }
 status_json() { timeout 10 "$CLI" status --json --socket-dir "$D"; }
+cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; } # utime + stime
 wait_for() { # seconds command...
     local n=$(( $1 * 10 )); shift
     for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -118,7 +119,50 @@ check "bad peer 'slowloris' is dropped after the frame time-out" "$FW" --socket-
 for i in $(seq 20); do "$FW" --socket-dir "$D" --bad midframe >/dev/null 2>&1; done
 ok "20 peers disconnecting mid-frame"
 check "bad peer 'flood' (200 KB of random bytes) gets an ERROR" "$FW" --socket-dir "$D" --bad flood --timeout 30
+check "a CLI that half-closes after STATUS_REQ gets its whole reply (20 times)" \
+    bash -c "for i in \$(seq 20); do '$FW' --socket-dir '$D' --bad halfclose --timeout 5 || exit 1; done"
 check "controller still answers after the bad peers" bash -c "alive() { kill -0 $cpid; }; alive && timeout 10 '$CLI' status --json --socket-dir '$D' | jq -e '.counters.dropped >= 8' >/dev/null"
+
+# --- a contribution after its gather completed is refused (own controller) -------
+D3="$tmp/sock3"
+CURLOG="$tmp/c3.log"
+"$CTL" --socket-dir "$D3" --gpus 16 --log "$tmp/c3.log" "$SPEC" 2>/dev/null &
+c3=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D3"
+check "a GATHER after its gather completed is refused, not answered a second time" \
+    "$FW" --socket-dir "$D3" --bad lategather --nranks 16 --timeout 5
+check "a worker on a host named with a newline gets its plan" \
+    "$FW" --socket-dir "$D3" --bad forgedhost --nranks 16 --timeout 5
+wait_for 5 grep -q 'FORGED disconnected' "$tmp/c3.log"
+check "the controller logs that host escaped: no forged log line" \
+    bash -c "grep -qF 'node0\\x0anereus-controller' '$tmp/c3.log' && ! grep -q '^nereus-controller: \\[0.000\\] FORGED' '$tmp/c3.log'"
+term_ctl "$c3"; wait "$c3"
+CURLOG=""
+
+# --- the fd table full: no busy loop, and peers accepted again once some close ---
+D4="$tmp/sock4"
+CURLOG="$tmp/c4.log"
+(ulimit -n 40 && exec "$CTL" --socket-dir "$D4" --gpus 16 --hello-timeout 30 --log "$tmp/c4.log" "$SPEC" 2>/dev/null) &
+c4=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D4"
+timeout -k 2 30 "$FW" --socket-dir "$D4" --bad hold --ranks 60 --timeout 4 >"$tmp/hold.out" 2>&1 &
+hold=$!
+echo "[ RUN      ] with its fd table full the controller does not spin"
+if wait_for 3 grep -q 'accept: Too many open files' "$tmp/c4.log"; then
+    t0=$(cpu_ticks "$c4"); sleep 2; t1=$(cpu_ticks "$c4")
+    ms=$(( (t1 - t0) * 1000 / $(getconf CLK_TCK) ))
+    if [ "$ms" -lt 300 ]; then ok "with its fd table full the controller does not spin"; else
+        ko "with its fd table full the controller does not spin" "$ms ms of CPU in 2 s"; fi
+else
+    ko "with its fd table full the controller does not spin" "the fd table did not fill"
+fi
+wait "$hold"
+echo "[ RUN      ] it accepts peers again once they close"
+if wait_for 10 timeout 5 "$CLI" status --socket-dir "$D4"; then ok "it accepts peers again once they close"; else
+    ko "it accepts peers again once they close" "no status"; fi
+check "the full fd table was logged once" bash -c "[ \$(grep -c 'not accepting peers' '$tmp/c4.log') -eq 1 ]"
+term_ctl "$c4"; wait "$c4"
+CURLOG=""
 
 # --- TCP: the job's secret is required ------------------------------------------
 if [ -n "$port" ]; then
