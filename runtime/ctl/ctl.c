@@ -637,18 +637,26 @@ static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
     }
 }
 
-void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen)
+void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, int n)
 {
     nrs_adapt_out_t out;
     char err[NRS_ERR_MAX];
     if (gen != c->world_gen || !c->join_m)
         return;
     c->join_ready = 0;
-    for (int i = 0; i < c->nconns; i++)
-        if (c->conns[i]->joiner && c->conns[i]->state == NRS_CONN_READY) {
-            c->conns[i]->joiner = 2;
-            c->join_ready++;
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (!k->joiner || k->state != NRS_CONN_READY)
+            continue;
+        if (in && (k->rank < 0 || k->rank >= n || !in[k->rank])) {
+            /* the ranks left it out of their world: no GPU for it */
+            drop(c, k, NRS_PERR_REFUSED, "joined rank %d took no part in world %u's gather",
+                 k->rank, gen);
+            continue;
         }
+        k->joiner = 2;
+        c->join_ready++;
+    }
     logf_(c, "world %u connected: %d joined rank(s) can take GPUs (allocation %d GPUs)", gen,
           c->join_ready, c->alloc_gpus);
     if (c->tr == TR_IDLE)

@@ -105,7 +105,9 @@ void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n);
 void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why);
 
 /* The world gather of generation gen completed (gather.c -> ctl.c). */
-void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen);
+/* The world gather of generation gen completed; in[r] (n of them; NULL: all):
+ * rank r took part. Only joiners that did take GPUs; the others are dropped. */
+void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, int n);
 
 /* gather.c */
 void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n);

@@ -175,11 +175,17 @@ static void complete(nrs_ctl_t *c, int at)
     free(flen);
     unsigned gen = 0;
     bool world = (g->key & ~0xffffffffULL) == NRS_WORLD_KEY && sscanf(g->name, "world%u", &gen) == 1;
+    /* who took part: the ranks made their world of exactly these */
+    unsigned char *in = world ? calloc((size_t)g->nranks + 1, 1) : NULL;
+    for (int r = 0; in && r < g->nranks; r++)
+        in[r] = g->state[r] == GS_GOT;
+    int n = g->nranks;
     remember(c, g);
     gather_free(g);
     c->gather[at] = c->gather[--c->ngather];
     if (world)
-        nrs_ctl_world_ready(c, gen);
+        nrs_ctl_world_ready(c, gen, in, in ? n : 0);
+    free(in);
 }
 
 static int find(const nrs_ctl_t *c, uint64_t key, const char *name)

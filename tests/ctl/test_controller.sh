@@ -190,6 +190,24 @@ else
 fi
 
 # --- SIGTERM: exit 0, socket removed ---------------------------------------------
+# Join steps (tests/ctl/join_cases.py): a joiner that dies in the join's
+# transition aborts it at once; one that never joins the world gather gets no GPU.
+for case in dead-joiner silent-joiner; do
+    DJ="$tmp/sj-$case"
+    "$CTL" --socket-dir "$DJ" --transition-timeout 15 --hello-timeout 5 --log "$tmp/cj-$case.log" \
+        "$S/tests/mp/e2e.yaml" 2>/dev/null &
+    jpid=$!
+    CURLOG="$tmp/cj-$case.log"
+    if wait_for 10 test -S "$DJ/ctl.sock"; then
+        check "join: $case" python3 "$S/tests/ctl/join_cases.py" "$DJ/ctl.sock" "$case"
+    else
+        ko "join: $case" "no controller socket"
+    fi
+    CURLOG=""
+    term_ctl "$jpid"
+    wait "$jpid" 2>/dev/null
+done
+
 echo "[ RUN      ] SIGTERM exits 0 and removes the socket"
 timeout -k 2 20 "$FW" --socket-dir "$D" --ranks 4 --nranks 16 --expect-epoch 99 --timeout 15 >/dev/null 2>&1 &
 wait_for 10 bash -c "$CLI status --json --socket-dir $D | jq -e '.nworkers == 4' >/dev/null"
