@@ -63,50 +63,49 @@ void nrs_cuda_free(void *ptr)
         cudaFree(ptr);
 }
 
-int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen)
+/* e, then the legacy stream's work done: cudaMemcpy returns before a
+ * device->device copy, or the DMA of a pageable host->device one, is done,
+ * cudaMemset before its fill, and a non-blocking stream (NCCL's) would not
+ * wait for them. 0, or -1 with "cuda: WHAT: the error". */
+static int legacy_done(cudaError_t e, char *err, size_t errlen, const char *what)
 {
-    enum cudaMemcpyKind k = kind == 'h' ? cudaMemcpyHostToDevice
-                          : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
-    cudaError_t e = cudaMemcpy(dst, src, bytes, k);
-    /* cudaMemcpy returns before a device->device copy, or the DMA of a
-     * pageable host->device one, is done; a non-blocking stream (NCCL's)
-     * would not wait for it. */
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(cudaStreamLegacy);
     if (e != cudaSuccess) {
-        nrs_seterr(err, errlen, "cuda: copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        nrs_seterr(err, errlen, "cuda: %s: %s", what, cudaGetErrorString(e));
         return -1;
     }
     return 0;
+}
+
+static enum cudaMemcpyKind copy_kind(char kind)
+{
+    return kind == 'h' ? cudaMemcpyHostToDevice
+         : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+}
+
+int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen)
+{
+    char what[64];
+    snprintf(what, sizeof what, "copy of %zu bytes", bytes);
+    return legacy_done(cudaMemcpy(dst, src, bytes, copy_kind(kind)), err, errlen, what);
 }
 
 int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen)
 {
-    enum cudaMemcpyKind k = kind == 'h' ? cudaMemcpyHostToDevice
-                          : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
-    cudaError_t e = cp->rows ? cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch, cp->width,
-                                            cp->rows, k)
-                             : cudaSuccess;
-    if (e == cudaSuccess) /* as nrs_cuda_copy: done when it returns */
-        e = cudaStreamSynchronize(cudaStreamLegacy);
-    if (e != cudaSuccess) {
-        nrs_seterr(err, errlen, "cuda: 2-D copy of %zu rows of %zu bytes: %s", cp->rows, cp->width,
-                   cudaGetErrorString(e));
-        return -1;
-    }
-    return 0;
+    char what[96];
+    snprintf(what, sizeof what, "2-D copy of %zu rows of %zu bytes", cp->rows, cp->width);
+    return legacy_done(cp->rows ? cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch,
+                                               cp->width, cp->rows, copy_kind(kind))
+                                : cudaSuccess,
+                       err, errlen, what);
 }
 
 int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen)
 {
-    cudaError_t e = bytes ? cudaMemset(ptr, 0, bytes) : cudaSuccess;
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(cudaStreamLegacy);
-    if (e != cudaSuccess) {
-        nrs_seterr(err, errlen, "cuda: zeroing %zu bytes: %s", bytes, cudaGetErrorString(e));
-        return -1;
-    }
-    return 0;
+    char what[64];
+    snprintf(what, sizeof what, "zeroing %zu bytes", bytes);
+    return legacy_done(bytes ? cudaMemset(ptr, 0, bytes) : cudaSuccess, err, errlen, what);
 }
 
 void nrs_nccl_version(int *lib, int *header)
