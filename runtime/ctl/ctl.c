@@ -556,6 +556,11 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     stale_end(c, k, "disconnected");
     if (k->role == NRS_ROLE_WORKER)
         nrs_ctl_gather_gone(c, k->rank);
+    /* a joiner gone before its step's world was complete: its place is free
+     * again (the step, restarted, takes it); none left: no join is pending */
+    if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->join_have < c->join_m &&
+        --c->join_have == 0)
+        c->join_m = 0;
     for (int i = 0; i < c->ndq; i++)
         if (c->dq[i].from == k)
             c->dq[i].from = NULL;

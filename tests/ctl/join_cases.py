@@ -6,12 +6,24 @@ nodes of 4 GPUs), over its unix socket, with tests/ctl/nc.py:
       rank 1 must get ABORT at once (within 3 s), not at the time-out;
   join_cases.py SOCKET silent-joiner  the same, but joiner 7 never
       contributes to the world gather (1 s time-out): it must be refused,
-      and the others go on.
+      and the others go on;
+  join_cases.py SOCKET restarted-join  a 2-rank join step whose rank 0 says
+      HELLO and dies: a later 4-rank join step must be accepted (no stale
+      join pending), and so must the 2-rank step restarted, both ranks.
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import sys, time
 import nc
 
 path, case = sys.argv[1], sys.argv[2]
+
+
+def refused(peer):
+    """The ERROR text the controller sent peer, or None."""
+    for t, f, pl in peer.drain(0.5):
+        if t == 'ERROR':
+            return nc.errtext(pl)[1]
+    return None
+
 W = [nc.Peer(path) for r in range(8)]
 for r, p in enumerate(W):
     p.send(nc.hello(1, r, 8, host='n0'))
@@ -23,6 +35,27 @@ cli = nc.Peer(path)
 cli.send(nc.hello(2, 0, 0))
 cli.send(nc.delta(1, add=1))
 cli.recv(10)
+if case == 'restarted-join':
+    a = nc.Peer(path)
+    a.send(nc.hello(4, 0, 2, host='n1'))
+    a.drain(0.5)
+    a.s.close()
+    time.sleep(0.3)
+    b = nc.Peer(path)
+    b.send(nc.hello(4, 0, 4, host='n1'))
+    why = refused(b)
+    if why:
+        print('FAIL: a 4-rank join after the dead one was refused:', why); sys.exit(1)
+    b.s.close()
+    time.sleep(0.3)
+    c0, c1 = nc.Peer(path), nc.Peer(path)
+    c0.send(nc.hello(4, 0, 2, host='n1'))
+    time.sleep(0.3)
+    c1.send(nc.hello(4, 1, 2, host='n1'))
+    why = refused(c1)
+    if why:
+        print('FAIL: the restarted step\'s rank 1 was refused:', why); sys.exit(1)
+    print('ok: a later join and the restarted step were both accepted'); sys.exit(0)
 J = [nc.Peer(path) for r in range(8)]
 for r, p in enumerate(J):
     p.send(nc.hello(4, r, 8, host='n1'))

@@ -191,8 +191,9 @@ fi
 
 # --- SIGTERM: exit 0, socket removed ---------------------------------------------
 # Join steps (tests/ctl/join_cases.py): a joiner that dies in the join's
-# transition aborts it at once; one that never joins the world gather gets no GPU.
-for case in dead-joiner silent-joiner; do
+# transition aborts it at once; one that never joins the world gather gets no GPU;
+# a join step whose rank died after HELLO leaves no stale join behind.
+for case in dead-joiner silent-joiner restarted-join; do
     DJ="$tmp/sj-$case"
     "$CTL" --socket-dir "$DJ" --transition-timeout 15 --hello-timeout 5 --log "$tmp/cj-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
