@@ -8,6 +8,7 @@
 
 #include "ctl/auth.h"
 #include "ctl/ctl_int.h"
+#include "util/util.h"
 
 const char *const nrs_ctl_trigger_names[] = {"none", "resources", "workload", "memory",
                                            "calibration"};
@@ -26,13 +27,7 @@ static void logf_(nrs_ctl_t *c, const char *fmt, ...)
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
     fprintf(c->o.log, "nereus-controller: [%.3f] ", c->now - c->t_start);
-    for (const unsigned char *p = (const unsigned char *)line; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            fprintf(c->o.log, "\\x%02x", *p);
-        else
-            fputc(*p, c->o.log);
-    fputc('\n', c->o.log);
-    fflush(c->o.log);
+    nrs_log_line(c->o.log, line);
 }
 
 static const char *peer_name(const nrs_conn_t *k, char *buf, size_t n)

@@ -43,21 +43,6 @@ struct nrs_gather_done {
     int n, next; /* entries in use; the slot the next completion takes (the oldest) */
 };
 
-/* s with control bytes as \xNN, for a log line: a name comes from a peer. */
-static const char *printable(const char *s, char *buf, size_t n)
-{
-    size_t o = 0;
-    for (; *s && o + 5 < n; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch < 0x20 || ch == 0x7f)
-            o += (size_t)snprintf(buf + o, n - o, "\\x%02x", ch);
-        else
-            buf[o++] = (char)ch;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
 static done_t *find_done(const nrs_ctl_t *c, uint64_t key, const char *name)
 {
     struct nrs_gather_done *r = c->gather_done;
@@ -134,10 +119,9 @@ static void complete(nrs_ctl_t *c, int at)
     }
     c->gathers++;
     if (got < part) { /* the ranks learn who is missing: say it once here */
-        char nm[4 * NRS_GATHER_NAME_MAX];
         c->gathers_short++;
         nrs_ctl_log(c, "gather %s/%llu: %d of %d participant(s) after %.3f s, the others gone",
-                    printable(g->name, nm, sizeof(nm)), (unsigned long long)g->key, got, part,
+                    g->name, (unsigned long long)g->key, got, part,
                     c->now - g->t0);
     }
     /* the answer's frames, encoded once for every recipient (an empty answer is
@@ -242,6 +226,22 @@ static bool same_out(const nrs_gather_t *g, const nrs_msg_gather_t *m)
     return n == m->nout;
 }
 
+/* s with control bytes as \xNN, for an ERROR's text (the name is a peer's;
+ * the log escapes its lines itself, nrs_log_line). */
+static const char *printable(const char *s, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch < 0x20 || ch == 0x7f)
+            o += (size_t)snprintf(buf + o, n - o, "\\x%02x", ch);
+        else
+            buf[o++] = (char)ch;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
 void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_gather_t *m = malloc(sizeof(*m));
@@ -306,11 +306,10 @@ void nrs_ctl_gather_tick(nrs_ctl_t *c)
 {
     for (int i = c->ngather - 1; i >= 0; i--) {
         nrs_gather_t *g = c->gather[i];
-        char nm[4 * NRS_GATHER_NAME_MAX];
         if (c->now <= g->deadline)
             continue;
         nrs_ctl_log(c, "gather %s/%llu: %d rank(s) did not contribute within %.1f s",
-                    printable(g->name, nm, sizeof(nm)), (unsigned long long)g->key, g->waiting,
+                    g->name, (unsigned long long)g->key, g->waiting,
                     g->deadline - g->t0);
         complete(c, i);
     }

@@ -24,6 +24,7 @@
 
 #include "ctl/auth.h"
 #include "ctl/loop.h"
+#include "util/util.h"
 
 enum { TAG_UNIX = 1, TAG_TCP, TAG_SIGNAL, TAG_TIMER };
 enum { TICK_MS = 100, EVENTS = 256, READS_PER_EVENT = 32 };
@@ -64,13 +65,7 @@ static void lg(loop_t *L, const char *fmt, ...)
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
     fprintf(L->log, "nereus-controller: [%.3f] ", nrs_loop_now() - L->t0);
-    for (const unsigned char *p = (const unsigned char *)line; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            fprintf(L->log, "\\x%02x", *p);
-        else
-            fputc(*p, L->log);
-    fputc('\n', L->log);
-    fflush(L->log);
+    nrs_log_line(L->log, line);
 }
 
 static void on_output(void *arg, nrs_conn_t *k)

@@ -26,3 +26,14 @@ void nrs_seterr(char *err, size_t len, const char *fmt, ...)
     vsnprintf(err, len, fmt, ap);
     va_end(ap);
 }
+
+void nrs_log_line(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    fputc('\n', f);
+    fflush(f);
+}

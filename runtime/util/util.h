@@ -4,6 +4,7 @@
 #define NRS_UTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Seconds on the monotonic clock. */
@@ -12,6 +13,9 @@ double nrs_now_s(void);
 void nrs_nap_us(long us);
 /* snprintf into err (if err and len), for "-1 with err" error returns. */
 void nrs_seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The rest of a log line: s with control bytes as \xNN (text from a peer
+ * must not forge lines), a newline, flushed. */
+void nrs_log_line(FILE *f, const char *s);
 
 /* Make room in arr (n used of cap allocated) for extra more elements,
  * doubling from 64. Out of memory: `return -1` from the calling function,
