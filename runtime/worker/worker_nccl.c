@@ -23,13 +23,20 @@ struct nrs_wk_nccl {
     nrs_xport_t x;
 };
 
-static void drop_comm(struct nrs_wk_nccl *N, int abort)
+/* The communicator gone: aborted first (its other members are leaving it too,
+ * and a finalize would wait for them), or finalized. */
+static void end_comm(struct nrs_wk_nccl *N, int abort)
 {
-    nrs_xport_close(&N->x);
     if (abort)
         nrs_nccl_abort(N->c);
     nrs_nccl_fini(N->c);
     N->c = NULL;
+}
+
+static void drop_comm(struct nrs_wk_nccl *N, int abort)
+{
+    nrs_xport_close(&N->x);
+    end_comm(N, abort);
     free(N->members);
     N->members = NULL;
     N->nmembers = 0;
@@ -136,11 +143,8 @@ static int fresh(nrs_worker_t *w, struct nrs_wk_nccl *N, uint64_t key, const cha
         goto out;
     }
     memcpy(id, all + (size_t)lead * NRS_NCCL_ID_BYTES, sizeof id);
-    if (N->c) {
-        nrs_nccl_abort(N->c); /* other members: it has no future */
-        nrs_nccl_fini(N->c);
-        N->c = NULL;
-    }
+    if (N->c) /* other members: it has no future */
+        end_comm(N, 1);
     rc = nrs_nccl_init(&N->c, me, np, w->cuda_dev, id, w->timeout_s, err, errlen);
 out:
     free(all);
@@ -188,11 +192,8 @@ int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key,
     int rc = try_shrink(w, N, part, np, err, sizeof err), ok;
     snprintf(name, sizeof name, "nccl.shrunk.%s", tag); /* every participant votes */
     ok = all_yes(w, key, name, rc == 1, out, nout);
-    if (!ok && N->c) {
-        nrs_nccl_abort(N->c);
-        nrs_nccl_fini(N->c);
-        N->c = NULL;
-    }
+    if (!ok && N->c)
+        end_comm(N, 1);
     if (!ok) {
         rc = fresh(w, N, key, tag, out, nout, me, np, err, sizeof err) ? -1 : 1;
         snprintf(name, sizeof name, "nccl.up.%s", tag);

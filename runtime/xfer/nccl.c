@@ -372,6 +372,29 @@ int nrs_nccl_rank(const nrs_nccl_t *c) { return c->rank; }
 bool nrs_nccl_aborted(const nrs_nccl_t *c) { return !c || c->aborted || c->shrunk; }
 int nrs_nccl_size(const nrs_nccl_t *c) { return c->size; }
 
+/* Work on the legacy default stream (cudaMemcpy, kernels on stream 0) comes
+ * first: our stream is non-blocking and would not wait for it. */
+static cudaError_t after_legacy(nrs_nccl_t *c)
+{
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->ready, cudaStreamLegacy);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(c->stream, c->ready, 0);
+    return e;
+}
+
+/* The communicator's asynchronous error, if it has one: 1 with err set. */
+static int comm_failed(nrs_nccl_t *c, char *err, size_t errlen)
+{
+    ncclResult_t st;
+    if (ncclCommGetAsyncError(c->comm, &st) != ncclSuccess || st == ncclSuccess ||
+        st == ncclInProgress)
+        return 0;
+    nrs_seterr(err, errlen, "nccl: %s (%s)", ncclGetErrorString(st), ncclGetLastError(c->comm));
+    return 1;
+}
+
 /* Stream done, or the communicator failed, or the deadline passed. */
 static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
 {
@@ -383,13 +406,8 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
             nrs_seterr(err, errlen, "nccl: stream: %s", cudaGetErrorString(e));
             break;
         }
-        ncclResult_t st;
-        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
-            st != ncclInProgress) {
-            nrs_seterr(err, errlen, "nccl: %s (%s)", ncclGetErrorString(st),
-                       ncclGetLastError(c->comm));
+        if (comm_failed(c, err, errlen))
             break;
-        }
         if (nrs_now_s() > end) {
             nrs_seterr(err, errlen, "nccl: transfers not done in time: aborting the communicator");
             break;
@@ -454,11 +472,7 @@ int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chu
         chunk_bytes = 16u << 20;
     if (check_batch(c, x, n, chunk_bytes, &nchunks, err, errlen))
         return -1;
-    cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(c->ready, cudaStreamLegacy);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(c->stream, c->ready, 0);
+    cudaError_t e = after_legacy(c);
     if (e != cudaSuccess) {
         nrs_seterr(err, errlen, "nccl: GPU %d: %s", c->device, cudaGetErrorString(e));
         return -1;
@@ -479,18 +493,6 @@ int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chu
 }
 
 /* ---- posting as one goes (xport_nccl) ---------------------------------------------- */
-
-/* Work on the legacy default stream (cudaMemcpy, kernels on stream 0) comes
- * first: our stream is non-blocking and would not wait for it. */
-static cudaError_t after_legacy(nrs_nccl_t *c)
-{
-    cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(c->ready, cudaStreamLegacy);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(c->stream, c->ready, 0);
-    return e;
-}
 
 static cudaError_t copies(nrs_nccl_t *c, const nrs_cuda_copy2d_t *cp, int n)
 {
@@ -587,15 +589,9 @@ int nrs_nccl_poll(nrs_nccl_t *c, int64_t *done, char *err, size_t errlen)
         c->completed++;
     }
     *done = c->completed;
-    if (c->ev_n) { /* still waiting: has the communicator failed? */
-        ncclResult_t st;
-        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
-            st != ncclInProgress) {
-            nrs_seterr(err, errlen, "nccl: %s (%s)", ncclGetErrorString(st),
-                       ncclGetLastError(c->comm));
-            nrs_nccl_abort(c);
-            return -1;
-        }
+    if (c->ev_n && comm_failed(c, err, errlen)) { /* still waiting: has it failed? */
+        nrs_nccl_abort(c);
+        return -1;
     }
     return 0;
 }

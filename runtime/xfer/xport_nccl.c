@@ -193,10 +193,16 @@ static void stage_put(xn_t *X, void *p, size_t n)
 
 /* ---- transfers ------------------------------------------------------------------------ */
 
+/* The communicator rank holding owner's memory, or -1. */
+static int comm_rank_of(const xn_t *X, int owner)
+{
+    int r = X->owner_rank(X->arg, owner);
+    return r >= 0 && r < X->nranks ? X->comm_rank[r] : -1;
+}
+
 static int n_post(xn_t *X, int is_send, int peer_owner, const nrs_xregion_t *r, nrs_xreq_t *req)
 {
-    int rank = X->owner_rank(X->arg, peer_owner);
-    int cr = rank >= 0 && rank < X->nranks ? X->comm_rank[rank] : -1;
+    int cr = comm_rank_of(X, peer_owner);
     req->done = 0;
     if (X->failed)
         return -1;
@@ -406,10 +412,8 @@ void nrs_xport_nccl_release(nrs_xport_t *x)
 
 /* ---- connections before the transfers ------------------------------------------------ */
 
-static void add_peer(xn_t *X, int *peers, int *np, int owner)
+static void add_peer(const xn_t *X, int *peers, int *np, int cr)
 {
-    int r = X->owner_rank(X->arg, owner);
-    int cr = r >= 0 && r < X->nranks ? X->comm_rank[r] : -1;
     if (cr < 0 || cr == nrs_nccl_rank(X->c))
         return;
     for (int i = 0; i < *np; i++)
@@ -432,14 +436,12 @@ int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double t
         const nrs_emu_op_t *op = &g->ops[i];
         if (op->type != NRS_EMU_OP_XFER)
             continue;
-        int s = X->owner_rank(X->arg, g->buf[op->src_buf].b.gpu);
-        int d = X->owner_rank(X->arg, g->buf[op->dst_buf].b.gpu);
-        int cs = s >= 0 && s < X->nranks ? X->comm_rank[s] : -1;
-        int cd = d >= 0 && d < X->nranks ? X->comm_rank[d] : -1;
+        int cs = comm_rank_of(X, g->buf[op->src_buf].b.gpu);
+        int cd = comm_rank_of(X, g->buf[op->dst_buf].b.gpu);
         if (cs == me)
-            add_peer(X, peers, &np, g->buf[op->dst_buf].b.gpu);
+            add_peer(X, peers, &np, cd);
         else if (cd == me)
-            add_peer(X, peers, &np, g->buf[op->src_buf].b.gpu);
+            add_peer(X, peers, &np, cs);
     }
     if (!np) {
         free(peers);
