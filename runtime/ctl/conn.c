@@ -11,6 +11,28 @@
 
 enum { IN_INITIAL = 4096 };
 
+/* A piece of shared output: bytes [off, end) of s, to be written once
+ * `at` private bytes have been (out_sent == at). */
+struct nrs_conn_ref {
+    nrs_shared_t *s;
+    size_t off, end;
+    unsigned long long at;
+};
+
+nrs_shared_t *nrs_shared_new(size_t cap)
+{
+    nrs_shared_t *s = malloc(sizeof(*s) + (cap ? cap : 1));
+    if (s)
+        *s = (nrs_shared_t){.refs = 1, .cap = cap};
+    return s;
+}
+
+void nrs_shared_unref(nrs_shared_t *s)
+{
+    if (s && --s->refs == 0)
+        free(s);
+}
+
 nrs_conn_t *nrs_conn_new(int fd, double now)
 {
     nrs_conn_t *c = calloc(1, sizeof(*c));
@@ -36,7 +58,9 @@ void nrs_conn_free(nrs_conn_t *c)
     if (!c)
         return;
     free(c->in);
+    nrs_conn_clear_out(c);
     free(c->out);
+    free(c->refs);
     free(c);
 }
 
@@ -149,11 +173,89 @@ int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n)
     }
     memcpy(c->out + c->out_len, frame, n);
     c->out_len += n;
+    c->out_put += n;
     return 0;
+}
+
+int nrs_conn_queue_shared(nrs_conn_t *c, nrs_shared_t *s, size_t off, size_t n)
+{
+    if (off > s->len || n > s->len - off || c->nrefs >= NRS_CONN_REFS_MAX ||
+        c->out_shared + n > NRS_CONN_SHARED_MAX)
+        return -1;
+    if (n == 0)
+        return 0;
+    if (c->nrefs == c->refs_cap) {
+        int cap = c->refs_cap ? 2 * c->refs_cap : 4;
+        struct nrs_conn_ref *r = realloc(c->refs, sizeof(*r) * (size_t)cap);
+        if (!r)
+            return -1;
+        c->refs = r;
+        c->refs_cap = cap;
+    }
+    s->refs++;
+    c->refs[c->nrefs++] = (struct nrs_conn_ref){s, off, off + n, c->out_put};
+    c->out_shared += n;
+    return 0;
+}
+
+size_t nrs_conn_pending(const nrs_conn_t *c)
+{
+    return c->out_len - c->out_off + c->out_shared;
+}
+
+static void pop_ref(nrs_conn_t *c)
+{
+    c->out_shared -= c->refs[0].end - c->refs[0].off;
+    nrs_shared_unref(c->refs[0].s);
+    memmove(c->refs, c->refs + 1, sizeof(*c->refs) * (size_t)--c->nrefs);
+}
+
+/* The next run of queued bytes, in order: private bytes up to the next
+ * shared piece, else that piece. NULL when nothing is queued. */
+static const uint8_t *next_run(const nrs_conn_t *c, size_t *n)
+{
+    if (c->nrefs && c->refs[0].at == c->out_sent) {
+        *n = c->refs[0].end - c->refs[0].off;
+        return c->refs[0].s->data + c->refs[0].off;
+    }
+    *n = c->out_len - c->out_off;
+    if (c->nrefs && c->refs[0].at - c->out_sent < *n)
+        *n = (size_t)(c->refs[0].at - c->out_sent);
+    return *n ? c->out + c->out_off : NULL;
+}
+
+/* The first k bytes of the run next_run gave have been written. */
+static void advance(nrs_conn_t *c, size_t k)
+{
+    if (c->nrefs && c->refs[0].at == c->out_sent) {
+        c->refs[0].off += k;
+        c->out_shared -= k;
+        if (c->refs[0].off == c->refs[0].end)
+            pop_ref(c);
+        return;
+    }
+    c->out_off += k;
+    c->out_sent += k;
+}
+
+size_t nrs_conn_take(nrs_conn_t *c, uint8_t *buf, size_t n)
+{
+    size_t took = 0, run;
+    const uint8_t *p;
+    while (took < n && (p = next_run(c, &run))) {
+        size_t k = run < n - took ? run : n - took;
+        memcpy(buf + took, p, k);
+        advance(c, k);
+        took += k;
+    }
+    return took;
 }
 
 void nrs_conn_clear_out(nrs_conn_t *c)
 {
+    while (c->nrefs)
+        pop_ref(c);
+    c->out_sent = c->out_put;
     c->out_off = c->out_len = 0;
 }
 
@@ -180,14 +282,16 @@ ssize_t nrs_conn_read(nrs_conn_t *c, double now)
 
 int nrs_conn_flush(nrs_conn_t *c)
 {
-    while (c->out_off < c->out_len) {
-        ssize_t k = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    size_t run;
+    const uint8_t *p;
+    while ((p = next_run(c, &run))) {
+        ssize_t k = send(c->fd, p, run, MSG_NOSIGNAL);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
             return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
         }
-        c->out_off += (size_t)k;
+        advance(c, (size_t)k);
     }
     c->out_off = c->out_len = 0;
     /* Give back a large buffer after a big status reply. */

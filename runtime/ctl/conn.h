@@ -14,8 +14,27 @@
 
 enum {
     NRS_CONN_IN_MAX = NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, /* one whole frame */
-    NRS_CONN_OUT_MAX = 8 << 20 /* a peer that lets more pile up is dropped */
+    NRS_CONN_OUT_MAX = 8 << 20, /* a peer that lets more pile up is dropped */
+    /* shared frames (one gather answer for every rank) a peer may hold
+     * references to: bytes, and how many pieces */
+    NRS_CONN_SHARED_MAX = 256 << 20,
+    NRS_CONN_REFS_MAX = 64
 };
+
+/* Bytes queued once for many peers (a gather's answer): each peer's queue
+ * holds a reference, not a copy. Single-threaded reference count. */
+typedef struct nrs_shared {
+    unsigned refs;
+    size_t len, cap;
+    uint8_t data[];
+} nrs_shared_t;
+
+/* A buffer of cap bytes, len 0, one reference (the caller's); NULL when out
+ * of memory. */
+nrs_shared_t *nrs_shared_new(size_t cap);
+void nrs_shared_unref(nrs_shared_t *s);
+
+struct nrs_conn_ref; /* conn.c */
 
 typedef enum {
     NRS_CONN_NEW,     /* waiting for HELLO */
@@ -32,8 +51,13 @@ typedef struct nrs_conn {
     nrs_conn_state_t state;
     uint8_t *in;
     size_t in_len, in_cap;
-    uint8_t *out;
+    uint8_t *out; /* private output: bytes [out_off, out_len) */
     size_t out_off, out_len, out_cap;
+    struct nrs_conn_ref *refs; /* shared output, in order, each after the
+                                  private bytes queued before it */
+    int nrefs, refs_cap;
+    size_t out_shared;       /* shared bytes still to send */
+    unsigned long long out_sent, out_put; /* private bytes ever sent, queued */
     double t_open, t_partial, t_closing; /* monotonic seconds */
     /* Identity, after HELLO. */
     int role; /* nrs_peer_role_t, 0 before HELLO */
@@ -70,6 +94,15 @@ void nrs_conn_consume(nrs_conn_t *c, const nrs_hdr_t *h, double now);
 
 /* Queue an encoded frame: 0, or -1 when the output bound would be exceeded. */
 int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n);
+/* Queue bytes [off, off + n) of s after what is queued (the connection
+ * takes its own reference): 0, or -1 when the shared bounds would be
+ * exceeded. */
+int nrs_conn_queue_shared(nrs_conn_t *c, nrs_shared_t *s, size_t off, size_t n);
+/* Bytes queued and not yet written, private and shared. */
+size_t nrs_conn_pending(const nrs_conn_t *c);
+/* Copy up to n queued bytes, in order, into buf and drop them from the
+ * queue (tests, fuzzing): how many. */
+size_t nrs_conn_take(nrs_conn_t *c, uint8_t *buf, size_t n);
 /* Discard queued output (fuzzing, closing). */
 void nrs_conn_clear_out(nrs_conn_t *c);
 

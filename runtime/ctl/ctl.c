@@ -66,12 +66,15 @@ static void notify(nrs_ctl_t *c, nrs_conn_t *k)
         c->o.on_output(c->o.arg, k);
 }
 
-static void send_frame(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *f, int n)
+/* Queue n bytes: of f, or of s from off when s is not NULL. */
+static void queue_out(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *f, nrs_shared_t *s,
+                      size_t off, int n)
 {
     char nm[96];
     if (k->state >= NRS_CONN_CLOSING)
         return;
-    if (n < 0 || nrs_conn_queue(k, f, (size_t)n) != 0) {
+    if (n < 0 || (s ? nrs_conn_queue_shared(k, s, off, (size_t)n)
+                    : nrs_conn_queue(k, f, (size_t)n)) != 0) {
         logf_(c, "%s: %s: dropped", peer_name(k, nm, sizeof(nm)),
               n < 0 ? "message does not encode" : "does not read its output");
         k->state = NRS_CONN_DEAD;
@@ -120,9 +123,19 @@ void nrs_ctl_log(nrs_ctl_t *c, const char *fmt, ...)
     logf_(c, "%s", line);
 }
 
+static void send_frame(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *f, int n)
+{
+    queue_out(c, k, f, NULL, 0, n);
+}
+
 void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n)
 {
     send_frame(c, k, frame, n);
+}
+
+void nrs_ctl_send_shared(nrs_ctl_t *c, nrs_conn_t *k, nrs_shared_t *s, size_t off, int n)
+{
+    queue_out(c, k, NULL, s, off, n);
 }
 
 void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why)

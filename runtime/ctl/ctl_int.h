@@ -102,6 +102,8 @@ struct nrs_ctl {
 /* ctl.c, for gather.c */
 void nrs_ctl_log(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nrs_ctl_send(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *frame, int n);
+/* n bytes of s from off, by reference (s stays the caller's). */
+void nrs_ctl_send_shared(nrs_ctl_t *c, nrs_conn_t *k, nrs_shared_t *s, size_t off, int n);
 void nrs_ctl_refuse(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *why);
 
 /* The world gather of generation gen completed (gather.c -> ctl.c). */

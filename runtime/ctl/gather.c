@@ -8,6 +8,7 @@
  * so that a contribution arriving after its gather was answered is refused,
  * never the start of a second gather with another answer. */
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,39 +125,39 @@ static void complete(nrs_ctl_t *c, int at)
                     g->name, (unsigned long long)g->key, got, part,
                     c->now - g->t0);
     }
-    /* the answer's frames, encoded once for every recipient (an empty answer is
-     * one empty chunk) */
+    /* the answer's frames, encoded once and queued by reference for every
+     * recipient (an empty answer is one empty chunk) */
     uint32_t fit = nrs_gathered_fit(g->len);
     int nchunks = got ? (int)((got + fit - 1) / fit) : 1;
-    size_t cap = (size_t)nchunks * (NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD), used = 0;
-    uint8_t *frames = ranks ? malloc(cap) : NULL, *d = malloc((size_t)fit * g->len + 1);
-    int *flen = malloc(sizeof(int) * (size_t)nchunks);
-    for (int ch = 0, off = 0; frames && d && flen && ch < nchunks; ch++) {
+    size_t cap = (size_t)nchunks * (NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    nrs_shared_t *frames = ranks ? nrs_shared_new(cap) : NULL;
+    uint8_t *d = malloc((size_t)fit * g->len + 1);
+    bool bad = !frames || !d;
+    for (int ch = 0, off = 0; !bad && ch < nchunks; ch++) {
         nrs_msg_gathered_t m = {.key = g->key, .len = g->len};
         snprintf(m.name, sizeof(m.name), "%s", g->name);
         m.count = (uint32_t)(got - off) < fit ? (uint32_t)(got - off) : fit;
         for (uint32_t j = 0; j < m.count; j++)
             memcpy(d + (size_t)j * g->len, g->data + (size_t)ranks[off + (int)j] * g->len, g->len);
-        flen[ch] = nrs_enc_gathered(frames + used, cap - used, &m, ranks + off, d,
-                                    ch + 1 < nchunks ? NRS_FLAG_MORE : 0);
-        used += flen[ch] > 0 ? (size_t)flen[ch] : 0;
+        int n = nrs_enc_gathered(frames->data + frames->len, cap - frames->len, &m, ranks + off,
+                                 d, ch + 1 < nchunks ? NRS_FLAG_MORE : 0);
+        bad = n < 0;
+        frames->len += n > 0 ? (size_t)n : 0;
         off += (int)m.count;
     }
-    for (int i = 0; frames && d && flen && i < c->nconns; i++) {
+    if (frames && frames->len > INT_MAX)
+        bad = true;
+    for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->rank < 0 ||
             k->rank >= g->nranks || g->state[k->rank] != GS_GOT)
             continue;
-        size_t pos = 0;
-        for (int ch = 0; ch < nchunks && k->state == NRS_CONN_READY; ch++) {
-            nrs_ctl_send(c, k, frames + pos, flen[ch]);
-            pos += flen[ch] > 0 ? (size_t)flen[ch] : 0;
-        }
+        /* an answer that cannot be made drops the ranks waiting for it */
+        nrs_ctl_send_shared(c, k, frames, 0, bad ? -1 : (int)frames->len);
     }
     free(ranks);
-    free(frames);
+    nrs_shared_unref(frames);
     free(d);
-    free(flen);
     unsigned gen = 0;
     bool world = (g->key & ~0xffffffffULL) == NRS_WORLD_KEY && sscanf(g->name, "world%u", &gen) == 1;
     /* who took part: the ranks made their world of exactly these */

@@ -229,7 +229,7 @@ static void on_conn(loop_t *L, nrs_conn_t *k, uint32_t ev, double now)
                 else if (k->role == NRS_ROLE_WORKER)
                     lg(L, "worker rank %d@%s disconnected", k->gpu, k->host);
                 k->state = NRS_CONN_DEAD;
-                if (r == 0 && k->out_off < k->out_len) {
+                if (r == 0 && nrs_conn_pending(k) > 0) {
                     /* EOF may be a half-close (shutdown(SHUT_WR) after a
                      * STATUS_REQ): flush the reply first; a peer that does not
                      * read it is closed after the CLOSING bound (2 s) */

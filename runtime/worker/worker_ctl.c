@@ -460,12 +460,16 @@ static int grow_arrays(nrs_worker_t *w, int size)
 int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
 {
     char err[512], name[32];
-    int size = m->size, rc = NRS_OK;
-    unsigned char *mine = calloc(WORLD_BLOB, 1), *all = NULL, *got = NULL;
+    int size = m->size, rc = NRS_OK, *left = NULL, nleft = 0;
+    uint32_t blob = 0;
+    unsigned char *mine = calloc(WORLD_BLOB, 1), *all = NULL, *got = NULL, *lall = NULL,
+                  *lgot = NULL;
     void **addrs = NULL;
     size_t *lens = NULL;
-    if (!mine || grow_arrays(w, size))
+    if (!mine || grow_arrays(w, size)) {
+        free(mine);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    }
     w->n = size;
     if (w->joiner && !w->u) {
         nrs_ucx_opts_t uo;
@@ -489,6 +493,44 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "transport address of %zu bytes", alen);
         goto out;
     }
+    /* the blobs fit the longest address (not WORLD_BLOB bytes each: the
+     * answer goes to every rank): a first gather of the lengths; a rank
+     * missing from it is left out of the second */
+    unsigned char l4[4];
+    left = malloc(sizeof(int) * NRS_GATHER_MAX_OUT);
+    lall = calloc((size_t)size, 4);
+    lgot = calloc((size_t)size + 1, 1);
+    if (!left || !lall || !lgot) {
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    put_u32(l4, (uint32_t)alen);
+    snprintf(name, sizeof name, "wlen%u", m->gen);
+    if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, l4, 4, m->out, m->nout, lall, lgot,
+                           err, sizeof err)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: %s", m->gen, err);
+        goto out;
+    }
+    for (int i = 0; i < m->nout; i++)
+        lgot[m->out[i]] = 2; /* left out already */
+    for (int r = 0; r < size; r++) {
+        uint32_t l = get_u32(lall + 4 * (size_t)r);
+        if (lgot[r] == 1 && l > WORLD_BLOB - WORLD_HDR) {
+            rc = nrs_wk_seterr(w, NRS_ERR_XPORT,
+                               "world %u: rank %d's transport address is %u bytes", m->gen, r, l);
+            goto out;
+        }
+        if (lgot[r] == 1)
+            blob = l > blob ? l : blob;
+        if (lgot[r] != 1 && nleft == NRS_GATHER_MAX_OUT) {
+            rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: more than %d ranks gone", m->gen,
+                               NRS_GATHER_MAX_OUT);
+            goto out;
+        }
+        if (lgot[r] != 1)
+            left[nleft++] = r;
+    }
+    blob = (WORLD_HDR + blob + 7) / 8 * 8;
     put_u32(mine, (uint32_t)alen);
     put_u32(mine + 4, w->joiner && w->join_step < 0 ? 0 : (uint32_t)(w->my_gpu + 1));
     put_u32(mine + 8, w->attempt);
@@ -496,7 +538,7 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     put_u32(mine + 16, w->have_plan ? w->plan.epoch : 0);
     put_u32(mine + 20, w->joiner && w->join_step < 0 ? 1 : 0);
     memcpy(mine + WORLD_HDR, addr, alen);
-    all = calloc((size_t)size, WORLD_BLOB);
+    all = calloc((size_t)size, blob);
     got = calloc((size_t)size + 1, 1);
     addrs = calloc((size_t)size + 1, sizeof(void *));
     lens = calloc((size_t)size + 1, sizeof(size_t));
@@ -505,8 +547,8 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         goto out;
     }
     snprintf(name, sizeof name, "world%u", m->gen);
-    if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, WORLD_BLOB, m->out, m->nout,
-                           all, got, err, sizeof err)) {
+    if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, blob, left, nleft, all, got,
+                           err, sizeof err)) {
         rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: %s", m->gen, err);
         goto out;
     }
@@ -521,7 +563,7 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     for (int g = 0; g < total; g++)
         w->perm[g] = -1;
     for (int r = 0; r < size; r++) {
-        const unsigned char *b = all + (size_t)r * WORLD_BLOB;
+        const unsigned char *b = all + (size_t)r * blob;
         if (!got[r]) {
             w->dead[r] = 1;
             nrs_ucx_mark_failed(w->u, r);
@@ -575,6 +617,9 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     w->world_gen = m->gen;
 out:
     free(mine);
+    free(left);
+    free(lall);
+    free(lgot);
     free(all);
     free(got);
     free(addrs);

@@ -136,6 +136,30 @@ static void handle(fw_fleet_t *f, fw_rank_t *r, const nrs_hdr_t *h, const uint8_
             printf("rank %d: %s epoch %u %s\n", r->rank, nrs_msg_name(h->type), m.epoch, m.text);
         return;
     }
+    case NRS_MSG_GATHERED: {
+        nrs_msg_gathered_t m;
+        if (r->gather != 1 || nrs_dec_gathered(p, h->length, &m, why, sizeof(why)) != 0 ||
+            m.len != f->gather_len) {
+            fprintf(stderr, "fake rank %d: unexpected or bad GATHERED\n", r->rank);
+            r->gather = -1;
+            return;
+        }
+        for (uint32_t i = 0; i < m.count; i++) {
+            int32_t rr;
+            const uint8_t *d;
+            nrs_gathered_entry(&m, i, &rr, &d);
+            for (uint32_t j = 0; j < m.len && r->gather == 1; j++)
+                if (d[j] != (uint8_t)(rr * 131 + j * 7 + 3)) {
+                    fprintf(stderr, "fake rank %d: rank %d's entry differs at byte %u\n",
+                            r->rank, rr, j);
+                    r->gather = -1;
+                }
+            r->gather_seen++;
+        }
+        if (!(h->flags & NRS_FLAG_MORE) && r->gather == 1)
+            r->gather = r->gather_seen == f->gather_want ? 2 : -1;
+        return;
+    }
     case NRS_MSG_ERROR: {
         nrs_msg_error_t e;
         if (nrs_dec_error(p, h->length, &e, why, sizeof(why)) != 0)
@@ -213,7 +237,7 @@ int fw_pump(fw_fleet_t *f, int timeout_ms)
         if (f->r[i].dead)
             continue;
         p[np].fd = f->r[i].c->fd;
-        p[np].events = POLLIN | (f->r[i].c->out_len > f->r[i].c->out_off ? POLLOUT : 0);
+        p[np].events = POLLIN | (nrs_conn_pending(f->r[i].c) ? POLLOUT : 0);
         idx[np++] = i;
     }
     if (np && poll(p, (nfds_t)np, timeout_ms) > 0)
@@ -269,6 +293,55 @@ void fw_flush(fw_fleet_t *f, int timeout_ms)
             return;
         fw_pump(f, 5);
     }
+}
+
+int fw_gather(fw_fleet_t *f, uint64_t key, const char *name, uint32_t len, int nranks,
+              int timeout_ms)
+{
+    static nrs_msg_gather_t m;
+    uint8_t *b = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD), *d = malloc(len + 1);
+    double end = fw_now() + timeout_ms / 1000.0;
+    int done = 0;
+    if (!b || !d) {
+        free(b);
+        free(d);
+        return 0;
+    }
+    memset(&m, 0, sizeof(m));
+    m.key = key;
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    m.timeout_ms = (uint32_t)timeout_ms;
+    m.nranks = nranks;
+    m.len = len;
+    m.data = d;
+    f->gather_len = len;
+    f->gather_want = (uint32_t)fw_live(f);
+    for (int i = 0; i < f->n; i++) {
+        fw_rank_t *r = &f->r[i];
+        if (r->dead)
+            continue;
+        for (uint32_t j = 0; j < len; j++)
+            d[j] = (uint8_t)(r->rank * 131 + j * 7 + 3);
+        r->gather = 1;
+        r->gather_seen = 0;
+        queue(r, b, nrs_enc_gather(b, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &m));
+        if (nrs_conn_flush(r->c) < 0)
+            send_failed(f, r);
+    }
+    for (;;) {
+        int waiting = 0;
+        done = 0;
+        for (int i = 0; i < f->n; i++) {
+            waiting += !f->r[i].dead && f->r[i].gather == 1;
+            done += f->r[i].gather == 2;
+        }
+        if (!waiting || fw_now() > end)
+            break;
+        fw_pump(f, 20);
+    }
+    free(b);
+    free(d);
+    return done;
 }
 
 int fw_live(const fw_fleet_t *f)

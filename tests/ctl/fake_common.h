@@ -6,6 +6,7 @@
 #define NRS_FAKE_COMMON_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "ctl/conn.h"
 
@@ -23,6 +24,8 @@ typedef struct {
     char error[NRS_PROTO_TEXT_MAX];
     long step;
     unsigned long plans, prepares, commits, aborts;
+    int gather;           /* fw_gather: 1 waiting, 2 whole and right, -1 wrong */
+    uint32_t gather_seen; /* entries of the answer so far */
 } fw_rank_t;
 
 typedef struct {
@@ -32,6 +35,7 @@ typedef struct {
     bool no_ack;        /* never answer PREPARE */
     double transition_s;
     bool verbose;
+    uint32_t gather_len, gather_want; /* fw_gather: bytes per rank, entries */
 } fw_fleet_t;
 
 /* Connect n ranks first..first+n-1 of nranks, gpn per host "nodeK"; tcp and
@@ -46,6 +50,11 @@ int fw_pump(fw_fleet_t *f, int timeout_ms);
 void fw_report(fw_fleet_t *f, long step, double factor, double gen_factor, double response_len);
 /* Flush queued output (blocking up to timeout_ms). */
 void fw_flush(fw_fleet_t *f, int timeout_ms);
+/* Every live rank contributes len bytes (a pattern of its rank) to the
+ * gather (key, name) of nranks ranks and waits for the answer, up to
+ * timeout_ms: how many ranks got it whole, every live rank's entry right. */
+int fw_gather(fw_fleet_t *f, uint64_t key, const char *name, uint32_t len, int nranks,
+              int timeout_ms);
 int fw_live(const fw_fleet_t *f);
 void fw_close(fw_fleet_t *f);
 double fw_now(void);

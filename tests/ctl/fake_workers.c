@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@ static const char usage[] =
     "         [--ranks N] [--first R] [--gpn G] [--steps S] [--interval-ms I]\n"
     "         [--factor F] [--gen-factor F] [--response-len L] [--grow G]\n"
     "         [--expect-epoch E] [--expect-retired K] [--timeout T] [--prepare-status S]\n"
-    "         [--no-ack] [--verbose]\n"
+    "         [--no-ack] [--gather-len L] [--verbose]\n"
     "       fake_workers --socket-dir D --bad garbage|midframe|slowloris|badversion|\n"
     "         hugelen|nohello|beforehello|badhello|badreport [--timeout T]\n"
     "       fake_workers --socket-dir D --bad hold --ranks N [--timeout T]\n"
@@ -323,9 +324,10 @@ int main(int argc, char **argv)
         {"response-len", 1, NULL, 'r'}, {"grow", 1, NULL, 'G'},  {"expect-epoch", 1, NULL, 'e'},
         {"expect-retired", 1, NULL, 'R'}, {"timeout", 1, NULL, 'T'},
         {"prepare-status", 1, NULL, 'p'}, {"no-ack", 0, NULL, 'A'}, {"bad", 1, NULL, 'b'},
-        {"verbose", 0, NULL, 'v'},    {NULL, 0, NULL, 0}};
+        {"verbose", 0, NULL, 'v'},    {"gather-len", 1, NULL, 'L'}, {NULL, 0, NULL, 0}};
     const char *dir = NULL, *tcp = NULL, *token_file = NULL, *bad = NULL;
     int n = 1, first = 0, nranks = -1, gpn = 8, steps = 0, interval = 50, expect_retired = -1;
+    int gather_len = -1;
     double factor = 1, gen_factor = 1, resp = 0, grow = 0, timeout = 20;
     unsigned expect_epoch = 0;
     fw_fleet_t f;
@@ -354,10 +356,16 @@ int main(int argc, char **argv)
         case 'A': f.no_ack = true; break;
         case 'b': bad = optarg; break;
         case 'v': f.verbose = true; break;
+        case 'L': gather_len = atoi(optarg); break;
         default: fputs(usage, stderr); return 2;
         }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    struct rlimit rl; /* a connection per rank */
+    if (n > 200 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     if (bad && dir && !strcmp(bad, "hold"))
         return hold_peers(dir, n, timeout);
     if (bad && dir && !strcmp(bad, "halfclose"))
@@ -396,6 +404,15 @@ int main(int argc, char **argv)
             return 1;
         }
     printf("%d ranks connected, epoch %u\n", f.n, f.r[0].epoch);
+    if (gather_len >= 0) { /* one gather of every rank, its answer checked everywhere */
+        double tg = fw_now();
+        int got = fw_gather(&f, 7, "fw", (uint32_t)gather_len, nranks, (int)(timeout * 1000));
+        printf("gather of %d x %d bytes: %d of %d rank(s) got the whole answer in %.3f s\n",
+               f.n, gather_len, got, f.n, fw_now() - tg);
+        int all = f.n;
+        fw_close(&f);
+        return got == all ? 0 : 1;
+    }
     for (int s = 0; s < steps && fw_now() - t0 < timeout; s++) {
         fw_report(&f, s, factor, gen_factor, resp > 0 ? resp + grow * s : 0);
         double until = fw_now() + interval / 1000.0;

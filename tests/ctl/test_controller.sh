@@ -139,6 +139,21 @@ check "the controller logs that host escaped: no forged log line" \
 term_ctl "$c3"; wait "$c3"
 CURLOG=""
 
+# --- a gather's answer to 1,024 ranks: 8 KiB each, 8 MiB for every rank --------
+# (queued by reference: copied for each recipient it passed the 8 MiB a peer
+# may queue, and every rank was dropped)
+D5="$tmp/sock5"
+CURLOG="$tmp/c5.log"
+"$CTL" --socket-dir "$D5" --gpus 1024 --log "$tmp/c5.log" "$SPEC" 2>/dev/null &
+c5=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D5"
+check "1,024 ranks gathering 8 KiB each all get the whole 8 MiB answer" \
+    bash -c "timeout -k 2 120 '$FW' --socket-dir '$D5' --ranks 1024 --nranks 1024 --gather-len 8192 --timeout 100 >'$tmp/g5.out' 2>&1; rc=\$?; cat '$tmp/g5.out' >>'$tmp/c5.log'; exit \$rc"
+hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$c5/status" 2>/dev/null)
+echo "    controller peak memory after the 1,024-rank gather: ${hwm:-?} kB; $(grep -o 'got the whole answer in .*' "$tmp/g5.out" 2>/dev/null)"
+term_ctl "$c5"; wait "$c5"
+CURLOG=""
+
 # --- the fd table full: no busy loop, and peers accepted again once some close ---
 D4="$tmp/sock4"
 CURLOG="$tmp/c4.log"

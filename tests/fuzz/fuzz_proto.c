@@ -142,7 +142,8 @@ static void state_machine(const uint8_t *data, size_t size)
             nrs_ctl_tick(c, now);
         }
         for (int i = 0; i < 3; i++) {
-            if (k[i]->out_len > NRS_CONN_OUT_MAX)
+            if (k[i]->out_len - k[i]->out_off > NRS_CONN_OUT_MAX ||
+                k[i]->out_shared > NRS_CONN_SHARED_MAX || k[i]->nrefs > NRS_CONN_REFS_MAX)
                 abort();
             nrs_conn_clear_out(k[i]);
             if (k[i]->state >= NRS_CONN_CLOSING) { /* the loop would close it: reconnect */

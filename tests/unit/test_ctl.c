@@ -43,11 +43,16 @@ static void feed(nrs_conn_t *k, const uint8_t *b, int n)
 /* Pop the next frame the controller queued for k: its type, payload in *p. */
 static int next(nrs_conn_t *k, const uint8_t **p, nrs_hdr_t *h)
 {
-    if (k->out_len - k->out_off < NRS_PROTO_HDR)
+    /* a few frames' payloads stay valid at once */
+    static uint8_t buf[4][NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+    static int at;
+    uint8_t *b = buf[at++ % 4];
+    if (nrs_conn_pending(k) < NRS_PROTO_HDR)
         return 0;
-    assert_int_equal(nrs_proto_hdr_decode(k->out + k->out_off, h), 0);
-    *p = k->out + k->out_off + NRS_PROTO_HDR;
-    k->out_off += NRS_PROTO_HDR + h->length;
+    assert_int_equal(nrs_conn_take(k, b, NRS_PROTO_HDR), NRS_PROTO_HDR);
+    assert_int_equal(nrs_proto_hdr_decode(b, h), 0);
+    assert_int_equal(nrs_conn_take(k, b + NRS_PROTO_HDR, h->length), h->length);
+    *p = b + NRS_PROTO_HDR;
     return h->type;
 }
 

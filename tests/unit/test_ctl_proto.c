@@ -2,6 +2,7 @@
  * malformed input is rejected (header: magic, version, length, type, flags;
  * payload: truncation, trailing bytes, ranges, counts, strings too long or with
  * NUL bytes, epochs); framing over a byte stream split anywhere. */
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -732,6 +733,113 @@ static void test_world_msg(void **st)
 /* The controller queued frames, then an ERROR, and closed (a rank retired
  * while it was sending): the rank's next send fails, and nrs_client_refusal
  * still finds what the controller said, behind the frames before it. */
+/* Shared output: pieces queued by reference go out in queue order between
+ * private frames, over a socket as through nrs_conn_take; references are
+ * dropped when sent or cleared; the bounds hold. */
+static void test_shared_out(void **st)
+{
+    (void)st;
+    enum { BIG = 300000 };
+    nrs_shared_t *s1 = nrs_shared_new(BIG), *s2 = nrs_shared_new(16);
+    assert_non_null(s1);
+    assert_non_null(s2);
+    for (int i = 0; i < BIG; i++)
+        s1->data[i] = (uint8_t)(i * 7 + 1);
+    s1->len = BIG;
+    memcpy(s2->data, "0123456789abcdef", 16);
+    s2->len = 16;
+    uint8_t *want = malloc(BIG + 64), *got = malloc(BIG + 64);
+    assert_non_null(want);
+    assert_non_null(got);
+    size_t wn = 0;
+    for (int round = 0; round < 2; round++) {
+        int sv[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        nrs_conn_t *c = nrs_conn_new(round ? sv[0] : -1, 0);
+        assert_non_null(c);
+        wn = 0;
+        /* A, s1[5..BIG), B, s2[2..10), s2[0..16), C */
+        assert_int_equal(nrs_conn_queue(c, (const uint8_t *)"AAA", 3), 0);
+        memcpy(want + wn, "AAA", 3), wn += 3;
+        assert_int_equal(nrs_conn_queue_shared(c, s1, 5, BIG - 5), 0);
+        memcpy(want + wn, s1->data + 5, BIG - 5), wn += BIG - 5;
+        assert_int_equal(nrs_conn_queue(c, (const uint8_t *)"BB", 2), 0);
+        memcpy(want + wn, "BB", 2), wn += 2;
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 2, 8), 0);
+        memcpy(want + wn, s2->data + 2, 8), wn += 8;
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 16), 0);
+        memcpy(want + wn, s2->data, 16), wn += 16;
+        assert_int_equal(nrs_conn_queue(c, (const uint8_t *)"C", 1), 0);
+        memcpy(want + wn, "C", 1), wn += 1;
+        assert_int_equal(nrs_conn_pending(c), wn);
+        assert_int_equal(s1->refs, 2);
+        assert_int_equal(s2->refs, 3);
+        /* out of range, or past the bounds: refused, nothing queued */
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 10, 7), -1);
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 17, 0), -1);
+        assert_int_equal(nrs_conn_pending(c), wn);
+        size_t n = 0;
+        if (!round) { /* nrs_conn_take, in odd-sized pieces */
+            size_t k;
+            while ((k = nrs_conn_take(c, got + n, 4097)) > 0)
+                n += k;
+        } else { /* the socket, read as it is written */
+            assert_int_equal(fcntl(sv[0], F_SETFL, O_NONBLOCK), 0);
+            while (n < wn) {
+                int rc = nrs_conn_flush(c);
+                assert_true(rc >= 0);
+                ssize_t k = read(sv[1], got + n, wn - n);
+                assert_true(k > 0);
+                n += (size_t)k;
+            }
+            assert_int_equal(nrs_conn_flush(c), 0);
+        }
+        assert_int_equal(n, wn);
+        assert_memory_equal(got, want, wn);
+        assert_int_equal(nrs_conn_pending(c), 0);
+        assert_int_equal(s1->refs, 1);
+        assert_int_equal(s2->refs, 1);
+        /* cleared output drops its references; later output is in order */
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 4), 0);
+        assert_int_equal(nrs_conn_queue(c, (const uint8_t *)"D", 1), 0);
+        assert_int_equal(s2->refs, 2);
+        nrs_conn_clear_out(c);
+        assert_int_equal(s2->refs, 1);
+        assert_int_equal(nrs_conn_pending(c), 0);
+        assert_int_equal(nrs_conn_queue(c, (const uint8_t *)"E", 1), 0);
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 4, 2), 0);
+        assert_int_equal(nrs_conn_take(c, got, 8), 3);
+        assert_memory_equal(got, "E45", 3);
+        /* at most NRS_CONN_REFS_MAX pieces; freeing drops what is left */
+        for (int i = 0; i < NRS_CONN_REFS_MAX; i++)
+            assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 1), 0);
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 1), -1);
+        assert_int_equal(s2->refs, 1 + NRS_CONN_REFS_MAX);
+        nrs_conn_clear_out(c);
+        /* at most NRS_CONN_SHARED_MAX bytes referenced (a piece never sent:
+         * its length is declared, not allocated) */
+        nrs_shared_t *s3 = nrs_shared_new(1);
+        assert_non_null(s3);
+        s3->len = NRS_CONN_SHARED_MAX;
+        assert_int_equal(nrs_conn_queue_shared(c, s3, 0, NRS_CONN_SHARED_MAX - 1), 0);
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 2), -1);
+        assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 1), 0);
+        nrs_conn_clear_out(c);
+        assert_int_equal(s3->refs, 1);
+        nrs_shared_unref(s3);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(nrs_conn_queue_shared(c, s2, 0, 1), 0);
+        nrs_conn_free(c);
+        assert_int_equal(s2->refs, 1);
+        close(sv[0]);
+        close(sv[1]);
+    }
+    free(want);
+    free(got);
+    nrs_shared_unref(s1);
+    nrs_shared_unref(s2);
+}
+
 static void test_refusal_behind_frames(void **st)
 {
     (void)st;
@@ -777,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_status),  cmocka_unit_test(test_epoch_msgs),
         cmocka_unit_test(test_framing), cmocka_unit_test(test_gather_msgs),
         cmocka_unit_test(test_world_msg), cmocka_unit_test(test_refusal_behind_frames),
+        cmocka_unit_test(test_shared_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
