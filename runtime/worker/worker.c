@@ -137,12 +137,21 @@ static int join(nrs_worker_t *w)
         return nrs_wk_seterr(w, NRS_ERR_RDV, "%s", err);
     w->me = nrs_rdv_rank(w->r);
     w->n = nrs_rdv_size(w->r);
+    /* runtime.transports: what the job allows (a worker without a spec,
+     * everything) */
+    unsigned allow = w->spec.runtime.transports ? w->spec.runtime.transports
+                                                : NRS_XFER_UCX | NRS_XFER_NCCL | NRS_XFER_LOCAL;
+    if ((w->joiner || w->n > 1) && !(allow & NRS_XFER_UCX))
+        return nrs_wk_seterr(w, NRS_ERR_XPORT,
+                             "the job spec's runtime.transports leaves out ucx, which %s needs",
+                             w->joiner ? "a joining rank" : "a job of several ranks");
     if (w->joiner) { /* the world's transports come with the controller's WORLD */
         w->xport_ucx = 1;
         return 0;
     }
-    const char *xp = getenv("NRS_WORKER_XPORT"); /* local | ucx; default by size */
-    w->xport_ucx = xp ? !strcmp(xp, "ucx") : w->n > 1;
+    /* local | ucx; by default local for one rank (if allowed), else ucx */
+    const char *xp = getenv("NRS_WORKER_XPORT");
+    w->xport_ucx = xp ? !strcmp(xp, "ucx") : w->n > 1 || !(allow & NRS_XFER_LOCAL);
     if (!w->xport_ucx) {
         if (w->n > 1)
             return nrs_wk_seterr(w, NRS_ERR_XPORT, "the local transport needs a job of one rank, "

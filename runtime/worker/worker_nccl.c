@@ -173,8 +173,9 @@ int nrs_wk_nccl_choose(nrs_worker_t *w, const nrs_emu_graph_t *g, uint64_t key,
     int host_bufs = 0;
     for (size_t i = 0; i < g->nbuf && !host_bufs; i++)
         host_bufs = g->buf[i].b.gpu < 0;
+    bool spec_no = w->spec.runtime.transports && !(w->spec.runtime.transports & NRS_XFER_NCCL);
     int able = w->mem_kind == NRS_MEM_CUDA && me >= 0 && !host_bufs && !(N && N->refused) &&
-               !(env && !strcmp(env, "0"));
+               !(env && !strcmp(env, "0")) && !spec_no;
     if (!N && able && !(N = w->nccl = calloc(1, sizeof(*N))))
         able = 0;
     snprintf(tag, sizeof tag, "%u", w->attempt);

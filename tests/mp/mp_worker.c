@@ -1,7 +1,7 @@
 /* mp_worker: one rank driving the public worker API (include/nereus/nereus.h)
  * under tests/mp/pmix_srv.
  *
- *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK]
+ *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK] [--transports MASK]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -359,6 +359,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 1;
     int count = 4, kill = -1, kill_ponr = -1, rc = 1;
+    unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed"))
             seed = strtoull(argv[++i], NULL, 0);
@@ -368,6 +369,8 @@ int main(int argc, char **argv)
             kill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kill-ponr"))
             kill_ponr = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--transports"))
+            transports = (unsigned)atoi(argv[++i]);
     }
     /* the spec's size does not depend on the job: draw it with the rank
      * count the server exports */
@@ -379,6 +382,8 @@ int main(int argc, char **argv)
     nrs_worker_t *w = NULL;
     long long nv = 0;
     draw_spec(&rng, n, &s);
+    if (transports)
+        s.runtime.transports = transports;
     int e = nrs_worker_init_spec(&w, &s);
     if (e) {
         fprintf(stderr, "mp_worker: init: %s: %s\n", nrs_worker_strerror(e),

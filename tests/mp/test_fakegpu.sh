@@ -76,6 +76,12 @@ mp_case "fake GPU: worker, NRS_WORKER_NCCL=0: host staging" 0 120 \
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 [ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: NCCL off, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] fake GPU: worker, NCCL off: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: worker, runtime.transports [ucx, local]: host staging" 0 120 \
+    env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
+    --seed 15 --count 4 --transports 3
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+[ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: the spec leaves NCCL out, 4 of 4 verified over UCX"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker, spec without nccl: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
 # shellcheck disable=SC2016 # expanded by the rank's shell
 mp_case "fake GPU: worker, rank 2 without a GPU: every rank stages" 0 120 \
     env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- bash -c \

@@ -49,6 +49,13 @@ for tls in sm tcp; do
     done
 done
 rm -f "$stamp"
+# runtime.transports: a job of several ranks needs ucx; one rank runs without it
+mp_case "worker 2 ranks, runtime.transports [local]: init refused" 1 60 env UCX_TLS=sm \
+    "$SRV" -q -n 2 -t 50 -- "$W" --seed 5 --count 1 --transports 1
+mp_grep "worker: the refusal says why" "runtime.transports leaves out ucx, which a job of several ranks needs"
+mp_case "worker 1 rank, runtime.transports [local]: runs" 0 60 "$SRV" -q -n 1 -t 50 -- "$W" \
+    --seed 5 --count 2 --transports 1
+mp_grep "worker 1 rank [local]: its transitions commit, verified" "2 transition(s) committed, every shard verified"
 mp_case "worker sm 4 ranks: rank 2 SIGKILLed past the PONR" 137 60 env UCX_TLS=sm \
     "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2
 got=$(grep -c "census: .* present, .* rebuildable, .* lost" "$mp_out")
