@@ -1,4 +1,4 @@
-/* Nereus EMUs and transitions (DESIGN §7, docs/transitions.md).
+/* Nereus EMUs and transitions (docs/transitions.md).
  *
  * An EMU (Elastic Model Unit) is one data-parallel replica of one model-stage:
  * its ordered GPUs and, per rank, the boxes of global tensor coordinates it

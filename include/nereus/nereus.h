@@ -1,5 +1,5 @@
 /* libnereus worker API: what a training process (rank) of a Nereus job calls
- * (DESIGN §2, docs/worker-api.md).
+ * (docs/worker-api.md).
  *
  * One opaque handle per process. Every function returns NRS_OK (0) or a
  * negative NRS_ERR_* code; nrs_worker_strerror names the code and

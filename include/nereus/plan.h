@@ -1,5 +1,5 @@
 /* Nereus planner: pools, placement and layouts with the least predicted step
- * latency subject to memory in every phase (DESIGN §6, docs/planner.md).
+ * latency subject to memory in every phase (docs/planner.md).
  *
  * GPU numbering: a plan covers GPUs 0..total_gpus-1, node n holding GPUs
  * n*gpus_per_node .. (n+1)*gpus_per_node-1. Pools are contiguous GPU ranges.

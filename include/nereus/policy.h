@@ -1,5 +1,5 @@
 /* Nereus controller policy: online calibration of the cost model and admission
- * of transitions (DESIGN §5, §6; docs/policy.md). One policy, called by the
+ * of transitions (docs/policy.md). One policy, called by the
  * controller daemon and the simulator alike. */
 #ifndef NEREUS_POLICY_H
 #define NEREUS_POLICY_H

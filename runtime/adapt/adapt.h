@@ -1,6 +1,6 @@
 /* The adaptation loop shared by the controller daemon and the simulator: from
  * the current conditions and measurements, decide whether to re-plan and
- * whether the new plan pays for its transition (DESIGN §2 rule 5: one policy,
+ * whether the new plan pays for its transition (one policy,
  * no second copy). Knows nothing of Slurm or of the network. */
 #ifndef NRS_ADAPT_H
 #define NRS_ADAPT_H

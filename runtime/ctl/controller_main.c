@@ -29,6 +29,8 @@ static const char usage[] =
     "  --hello-timeout S        drop peers silent for S s after connecting (5)\n"
     "  --frame-timeout S        drop peers whose frame stays incomplete S s (10)\n"
     "  --transition-timeout S   abort a transition whose ranks do not prepare in S s (60)\n"
+    "  -h, --help               show this help\n"
+    "  -V, --version            print the version\n"
     "\n"
     "Exit status: 0 after SIGTERM/SIGINT (socket removed), 1 set-up failed, 2 usage.\n"
     "Protocol: docs/protocol.md.\n";

@@ -18,9 +18,20 @@ static const char delta_usage[] =
     "Tell the job's controller that the allocation changed: N whole nodes added,\n"
     "nodes released (--remove) or failed (--lost), given as comma-separated host\n"
     "names of ranks, or as GPU indices of the current epoch. The controller re-plans\n"
-    "(a loss forces a new epoch) and answers; exit status 0 when it applied the delta.\n"
-    "G: the source's generation number (must grow; default: the controller's next).\n"
-    "DIR defaults to $NEREUS_SOCKET_DIR.\n";
+    "(a loss forces a new epoch) and answers.\n"
+    "\n"
+    "  -a, --add N              N whole nodes added (1..4096)\n"
+    "  -r, --remove HOSTS       nodes released, comma-separated host names\n"
+    "  -l, --lost HOSTS         nodes failed, comma-separated host names\n"
+    "  -L, --lost-gpus LIST     GPUs failed, comma-separated indices of the current epoch\n"
+    "  -R, --remove-gpus LIST   GPUs released, comma-separated indices of the current epoch\n"
+    "  -g, --generation G       the source's generation number (must grow;\n"
+    "                           default: the controller's next)\n"
+    "  -d, --socket-dir DIR     the controller's job directory (default $NEREUS_SOCKET_DIR)\n"
+    "  -h, --help               show this help\n"
+    "\n"
+    "Give exactly one of -a, -r, -l, -L, -R. Exit status: 0 the controller applied\n"
+    "the delta, 1 it rejected it or could not be reached, 2 usage error.\n";
 
 static int split_hosts(const char *arg, nrs_msg_delta_t *m)
 {

@@ -11,13 +11,21 @@
 #include "ctl/ctl_cmd.h"
 
 static const char status_usage[] =
-    "Usage: nereus status [--json] [--socket-dir DIR] [--timeout SECONDS]\n"
+    "Usage: nereus status [-j|--json] [-d|--socket-dir DIR] [-t|--timeout SECONDS]\n"
     "\n"
     "Ask the job's controller for its state: the epoch and plan table, the health\n"
     "of every rank (age of its last report), the last decisions (saving per step,\n"
     "horizon, transition cost, admitted or not), the calibration error of every\n"
-    "model-stage and the time spent in transitions. --json prints one JSON object.\n"
-    "DIR defaults to $NEREUS_SOCKET_DIR.\n";
+    "model-stage and the time spent in transitions.\n"
+    "\n"
+    "  -j, --json               print one JSON object\n"
+    "  -d, --socket-dir DIR     the controller's job directory (default $NEREUS_SOCKET_DIR)\n"
+    "  -t, --timeout SECONDS    wait at most that long for each part of the answer\n"
+    "                           (in (0, 3600]; default 10)\n"
+    "  -h, --help               show this help\n"
+    "\n"
+    "Exit status: 0 the state was printed, 1 the controller could not be reached\n"
+    "or refused, 2 usage error.\n";
 
 /* Reads STATUS chunks up to the last one and prints them; 0 or -1. */
 static int print_reply(int fd, double timeout, char *err, size_t el)

@@ -1,4 +1,4 @@
-/* runtime/rdv: rank rendezvous over PMIx (DESIGN §8, docs/protocol-dataplane.md).
+/* runtime/rdv: rank rendezvous over PMIx (docs/protocol-dataplane.md).
  *
  * Each rank publishes small blobs (UCX worker addresses, NCCL unique ids)
  * under epoch-tagged keys "nrs.e<epoch>.<name>", commits, and meets the

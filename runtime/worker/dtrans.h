@@ -1,5 +1,5 @@
 /* runtime/worker/dtrans: a distributed transition that commits or aborts
- * (DESIGN §7, docs/worker-api.md §4).
+ * (docs/worker-api.md §4).
  *
  * Every rank builds the same graph (runtime/emu) and calls nrs_dtrans_run
  * with its own memory. The rank executes only its ops, in the global order,

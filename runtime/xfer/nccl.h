@@ -1,5 +1,5 @@
 /* runtime/xfer/nccl: GPU memory and GPU-to-GPU transfers over NCCL
- * (DESIGN §8, docs/protocol-dataplane.md §3). Built when configure finds the
+ * (docs/protocol-dataplane.md §3). Built when configure finds the
  * CUDA runtime and NCCL (HAVE_NCCL).
  *
  * Communicators are non-blocking (config.blocking = 0): every wait polls

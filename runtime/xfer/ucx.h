@@ -1,5 +1,5 @@
 /* runtime/xfer/ucx: host-memory transfers between ranks over UCX tag
- * matching (DESIGN §8, docs/protocol-dataplane.md §2).
+ * matching (docs/protocol-dataplane.md §2).
  *
  * One worker per process (thread mode single), endpoints to every rank
  * (itself included) with UCP_ERR_HANDLING_MODE_PEER and an error callback,

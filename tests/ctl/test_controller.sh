@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Process-level tests of nereus-controller (DESIGN §8 control channel): fake
+# Process-level tests of nereus-controller (the control channel, docs/protocol.md): fake
 # workers over the unix socket and TCP, status and delta through the CLI entry
 # points, misbehaving peers, a second uid, SIGTERM. Every step has a hard
 # time-out; prints the cmocka-style lines scripts/test counts.

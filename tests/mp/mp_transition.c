@@ -4,7 +4,7 @@
  *
  * Every rank draws the same K random (spec, old plan, new plan) triples from
  * the seed (reshards, dp up and down, migrations, pools moving), builds the
- * transition graph itself (DESIGN §2 rule 1: only the inputs are shared; the
+ * transition graph itself (only the inputs are shared; the
  * ranks check by exchanging the graph's hash), and executes its own
  * operations over UCX through the executor's transport table: buffers of
  * physical GPU g live on rank g, host staging buffers on the rank of the GPU

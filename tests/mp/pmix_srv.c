@@ -1,4 +1,4 @@
-/* pmix_srv: the multi-process tests' own PMIx server (DESIGN §9).
+/* pmix_srv: the multi-process tests' own PMIx server (docs/protocol-dataplane.md).
  *
  *   pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify]
  *            [--kill-on-fail SECONDS] [--break-fences] -- PROG ARGS...
