@@ -133,6 +133,10 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
     double end = nrs_now_s() + 4 * w->timeout_s;
     ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
     w->ponr_acked = 1;
+    if (w->aborted_epoch == w->ctl_epoch) { /* its ABORT came before the vote passed */
+        snprintf(why, whylen, "the controller aborted epoch %u", w->ctl_epoch);
+        return -1;
+    }
     while (w->ctl_fd >= 0 && nrs_now_s() < end) {
         int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
         if (k <= 0)
@@ -142,8 +146,13 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
             snprintf(why, whylen, "%s", w->err);
             return -1;
         }
-        if (h.type != NRS_MSG_COMMIT && h.type != NRS_MSG_ABORT)
+        if (h.type != NRS_MSG_COMMIT && h.type != NRS_MSG_ABORT) {
+            int d = w->defer; /* a new PLAN, PREPARE or WORLD: kept for later */
+            w->defer = 1;
+            nrs_wk_ctl_frame(w, &h);
+            w->defer = d;
             continue;
+        }
         nrs_msg_epoch_t m;
         if (nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &m, NULL, 0) ||
             m.epoch != w->ctl_epoch)
@@ -160,6 +169,8 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
     return -1;
 }
 
+static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m);
+
 /* PREPARE(epoch): the transition the pending PLAN announced. */
 int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch)
 {
@@ -172,6 +183,14 @@ int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch)
                              epoch, nrs_worker_epoch(w));
     }
     w->have_pend = 0;
+    w->pend = NULL; /* this transition's: a PLAN that comes meanwhile is kept apart */
+    int rc = prepare_run(w, epoch, m);
+    free(m);
+    return rc;
+}
+
+static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
+{
     int *map = calloc((size_t)m->plan.total_gpus + 1, sizeof(int));
     if (!map) {
         ctl_ack(w, epoch, NRS_MSG_PREPARE, 2, 0);
@@ -216,6 +235,8 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
             return nrs_wk_seterr(w, NRS_ERR_PLAN, "PLAN from the controller: %s", why);
         }
         if (m->flags & NRS_PLAN_TRANSITION) { /* kept for its PREPARE */
+            if (w->aborted_epoch >= m->plan.epoch) /* a new attempt of an aborted epoch */
+                w->aborted_epoch = m->plan.epoch - 1;
             free(w->pend);
             w->pend = m;
             w->have_pend = 1;
@@ -257,7 +278,19 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
     }
     case NRS_MSG_ERROR:
         return ctl_error(w, h);
-    default: /* late COMMIT/ABORT of a finished transition, status text */
+    case NRS_MSG_ABORT: { /* a PREPARE kept for the step agreement is void */
+        nrs_msg_epoch_t m;
+        if (nrs_dec_epoch(h->type, p, h->length, &m, NULL, 0))
+            return NRS_OK;
+        if (m.epoch > w->aborted_epoch)
+            w->aborted_epoch = m.epoch;
+        if (w->prep_epoch == m.epoch)
+            w->prep_epoch = 0;
+        if (w->have_pend && w->pend && w->pend->plan.epoch == m.epoch)
+            w->have_pend = 0;
+        return NRS_OK;
+    }
+    default: /* late COMMIT of a finished transition, status text */
         return NRS_OK;
     }
 }
@@ -560,6 +593,12 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
         goto out;
     }
+    if (total > size) {
+        free(placed);
+        rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: %d ranks for the %d GPUs of epoch %u",
+                           m->gen, size, total, w->plan.epoch);
+        goto out;
+    }
     for (int g = 0; g < total; g++)
         w->perm[g] = -1;
     for (int r = 0; r < size; r++) {
@@ -569,8 +608,16 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
             nrs_ucx_mark_failed(w->u, r);
             continue;
         }
-        uint32_t g1 = get_u32(b + 4);
-        if (g1 && (int)g1 <= total) {
+        uint32_t g1 = get_u32(b + 4), l = get_u32(b);
+        if (g1 > (uint32_t)total || (g1 && w->perm[g1 - 1] >= 0) ||
+            l > blob - WORLD_HDR || (lgot[r] == 1 && l != get_u32(lall + 4 * (size_t)r))) {
+            free(placed);
+            rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: rank %d's entry does not fit (GPU %u "
+                               "of %d, a %u-byte address in %u)", m->gen, r, g1, total, l,
+                               blob - WORLD_HDR);
+            goto out;
+        }
+        if (g1) {
             w->perm[g1 - 1] = r;
             placed[r] = 1;
         }
@@ -582,6 +629,13 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         addrs[r] = (void *)(b + WORLD_HDR);
         lens[r] = get_u32(b);
     }
+    for (int g = 0; g < total; g++) /* before the others are placed: size slots in all */
+        if (w->perm[g] < 0) {
+            free(placed);
+            rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: no rank holds GPU %d of epoch %u",
+                               m->gen, g, w->plan.epoch);
+            goto out;
+        }
     np = total;
     for (int r = m->base; r < size; r++)
         if (!placed[r])
@@ -590,12 +644,6 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         if (!placed[r])
             w->perm[np++] = r;
     free(placed);
-    for (int g = 0; g < total; g++)
-        if (w->perm[g] < 0) {
-            rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: no rank holds GPU %d of epoch %u",
-                               m->gen, g, w->plan.epoch);
-            goto out;
-        }
     if (w->have_plan && epoch && epoch != w->plan.epoch) {
         rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: the job is on epoch %u, this rank on %u",
                            m->gen, epoch, w->plan.epoch);

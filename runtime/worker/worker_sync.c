@@ -50,15 +50,17 @@ int nrs_wk_someone_leaving(const nrs_worker_t *w)
 #define AGREE_LEAVING 0x80000000u
 
 /* Every rank of the plan publishes the PREPARE it holds (0: none), or that it
- * leaves (retired by the controller: AGREE_LEAVING); the largest epoch. The
- * ranks that leave are left out of every later collective of this epoch. */
+ * leaves (retired by the controller: AGREE_LEAVING), and the newest epoch it
+ * knows the controller aborted; the largest epoch, or 0 when some rank knows
+ * that one was aborted (the others learn it from their own ABORT). The ranks
+ * that leave are left out of every later collective of this epoch. */
 static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
 {
     char name[48], err[384];
     int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
     unsigned char *in = calloc((size_t)w->n + 1, 1), *got = calloc((size_t)w->n + 1, 1);
-    uint32_t *all = calloc(2 * (size_t)w->n + 2, sizeof(uint32_t));
-    unsigned best = mine;
+    uint32_t *all = calloc(3 * (size_t)w->n + 3, sizeof(uint32_t));
+    unsigned best = mine, aborted = w->aborted_epoch;
     int nout = 0;
     if (!part || !out || !in || !got || !all)
         goto done;
@@ -66,7 +68,7 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     nout = nrs_wk_plan_outsiders(w, part, np, true, in, out);
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
-    uint32_t v[2] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen};
+    uint32_t v[3] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen, w->aborted_epoch};
     w->agreed_world = v[1];
     if (nrs_wk_coll_gather(w, key, name, v, sizeof v, out, nout, all, got, err, sizeof err))
         goto done;
@@ -78,13 +80,17 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
             w->gone[r] = w->dead[r] = 1; /* the same on every rank: the gather collected it or not */
             continue;
         }
-        if (all[2 * r + 1] > w->agreed_world)
-            w->agreed_world = all[2 * r + 1];
-        if (all[2 * r] & AGREE_LEAVING)
+        if (all[3 * r + 1] > w->agreed_world)
+            w->agreed_world = all[3 * r + 1];
+        if (all[3 * r + 2] > aborted)
+            aborted = all[3 * r + 2];
+        if (all[3 * r] & AGREE_LEAVING)
             w->leaving[r] = 1;
-        else if (all[2 * r] > best)
-            best = all[2 * r];
+        else if (all[3 * r] > best)
+            best = all[3 * r];
     }
+    if (!(best & AGREE_LEAVING) && best <= aborted)
+        best = 0;
 done:
     free(part);
     free(out);

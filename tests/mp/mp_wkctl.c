@@ -1,0 +1,247 @@
+/* The worker's control-channel edges in one process: a singleton worker whose
+ * control channel is one end of a socketpair, a fake controller (a thread) on
+ * the other. Each case runs in its own process (argv[1] names it):
+ *   planmid   a PLAN(TRANSITION) arrives while the transition's votes wait:
+ *             the running transition keeps its own plan (it used the freed
+ *             one: ASan saw it) and commits epoch 2, every shard verified;
+ *   abort     PREPARE(2) and ABORT(2) read together at a step boundary: the
+ *             kept PREPARE is void (it ran all the same, then waited for a
+ *             COMMIT that never came);
+ *   world N   a WORLD whose gather answer names a GPU holder that is gone
+ *             (N=0) or a GPU out of range (N=1): a clear error, no overflow.
+ * Exit 0 when the case behaved; it prints what it saw. */
+#include <config.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl/proto.h"
+#include "nereus/nereus.h"
+#include "nereus/plan.h"
+#include "worker/worker_int.h"
+
+static int cfd = -1, mode;
+static uint8_t *fbuf;
+static nrs_plan_t P1, P2, P3;
+
+static void sendf(const uint8_t *b, int n)
+{
+    for (int o = 0; n > 0 && o < n;) {
+        ssize_t k = write(cfd, b + o, (size_t)(n - o));
+        if (k <= 0)
+            return;
+        o += (int)k;
+    }
+}
+
+static int readn(uint8_t *b, size_t n)
+{
+    for (size_t o = 0; o < n;) {
+        ssize_t k = read(cfd, b + o, n - o);
+        if (k <= 0)
+            return -1;
+        o += (size_t)k;
+    }
+    return 0;
+}
+
+static int recvf(nrs_hdr_t *h)
+{
+    if (readn(fbuf, NRS_PROTO_HDR) || nrs_proto_hdr_decode(fbuf, h))
+        return -1;
+    return readn(fbuf + NRS_PROTO_HDR, h->length);
+}
+
+static void send_epoch(uint16_t type, unsigned e)
+{
+    nrs_msg_epoch_t m;
+    uint8_t b[2048];
+    memset(&m, 0, sizeof m);
+    m.epoch = e;
+    snprintf(m.text, sizeof m.text, "fake controller");
+    sendf(b, nrs_enc_epoch(b, sizeof b, type, &m));
+}
+
+static void send_plan(const nrs_plan_t *p, unsigned flags, unsigned prev)
+{
+    nrs_msg_plan_t *m = calloc(1, sizeof *m);
+    uint8_t *b = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    m->flags = flags;
+    m->prev_epoch = prev;
+    m->plan = *p;
+    sendf(b, nrs_enc_plan(b, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, m));
+    free(m);
+    free(b);
+}
+
+static void send_gathered(const nrs_msg_gather_t *g, int n, const int32_t *ranks,
+                          const uint8_t *data)
+{
+    nrs_msg_gathered_t a;
+    uint8_t *b = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    memset(&a, 0, sizeof a);
+    a.key = g->key;
+    snprintf(a.name, sizeof a.name, "%s", g->name);
+    a.len = g->len;
+    a.count = (uint32_t)n;
+    sendf(b, nrs_enc_gathered(b, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &a, ranks, data, 0));
+    free(b);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Answers every GATHER with this rank's own entry (a world of one), COMMITs
+ * what is prepared; in "planmid" a new PLAN comes before the first answer;
+ * in "world" the answer holds four ranks. */
+static void *controller(void *arg)
+{
+    const char *c = arg;
+    nrs_hdr_t h;
+    int ngather = 0;
+    if (!strcmp(c, "planmid") || !strcmp(c, "abort")) {
+        send_plan(&P2, NRS_PLAN_TRANSITION, 1);
+        send_epoch(NRS_MSG_PREPARE, 2);
+        if (!strcmp(c, "abort"))
+            send_epoch(NRS_MSG_ABORT, 2);
+    }
+    while (!recvf(&h)) {
+        const uint8_t *p = fbuf + NRS_PROTO_HDR;
+        if (h.type == NRS_MSG_GATHER) {
+            nrs_msg_gather_t g;
+            if (nrs_dec_gather(p, h.length, &g, NULL, 0))
+                continue;
+            if (!strcmp(c, "world")) {
+                int32_t ranks[4] = {0, 1, 4, 5};
+                uint8_t *d = calloc(4, g.len + 1);
+                for (int k = 0; k < 4; k++)
+                    memcpy(d + (size_t)k * g.len, g.data, g.len);
+                if (g.len > 4) { /* world<gen>: rank 1 holds GPU 2 (or one out of range) */
+                    put32(d + g.len + 4, mode == 1 ? 0xFFFFFFFFu : 2);
+                    for (int k = 2; k < 4; k++) { /* ranks 4, 5: joiners */
+                        put32(d + (size_t)k * g.len + 4, 0);
+                        put32(d + (size_t)k * g.len + 20, 1);
+                    }
+                }
+                send_gathered(&g, 4, ranks, d);
+                free(d);
+                continue;
+            }
+            if (++ngather == 1 && !strcmp(c, "planmid"))
+                send_plan(&P3, NRS_PLAN_TRANSITION, 1); /* the controller re-plans meanwhile */
+            int32_t r0 = 0;
+            send_gathered(&g, 1, &r0, g.data);
+        } else if (h.type == NRS_MSG_ACK) {
+            nrs_msg_ack_t a;
+            if (!nrs_dec_ack(p, h.length, &a, NULL, 0) && a.phase == NRS_MSG_PREPARE &&
+                a.status == 0 && strcmp(c, "abort"))
+                send_epoch(NRS_MSG_COMMIT, a.epoch);
+        }
+    }
+    return NULL;
+}
+
+static nrs_worker_t *worker(const nrs_spec_t *spec)
+{
+    nrs_worker_t *w;
+    int sv[2];
+    if (nrs_worker_init_spec(&w, spec) || socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+        fprintf(stderr, "mp_wkctl: init: %s\n", nrs_worker_last_error(w));
+        exit(2);
+    }
+    w->ctl_fd = sv[0];
+    cfd = sv[1];
+    w->coll_ctl = 1;
+    return w;
+}
+
+int main(int argc, char **argv)
+{
+    nrs_spec_t spec;
+    nrs_plan_req_t req;
+    char err[512];
+    const char *c = argc > 2 ? argv[2] : "";
+    if (argc < 3 || nrs_spec_load(argv[1], &spec, err, sizeof err)) {
+        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|world N%s%s\n", argc > 2 ? ": " : "",
+                argc > 2 ? err : "");
+        return 2;
+    }
+    mode = argc > 3 ? atoi(argv[3]) : 0;
+    fbuf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    nrs_plan_req_init(&req, &spec);
+    req.gpus = !strcmp(c, "world") ? 4 : 1;
+    if (nrs_plan_best(&spec, &req, &P1, err, sizeof err))
+        return fprintf(stderr, "plan: %s\n", err), 2;
+    req.gpus = 2;
+    if (nrs_plan_best(&spec, &req, &P2, err, sizeof err))
+        return fprintf(stderr, "plan: %s\n", err), 2;
+    P1.epoch = 1;
+    P2.epoch = 2;
+    P3 = P2; /* the same epoch again, as a retry would be */
+    nrs_worker_t *w = worker(&spec);
+    pthread_t t;
+    int rc = 1, e;
+    if (!strcmp(c, "world")) {
+        /* rank 0 of 4 at epoch 1; ranks 2 and 3 died before the join */
+        w->n = 4;
+        w->me = 0;
+        w->my_gpu = 0;
+        w->plan = P1;
+        w->have_plan = 1;
+        w->perm = realloc(w->perm, 5 * sizeof(int));
+        for (int i = 0; i < 4; i++)
+            w->perm[i] = i;
+        unsigned char **a[3] = {&w->leaving, &w->gone, &w->dead};
+        for (int k = 0; k < 3; k++) {
+            *a[k] = realloc(*a[k], 5);
+            memset(*a[k], 0, 5);
+        }
+        nrs_ucx_opts_t uo;
+        nrs_ucx_opts_init(&uo);
+        if (nrs_ucx_init(&w->u, 0, 4, &uo, err, sizeof err))
+            return fprintf(stderr, "ucx: %s\n", err), 2;
+        pthread_create(&t, NULL, controller, (void *)c);
+        nrs_msg_world_t m;
+        memset(&m, 0, sizeof m);
+        m.gen = 1, m.size = 6, m.rank = 0, m.base = 4, m.count = 2, m.nout = 2;
+        m.out[0] = 2, m.out[1] = 3;
+        e = nrs_wk_world_switch(w, &m);
+        printf("world switch: %d: %s\n", e, e ? nrs_worker_last_error(w) : "ok");
+        rc = e == NRS_ERR_PLAN ? 0 : 1;
+    } else {
+        if ((e = nrs_worker_set_plan(w, &P1)) || (e = nrs_worker_alloc_state(w, NRS_MEM_HOST, 1)))
+            return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;
+        pthread_create(&t, NULL, controller, (void *)c);
+        if (!strcmp(c, "planmid")) {
+            e = nrs_worker_control_poll(w, 10);
+            long long v = 0, bad = 0;
+            int ve = nrs_worker_verify_state(w, &v, &bad);
+            printf("planmid: control_poll %d (%s), epoch %d, %lld verified, %lld bad\n", e,
+                   e < 0 ? nrs_worker_last_error(w) : "ok", nrs_worker_epoch(w), v, bad);
+            rc = e >= 0 && nrs_worker_epoch(w) == 2 && !ve && v > 0 && !bad ? 0 : 1;
+        } else { /* what nrs_worker_control_step drains at a step boundary */
+            nrs_hdr_t h;
+            usleep(300000);
+            w->defer = 1;
+            while (w->ctl_fd >= 0 && nrs_wk_ctl_recv(w, 0.2, &h) > 0)
+                nrs_wk_ctl_frame(w, &h);
+            w->defer = 0;
+            printf("abort: after the step's frames: PREPARE kept for epoch %u, plan pending %d\n",
+                   w->prep_epoch, w->have_pend);
+            rc = w->prep_epoch == 0 && !w->have_pend ? 0 : 1;
+        }
+    }
+    shutdown(cfd, SHUT_RDWR);
+    pthread_join(t, NULL);
+    close(cfd);
+    nrs_worker_finalize(w);
+    free(fbuf);
+    return rc;
+}

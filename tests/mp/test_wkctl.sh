@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The worker's control-channel edges against a fake controller (tests/mp/mp_wkctl.c).
+. "$(dirname "$0")/lib.sh"
+K="$B/tests/mp/mp_wkctl"
+SPEC="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}/examples/tiny-cpu.yaml"
+export UCX_TLS=sm
+mp_case "worker: a PLAN mid-transition does not replace the running one" 0 60 "$K" "$SPEC" planmid
+mp_grep "worker: the transition committed epoch 2, every shard verified" "epoch 2, [1-9][0-9]* verified, 0 bad"
+mp_case "worker: an ABORT read with its PREPARE voids it" 0 60 "$K" "$SPEC" abort
+mp_case "worker: a world whose GPU holder is gone: a clear error" 0 60 "$K" "$SPEC" world 0
+mp_grep "worker: the error names the GPU" "no rank holds GPU 2 of epoch 1"
+mp_case "worker: a world entry with a GPU out of range: a clear error" 0 60 "$K" "$SPEC" world 1
+mp_grep "worker: the error names the entry" "rank 1's entry does not fit"
+mp_done
