@@ -50,8 +50,8 @@ int nrs_wk_someone_leaving(const nrs_worker_t *w)
 #define AGREE_LEAVING 0x80000000u
 
 /* Every rank of the plan publishes the PREPARE it holds (0: none), or that it
- * leaves (retired by the controller: AGREE_LEAVING), and the newest epoch it
- * knows the controller aborted; the largest epoch, or 0 when some rank knows
+ * leaves (retired by the controller: AGREE_LEAVING), the newest epoch it
+ * knows the controller aborted and its transition counter; the largest epoch, or 0 when some rank knows
  * that one was aborted (the others learn it from their own ABORT). The ranks
  * that leave are left out of every later collective of this epoch. */
 static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
@@ -59,7 +59,7 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     char name[48], err[384];
     int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
     unsigned char *in = calloc((size_t)w->n + 1, 1), *got = calloc((size_t)w->n + 1, 1);
-    uint32_t *all = calloc(3 * (size_t)w->n + 3, sizeof(uint32_t));
+    uint32_t *all = calloc(4 * (size_t)w->n + 4, sizeof(uint32_t));
     unsigned best = mine, aborted = w->aborted_epoch;
     int nout = 0;
     if (!part || !out || !in || !got || !all)
@@ -68,7 +68,9 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     nout = nrs_wk_plan_outsiders(w, part, np, true, in, out);
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
-    uint32_t v[3] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen, w->aborted_epoch};
+    uint32_t v[4] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen, w->aborted_epoch,
+                     w->attempt};
+    unsigned attempt = w->attempt;
     w->agreed_world = v[1];
     if (nrs_wk_coll_gather(w, key, name, v, sizeof v, out, nout, all, got, err, sizeof err))
         goto done;
@@ -80,15 +82,19 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
             w->gone[r] = w->dead[r] = 1; /* the same on every rank: the gather collected it or not */
             continue;
         }
-        if (all[3 * r + 1] > w->agreed_world)
-            w->agreed_world = all[3 * r + 1];
-        if (all[3 * r + 2] > aborted)
-            aborted = all[3 * r + 2];
-        if (all[3 * r] & AGREE_LEAVING)
+        const uint32_t *o = all + 4 * (size_t)r;
+        if (o[1] > w->agreed_world)
+            w->agreed_world = o[1];
+        aborted = o[2] > aborted ? o[2] : aborted;
+        attempt = o[3] > attempt ? o[3] : attempt;
+        if (o[0] & AGREE_LEAVING)
             w->leaving[r] = 1;
-        else if (all[3 * r] > best)
-            best = all[3 * r];
+        else if (o[0] > best)
+            best = o[0];
     }
+    /* the transition counter names every vote and tag of the next one: a rank
+     * that missed one (it lacked the PREPARE the others ran) catches up */
+    w->attempt = attempt;
     if (!(best & AGREE_LEAVING) && best <= aborted)
         best = 0;
 done:
