@@ -84,9 +84,11 @@ static int run(const nrs_spec_t *s, double scale, int gpus)
     failed = failed || phase(w, "sync(new epoch)", nrs_worker_weight_sync(w), t, &total);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("%s total %.3f; %d buffers, %lld shards verified, %lld mismatches; peak RSS %ld MiB\n",
+    printf("%s total %.3f; %d buffers, %lld shards verified, %lld mismatches; transition: %.0f "
+           "bytes moved, %.0f hashed; peak RSS %ld MiB\n",
            failed ? " (failed)" : "", total, nrs_worker_nbuffers(w), verified, bad,
-           ru.ru_maxrss / 1024);
+           nrs_worker_transition_stat(w, NRS_TS_BYTES_SENT),
+           nrs_worker_transition_stat(w, NRS_TS_BYTES_VERIFIED), ru.ru_maxrss / 1024);
     nrs_worker_finalize(w);
     return failed || bad;
 }

@@ -54,7 +54,7 @@ __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "Buf
            "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 5
+API_VERSION = 6
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -95,7 +95,8 @@ NRS_TS_PRESENT = 10
 NRS_TS_REBUILDABLE = 11
 NRS_TS_LOST = 12
 NRS_TS_RESTORED_STEP = 13
-NRS_TS_COUNT = 14
+NRS_TS_BYTES_VERIFIED = 14
+NRS_TS_COUNT = 15
 
 # Model-stages (nrs_ms_t, include/nereus/spec.h): nrs_worker_role's ms and
 # the ms argument of report_stage and group.
@@ -153,7 +154,7 @@ __all__ += [k for k in list(globals()) if k.startswith("NRS_")]
 
 _TS_NAMES = ("seconds", "prepare_s", "execute_s", "vote_s", "commit_s", "bytes_sent",
              "bytes_recv", "transfers", "max_inflight", "failed_rank", "present",
-             "rebuildable", "lost", "restored_step")
+             "rebuildable", "lost", "restored_step", "bytes_verified")
 
 # ---- results -------------------------------------------------------------
 

@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 5
+#define NRS_WORKER_API_VERSION 6
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -93,7 +93,9 @@ enum {
     NRS_TS_LOST = 12,       /*   lost (a checkpoint is needed) */
     NRS_TS_RESTORED_STEP = 13, /* the state was restored from the checkpoint of this
                                 * step (-1: not a restore; API 3) */
-    NRS_TS_COUNT = 14
+    NRS_TS_BYTES_VERIFIED = 14, /* (API 6) bytes this rank hashed, sent and received
+                                 * (runtime.verify; 0 when off) */
+    NRS_TS_COUNT = 15
 };
 
 int nrs_worker_api_version(void);

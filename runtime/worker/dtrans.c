@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "emu/pattern.h"
 #include "util/util.h"
 #include "worker/census.h"
 #include "worker/dtrans.h"
@@ -21,6 +22,7 @@ typedef struct {
     int64_t op;
     int32_t src, dst; /* buffer ids on this rank, -1 for the other side */
     nrs_xreq_t rs, rr;
+    nrs_xregion_t dreg; /* what is received, hashed when it is in (opts.verify) */
 } flight_t;
 
 typedef struct {
@@ -37,6 +39,9 @@ typedef struct {
     int window, nfl;
     double stall_end;
     int failed;
+    uint64_t sum_sent, sum_recv; /* opts.verify: since the last vote */
+    int64_t nrecv;               /* transfers received here */
+    int corrupt;                 /* the sums differed after the point of no return */
 } dt_t;
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -58,6 +63,7 @@ void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks)
     o->window = 32;
     o->timeout_s = 30;
     o->kill_after = -1;
+    o->corrupt_recv = -1;
 }
 
 int nrs_dtrans_buf_rank(const nrs_emu_graph_t *g, const nrs_dtrans_opts_t *o, int32_t id)
@@ -112,6 +118,29 @@ static void die_now(const dt_t *D)
     raise(SIGKILL);
 }
 
+/* ---- verification (opts.verify) ------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x) /* splitmix64's finalizer */
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Op i's contribution to a sum: its bytes' hash, row by row, bound to i (the
+ * same on both sides: rows and row_bytes are the op's, pitches may differ). */
+static uint64_t region_hash(dt_t *D, const nrs_xregion_t *r, int64_t i)
+{
+    const uint8_t *p = (const uint8_t *)r->mem->ptr + r->off;
+    uint64_t h = mix64((uint64_t)i + 0x9e3779b97f4a7c15ULL);
+    for (size_t k = 0; k < r->rows; k++)
+        h = mix64(h ^ nrs_emu_checksum(p + k * r->pitch, r->row_bytes));
+    D->res->bytes_verified += (int64_t)(r->rows * r->row_bytes);
+    return h;
+}
+
 /* ---- progress ------------------------------------------------------------------------ */
 
 static void harvest(dt_t *D)
@@ -125,6 +154,10 @@ static void harvest(dt_t *D)
         if (f->dst >= 0) {
             D->writes[f->dst]--;
             D->got[f->dst]++;
+            if (D->nrecv++ == D->o->corrupt_recv && f->dreg.rows && f->dreg.row_bytes)
+                ((uint8_t *)f->dreg.mem->ptr)[f->dreg.off] ^= 0x5a; /* the test hook */
+            if (D->o->verify)
+                D->sum_recv += region_hash(D, &f->dreg, f->op);
         }
         f->used = 0;
         D->nfl--;
@@ -275,6 +308,7 @@ static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
     if (d == me) {
         region(D, op->dst_buf, op->dst_off, op->dst_pitch, op, &dr);
         f->dst = op->dst_buf;
+        f->dreg = dr;
         D->writes[op->dst_buf]++;
         if (D->x->ops->recv(D->x->ctx, op->src_gpu, &dr, tag, &f->rr))
             goto post_failed;
@@ -282,6 +316,8 @@ static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
     if (s == me) {
         region(D, op->src_buf, op->src_off, op->src_pitch, op, &sr);
         f->src = op->src_buf;
+        if (D->o->verify)
+            D->sum_sent += region_hash(D, &sr, i);
         D->reads[op->src_buf]++;
         if (D->x->ops->send(D->x->ctx, op->dst_gpu, &sr, tag, &f->rs))
             goto post_failed;
@@ -379,21 +415,31 @@ static int peer_dead(const dt_t *D, int i)
            (D->o->peer_failed && D->o->peer_failed(D->o->peer_arg, i));
 }
 
-/* Every survivor contributes val under (epoch, name) (the gather). 0 when
- * every rank's value came and equals want (want NULL: any value != 0 is a
- * no); -1 with res->msg naming the first rank missing or saying no. */
+/* Every survivor contributes val under (epoch, name) (the gather), with the
+ * sums of what it sent and received since the last vote (opts.verify). 0
+ * when every rank's value came and equals want (want NULL: any value != 0
+ * is a no) and the sums agree; -1 with res->msg naming the first rank
+ * missing or saying no, or the mismatch (D->corrupt is set when the sums
+ * differ: the same on every rank, they all see the same sums). */
+typedef struct {
+    int64_t val;
+    uint64_t sent, recv;
+} vote_t;
+
 static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const int64_t *want)
 {
     char name[48], err[384];
     int n = D->o->nranks, rc = -1;
-    int64_t *all = calloc((size_t)n + 1, sizeof(int64_t));
+    vote_t *all = calloc((size_t)n + 1, sizeof(vote_t)), v = {val, D->sum_sent, D->sum_recv};
     unsigned char *got = calloc((size_t)n + 1, 1);
+    uint64_t sent = v.sent, recv = v.recv;
+    D->sum_sent = D->sum_recv = 0;
     snprintf(name, sizeof name, "dt%u.%s", D->o->attempt, what);
     if (!all || !got) {
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: out of memory", what);
         goto out;
     }
-    if (gather(D, epoch, name, &val, sizeof val, all, got, err, sizeof err)) {
+    if (gather(D, epoch, name, &v, sizeof v, all, got, err, sizeof err)) {
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
         goto out;
     }
@@ -407,13 +453,23 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
                      what, i);
             goto out;
         }
-        if (want ? all[i] != *want : all[i] != 0) {
+        if (want ? all[i].val != *want : all[i].val != 0) {
             snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d says no (%lld)", what, i,
-                     (long long)all[i]);
+                     (long long)all[i].val);
             goto out;
         }
+        sent += all[i].sent;
+        recv += all[i].recv;
     }
-    rc = want && val != *want ? -1 : 0;
+    if (want && val != *want)
+        goto out;
+    if (sent != recv) {
+        D->corrupt = 1;
+        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: checksum mismatch: the bytes "
+                 "received differ from the bytes sent (runtime.verify)", what);
+        goto out;
+    }
+    rc = 0;
 out:
     free(all);
     free(got);
@@ -451,8 +507,9 @@ static void census(dt_t *D, uint64_t epoch)
     got = calloc((size_t)n + 1, 1);
     if (!held || !all || !mine || !every || !got)
         goto out;
-    for (size_t i = 0; i < g->nbuf; i++)
-        held[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i];
+    for (size_t i = 0; i < g->nbuf; i++) /* corrupt: what a transfer wrote is suspect */
+        held[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i] &&
+                  !(D->corrupt && D->need[i] > 0);
     nrs_census_pack(&c, me, held, mine);
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
     if (gather(D, epoch, name, mine, len, every, got, err, sizeof err)) {

@@ -73,6 +73,14 @@ typedef struct {
     /* NRS_DT_PARTIAL: filled with, per new-state buffer (g->nnew), 1 when some
      * survivor holds it complete (the census, the same on every rank). May be NULL. */
     unsigned char *present_out;
+    /* Checksum every transfer (runtime.verify; host memory only): the sender
+     * hashes what it sends, the receiver what it got, and the votes compare
+     * the sums over all ranks. A mismatch before the point of no return
+     * aborts; after it, the buffers written by transfers count as not held
+     * in the census (rebuilt from survivors, or a checkpoint). */
+    bool verify;
+    int64_t corrupt_recv;  /* test hook: flip a byte of this rank's Nth received
+                            * transfer as it arrives; -1 none */
 } nrs_dtrans_opts_t;
 
 typedef struct {
@@ -80,6 +88,7 @@ typedef struct {
     int failed_rank;       /* first peer seen dead, -1 */
     int64_t my_ops, ops_done, ponr;
     int64_t xfers, bytes_sent, bytes_recv, max_inflight;
+    int64_t bytes_verified; /* sent and received bytes hashed here (opts.verify) */
     /* NRS_DT_PARTIAL: new-state buffers over all survivors */
     int64_t present, rebuildable, lost;
     double prepare_s, execute_s, vote_s, commit_s, total_s;

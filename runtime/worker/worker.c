@@ -292,7 +292,11 @@ static int coll_choice(nrs_worker_t *w)
     const char *coll = getenv("NRS_WORKER_COLL");
     int allowed = !(coll && !strcmp(coll, "pmix"));
     for (int i = 0; allowed && w->ctl_fd < 0 && i < w->n; i++) {
-        const char *c = l[i] == CONTACT ? (const char *)b[i] + 1 : "";
+        /* a peer's blob need not end in a NUL: scan a terminated copy */
+        char c[CONTACT];
+        if (l[i] == CONTACT)
+            memcpy(c, (const char *)b[i] + 1, CONTACT - 1);
+        c[l[i] == CONTACT ? CONTACT - 1 : 0] = '\0';
         char hp[300], tok[NRS_PROTO_TOKEN_MAX];
         if (!c[0] || sscanf(c, "%299s %127s", hp, tok) != 2)
             continue;
@@ -321,6 +325,13 @@ static int coll_choice(nrs_worker_t *w)
                     "PMIx (after a shrink they fail under Slurm's pmix plugin)\n", with, w->n);
     }
     return 0;
+}
+
+int nrs_wk_unusable(const nrs_worker_t *w, const char *fn)
+{
+    if (!w || !w->init_rc)
+        return 0;
+    return nrs_wk_seterr(w, NRS_ERR_INVAL, "%s: nrs_worker_init failed: %s", fn, w->init_err);
 }
 
 /* A handle that holds nothing yet: finalize may take it as it is. */
@@ -376,10 +387,15 @@ static int init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
 }
 
 /* An init that failed: its message outlives the handle (last_error(NULL)). */
-static int init_failed(const nrs_worker_t *w, int rc)
+static int init_failed(nrs_worker_t *w, int rc)
 {
-    if (rc && w)
+    if (rc && w) {
         nrs_wk_seterr(NULL, rc, "%s", w->err);
+        w->init_rc = rc;
+        snprintf(w->init_err, sizeof w->init_err, "%s", w->err[0] ? w->err
+                 : nrs_worker_strerror(rc));
+        w->have_plan = 0; /* a joiner's plan, taken before its world failed: not usable */
+    }
     return rc;
 }
 
@@ -521,15 +537,21 @@ int nrs_worker_finalize(nrs_worker_t *w)
 
 int nrs_worker_gpu(const nrs_worker_t *w)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     return w->have_plan ? w->my_gpu : -1;
 }
 
 int nrs_worker_plan(const nrs_worker_t *w, nrs_plan_t *out)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (!out || !w->have_plan)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_plan: %s", !out ? "out is NULL"
                              : "no plan yet");

@@ -300,6 +300,8 @@ int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
     nrs_hdr_t h;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     if (w->retired)
         return nrs_wk_retired_err(w, __func__);
     if (w->ctl_fd < 0)
@@ -328,6 +330,8 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
     int first = 1;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     if (w->retired)
         return nrs_wk_retired_err(w, __func__);
     while (w->ctl_fd >= 0) {

@@ -85,6 +85,8 @@ struct nrs_worker {
     unsigned char *present; /* broken: [st.nbuf] 1 = complete on some survivor (census) */
     struct nrs_wk_nccl *nccl; /* worker_nccl.c: the NCCL transport of GPU state, NULL */
     char err[640];
+    int init_rc;            /* nrs_worker_init's failure, 0: none (nrs_wk_unusable) */
+    char init_err[640];
 };
 
 /* worker.c */
@@ -103,6 +105,10 @@ void nrs_wk_perm_identity(nrs_worker_t *w);
 double nrs_wk_env_double(const char *name, double dflt);
 /* The executor options every distributed run of this rank shares. */
 void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
+/* 0, or NRS_ERR_INVAL (last error "fn: nrs_worker_init failed: ...") for a
+ * handle whose init failed: it takes only last_error, finalize and the
+ * queries of what it is (rank, size, is_singleton, transport, control). */
+int nrs_wk_unusable(const nrs_worker_t *w, const char *fn);
 /* The rendezvous that names this job's ranks in failure reports (NULL: a joiner). */
 nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);
 

@@ -65,22 +65,82 @@ int nrs_wk_buf_rank(const nrs_worker_t *w, const nrs_emu_buf_t *b)
     return nrs_wk_owner_rank((void *)w, b->gpu);
 }
 
-/* The state of the current plan and which buffers are ours. */
+/* A plan's state index (its buffers, which are ours, room for our memory),
+ * built aside and installed only once complete: a plan that cannot be built
+ * leaves the handle as it was. */
+typedef struct {
+    nrs_emu_state_t st;
+    nrs_xmem_t *mem;
+    void **dev;
+    int *mine;
+    int nmine;
+} wk_index_t;
+
+static void index_free(wk_index_t *ix)
+{
+    nrs_emu_state_free(&ix->st);
+    free(ix->mem);
+    free(ix->dev);
+    free(ix->mine);
+    memset(ix, 0, sizeof(*ix));
+}
+
+/* The rank holding GPU g under perm (NULL: rank r holds GPU r), as
+ * nrs_wk_owner_rank says it once perm is the handle's. */
+static int owner_under(const nrs_worker_t *w, const int *perm, int g)
+{
+    if (w->n == 1)
+        return 0;
+    if (g < 0 || g >= w->n)
+        return -1;
+    return perm ? perm[g] : g;
+}
+
+/* Plan p's state and this rank's buffers under perm into ix; on failure
+ * NRS_ERR_PLAN or NRS_ERR_NOMEM with why, ix empty. */
+static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *perm,
+                       wk_index_t *ix, char *why, size_t whylen)
+{
+    memset(ix, 0, sizeof(*ix));
+    if (nrs_emu_state_build(&w->spec, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &ix->st, why, whylen)) {
+        memset(&ix->st, 0, sizeof ix->st);
+        return NRS_ERR_PLAN;
+    }
+    ix->mem = calloc(ix->st.nbuf + 1, sizeof(*ix->mem));
+    ix->dev = calloc(ix->st.nbuf + 1, sizeof(*ix->dev));
+    ix->mine = calloc(ix->st.nbuf + 1, sizeof(*ix->mine));
+    if (!ix->mem || !ix->dev || !ix->mine) {
+        index_free(ix);
+        snprintf(why, whylen, "out of memory");
+        return NRS_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < ix->st.nbuf; i++)
+        if (owner_under(w, perm, ix->st.buf[i].gpu) == w->me)
+            ix->mine[ix->nmine++] = (int)i;
+    return 0;
+}
+
+/* ix becomes the handle's (its state freed before: nrs_wk_free_state). */
+static void index_install(nrs_worker_t *w, wk_index_t *ix)
+{
+    w->st = ix->st;
+    w->mem = ix->mem;
+    w->dev = ix->dev;
+    w->mine = ix->mine;
+    w->nmine = ix->nmine;
+    memset(ix, 0, sizeof(*ix));
+}
+
+/* The state of the current plan and which buffers are ours (the state freed
+ * before; on failure it stays empty). */
 int nrs_wk_index_state(nrs_worker_t *w)
 {
     char err[512];
-    w->st.max_gpu = -1;
-    if (nrs_emu_state_build(&w->spec, &w->plan, NRS_EMU_SEL_PERSISTENT, NULL, 0, &w->st, err,
-                            sizeof err))
-        return nrs_wk_seterr(w, NRS_ERR_PLAN, "%s", err);
-    w->mem = calloc(w->st.nbuf + 1, sizeof(*w->mem));
-    w->dev = calloc(w->st.nbuf + 1, sizeof(*w->dev));
-    w->mine = calloc(w->st.nbuf + 1, sizeof(*w->mine));
-    if (!w->mem || !w->dev || !w->mine)
-        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < w->st.nbuf; i++)
-        if (nrs_wk_buf_rank(w, &w->st.buf[i]) == w->me)
-            w->mine[w->nmine++] = (int)i;
+    wk_index_t ix;
+    int rc = index_build(w, &w->plan, w->perm, &ix, err, sizeof err);
+    if (rc)
+        return nrs_wk_seterr(w, rc, "%s", err);
+    index_install(w, &ix);
     return 0;
 }
 
@@ -94,26 +154,55 @@ int nrs_wk_plan_ok(nrs_worker_t *w, const nrs_plan_t *p)
     return 0;
 }
 
+/* A plan well-formed enough to index: pools inside its GPUs, each
+ * model-stage on a pool that exists, a layout that fits it (the checks of a
+ * plan from the wire; the epoch may be 0 here). */
+static int plan_wellformed(nrs_worker_t *w, const nrs_plan_t *plan)
+{
+    char why[256];
+    nrs_plan_t p = *plan;
+    if (!p.epoch)
+        p.epoch = 1;
+    if (nrs_proto_check_plan(&p, why, sizeof why))
+        return nrs_wk_seterr(w, NRS_ERR_PLAN, "nrs_worker_set_plan: plan of epoch %u: %s",
+                             plan->epoch, why);
+    return 0;
+}
+
+/* The plan is checked and its state indexed before anything of the handle
+ * changes: a plan refused leaves the previous one (or none) current, its
+ * state and buffers as they were. */
 int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
 {
     int rc;
+    char err[512];
+    wk_index_t ix;
     if (!w)
         return nrs_wk_nohandle(__func__);
-    if ((rc = nrs_wk_plan_ok(w, plan)))
+    if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if ((rc = nrs_wk_plan_ok(w, plan)) || (rc = plan_wellformed(w, plan)))
+        return rc;
+    if ((rc = index_build(w, plan, NULL, &ix, err, sizeof err)))
+        return nrs_wk_seterr(w, rc, "nrs_worker_set_plan: plan of epoch %u: %s", plan->epoch,
+                             err);
     nrs_wk_free_state(w);
     w->plan = *plan;
     w->have_plan = 1;
     w->broken = 0;
     w->rep.epoch = plan->epoch;
     nrs_wk_perm_identity(w);
-    return nrs_wk_index_state(w);
+    index_install(w, &ix);
+    return NRS_OK;
 }
 
 int nrs_worker_epoch(const nrs_worker_t *w)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     return w->have_plan ? (int)w->plan.epoch : -1;
 }
 
@@ -135,9 +224,11 @@ static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
 
 int nrs_worker_nroles(const nrs_worker_t *w)
 {
-    int n = 0, t, p, d;
+    int n = 0, t, p, d, rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     for (int ms = 0; ms < NRS_MS_COUNT; ms++)
         n += !coords(w, ms, &t, &p, &d);
     return n;
@@ -153,9 +244,11 @@ static void put(int *out, int v)
 int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int *dp, int *t,
                     int *p, int *d)
 {
-    int ct, cp, cd;
+    int ct, cp, cd, rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     for (int k = 0, j = i; k < NRS_MS_COUNT; k++) {
         if (coords(w, k, &ct, &cp, &cd) || j--)
             continue;
@@ -176,9 +269,11 @@ int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int
 
 int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int max)
 {
-    int t, p, d, n = 0;
+    int t, p, d, n = 0, rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (group < NRS_GROUP_TP || group > NRS_GROUP_DP)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_group: group %d: not NRS_GROUP_TP, "
                              "_PP or _DP", group);
@@ -240,13 +335,43 @@ static int cuda_ok(nrs_worker_t *w, char *why, size_t len)
 }
 #endif
 
+/* This rank's buffers of the current state, freed (its index kept). */
+static void free_buffers(nrs_worker_t *w)
+{
+    for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
+        if (w->mem[i].ptr && w->x.ops)
+            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+        memset(&w->mem[i], 0, sizeof w->mem[i]);
+#ifdef HAVE_NCCL
+        if (w->dev && w->dev[i])
+            nrs_cuda_free(w->dev[i]);
+#endif
+        if (w->dev)
+            w->dev[i] = NULL;
+    }
+}
+
+/* A failure half-way: what was allocated goes (a retry starts afresh). */
+static int alloc_undo(nrs_worker_t *w, int rc)
+{
+    free_buffers(w);
+    w->mem_kind = NRS_MEM_HOST;
+    return rc;
+}
+
 int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (!w->have_plan || w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_alloc_state: %s",
                              w->allocated ? "state already allocated" : "no usable plan");
+    if (!w->x.ops || !w->mem || !w->mine)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_alloc_state: %s",
+                             !w->x.ops ? "no transport" : "no state index");
     w->mem_kind = NRS_MEM_HOST;
     w->err[0] = '\0';
     if (mem == NRS_MEM_CUDA || mem == NRS_MEM_AUTO) {
@@ -268,9 +393,11 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
     for (int k = 0; k < w->nmine; k++) {
         int i = w->mine[k];
         const nrs_emu_buf_t *b = &w->st.buf[i];
-        if (w->x.ops->mem_alloc(w->x.ctx, b->gpu, (size_t)b->bytes, &w->mem[i]))
-            return nrs_wk_seterr(w, NRS_ERR_NOMEM, "%lld bytes for buffer %d",
-                                 (long long)b->bytes, i);
+        if (w->x.ops->mem_alloc(w->x.ctx, b->gpu, (size_t)b->bytes, &w->mem[i])) {
+            memset(&w->mem[i], 0, sizeof w->mem[i]);
+            return alloc_undo(w, nrs_wk_seterr(w, NRS_ERR_NOMEM, "%lld bytes for buffer %d",
+                                              (long long)b->bytes, i));
+        }
         if (fill)
             nrs_emu_pattern_fill(b, w->mem[i].ptr);
         else
@@ -280,7 +407,7 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
         if (w->mem_kind == NRS_MEM_CUDA &&
             (nrs_cuda_alloc(w->cuda_dev, (size_t)b->bytes, &w->dev[i], e, sizeof e) ||
              nrs_cuda_copy(w->dev[i], w->mem[i].ptr, (size_t)b->bytes, 'h', e, sizeof e)))
-            return nrs_wk_seterr(w, NRS_ERR_NOMEM, "%s", e);
+            return alloc_undo(w, nrs_wk_seterr(w, NRS_ERR_NOMEM, "%s", e));
 #endif
     }
     w->allocated = 1;
@@ -289,23 +416,32 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
 
 int nrs_worker_mem_kind(const nrs_worker_t *w)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     return w->mem_kind ? w->mem_kind : NRS_MEM_HOST;
 }
 
 int nrs_worker_nbuffers(const nrs_worker_t *w)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     return w->allocated ? w->nmine : 0;
 }
 
 /* Buffer i of this rank, or why there is none (fn: the call). */
 static int buffer_ok(const nrs_worker_t *w, int i, const char *fn)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(fn);
+    if ((rc = nrs_wk_unusable(w, fn)))
+        return rc;
     if (!w->allocated)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "%s: buffer %d: no state allocated", fn, i);
     if (i < 0 || i >= w->nmine)
@@ -417,6 +553,8 @@ int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long lon
     nrs_wk_counts(verified, mismatches, 0, 0);
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (!w->allocated)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_verify_state: no state allocated");
     for (int k = 0; k < w->nmine; k++)
@@ -450,14 +588,19 @@ void nrs_worker_set_report_hook(nrs_worker_t *w, nrs_worker_report_hook_fn fn, v
         nrs_wk_nohandle(__func__);
         return;
     }
+    if (nrs_wk_unusable(w, __func__))
+        return;
     w->hook = fn;
     w->hook_arg = arg;
 }
 
 int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     w->sink = fn;
     w->sink_arg = arg;
     return NRS_OK;
@@ -465,8 +608,11 @@ int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 
 int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (ms < 0 || ms >= NRS_MS_COUNT)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: model-stage %d: not an "
                              "nrs_ms_t (0..%d)", ms, NRS_MS_COUNT - 1);
@@ -486,14 +632,18 @@ int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long cap_bytes,
                              int alloc_failed)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (used_bytes < 0 || cap_bytes < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_memory: %lld bytes used of %lld: "
                              "negative", used_bytes, cap_bytes);
     w->rep.mem_used = used_bytes > w->rep.mem_used ? used_bytes : w->rep.mem_used;
     w->rep.mem_cap = cap_bytes;
-    if (cap_bytes && used_bytes * 100 >= cap_bytes * 95)
+    /* 95% or more of the cap; in double: used * 100 overflows for big counts */
+    if (cap_bytes && (double)used_bytes * 100.0 >= (double)cap_bytes * 95.0)
         w->rep.flags |= 1u;
     if (alloc_failed)
         w->rep.flags |= 2u;
@@ -512,8 +662,11 @@ static void file_sink(const char *json)
 
 int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
 {
+    int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (step < 0 || !(response_len >= 0))
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response "
                              "length %g: negative", step, response_len);

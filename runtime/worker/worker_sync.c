@@ -112,6 +112,8 @@ int nrs_worker_control_step(nrs_worker_t *w)
     int rc = NRS_OK;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     int in_plan = w->n > 1 && w->have_plan && w->my_gpu >= 0 && w->allocated;
     if (w->retired) {
         if (in_plan && !w->leaving[w->me]) { /* told by a REPORT's refusal: say so */
@@ -307,6 +309,8 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     int rc;
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     if (!w->have_plan || !w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_weight_sync: %s", w->broken
                              ? "the state is partial (a transition failed past its point of no "

@@ -18,6 +18,14 @@
 
 /* NRS_WORKER_KILL=RANK:OPS (SIGKILL after OPS of its ops) or RANK:ponr (right
  * after the point-of-no-return vote): the tests' failure injection. */
+/* runtime.verify: every transfer of a transition is checksummed (a worker
+ * without a spec: off); $NRS_WORKER_VERIFY=0|1 overrides it. */
+static bool verify_on(const nrs_worker_t *w)
+{
+    const char *e = getenv("NRS_WORKER_VERIFY");
+    return e && *e ? strcmp(e, "0") != 0 : w->spec.runtime.verify;
+}
+
 static int64_t kill_hook(const nrs_worker_t *w)
 {
     const char *k = getenv("NRS_WORKER_KILL");
@@ -163,6 +171,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (nccl)
         nrs_wk_nccl_opts(w, &o);
     o.kill_after = kill_hook(w);
+    o.verify = !nccl && verify_on(w); /* GPU memory over NCCL: not hashed */
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
     o.nout = nout;
@@ -265,6 +274,8 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
 {
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     return nrs_wk_do_transition(w, next, NULL, NULL, 0, 0);
 }
 
@@ -290,6 +301,7 @@ double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
     case NRS_TS_REBUILDABLE: return (double)r->rebuildable;
     case NRS_TS_LOST: return (double)r->lost;
     case NRS_TS_RESTORED_STEP: return (double)w->restored_step;
+    case NRS_TS_BYTES_VERIFIED: return (double)r->bytes_verified;
     default: return 0;
     }
 }
@@ -300,6 +312,8 @@ int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
 {
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     char *d = dir && *dir ? strdup(dir) : NULL;
     if (dir && *dir && !d)
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "nrs_worker_set_checkpoint_dir: out of memory");
@@ -346,6 +360,8 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step)
     char err[512] = "", name[48];
     if (!w)
         return nrs_wk_nohandle(__func__);
+    if (nrs_wk_unusable(w, __func__))
+        return NRS_ERR_INVAL;
     if (step < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: step %ld: negative", step);
     if (!w->ckpt_dir)

@@ -24,6 +24,11 @@
  * own operations (dtrans' test hook); the others must see the transition
  * abort with their old state intact, which they check and report as
  * "aborted, old state intact", exiting 3.
+ *
+ * --verify: the executor checksums every transfer (runtime.verify).
+ * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
+ * with a byte flipped (dtrans' test hook); with --verify every rank must
+ * abort with its old state intact, exiting 3.
  */
 #define _GNU_SOURCE
 #include <config.h>
@@ -49,6 +54,7 @@
 
 typedef struct {
     int64_t xfers, bytes, verified, errors, max_inflight;
+    double exec_s; /* the executor's run (nrs_dtrans_run) */
     int aborted; /* NRS_MP_KILL: aborted as it should, old state checked */
     char first[512];
 } rx_t;
@@ -75,6 +81,7 @@ static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
 static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
+static int use_verify; /* --verify: the executor checksums every transfer */
 #ifdef HAVE_NCCL
 /* No UCX traffic while NCCL moves the bytes: look for dead peers all the same. */
 static bool ucx_gone(void *arg, int rank) { return nrs_ucx_check_peer(arg, rank); }
@@ -146,9 +153,16 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
     }
 #endif
     o.attempt = attempt;
+    o.verify = use_verify;
     const char *kill = getenv("NRS_MP_KILL"); /* RANK:OPS */
     if (kill && atoi(kill) == me && strchr(kill, ':'))
         o.kill_after = atoll(strchr(kill, ':') + 1);
+    /* RANK:N: the Nth transfer RANK receives arrives with a byte flipped */
+    const char *wire = getenv("NRS_MP_CORRUPT_WIRE");
+    if (wire && atoi(wire) == me && strchr(wire, ':'))
+        o.corrupt_recv = atoll(strchr(wire, ':') + 1);
+    if (wire)
+        kill = wire; /* the run must abort everywhere, the old state intact */
     for (size_t i = 0; i < g->nbuf; i++)
         if (g->buf[i].b.bytes > maxb)
             maxb = g->buf[i].b.bytes;
@@ -181,6 +195,7 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
         nrs_xport_nccl_release(x);
 #endif
     E->xfers = res.xfers;
+    E->exec_s = res.total_s;
     E->bytes = res.bytes_sent;
     E->max_inflight = res.max_inflight;
     if (out == NRS_DT_ABORTED && kill) { /* the old state must be intact */
@@ -305,8 +320,10 @@ int main(int argc, char **argv)
     uo.chunk_bytes = 64 << 10;
     nrs_emu_opts_init(&eo);
     eo.chunk_bytes = 16 << 10;
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         use_nccl |= !strcmp(argv[i], "--nccl");
+        use_verify |= !strcmp(argv[i], "--verify");
+    }
 #ifndef HAVE_NCCL
     if (use_nccl) {
         fprintf(stderr, "mp_transition: --nccl: built without NCCL\n");
@@ -350,6 +367,7 @@ int main(int argc, char **argv)
     }
     tu_rng_t rng = {seed * 0x9e3779b97f4a7c15ull + 1};
     int64_t tot_x = 0, tot_b = 0, tot_v = 0;
+    double tot_s = 0;
     rc = 0;
     for (int t = 1; t <= count && !rc; t++) {
         nrs_spec_t s;
@@ -399,6 +417,7 @@ int main(int argc, char **argv)
         tot_x += rc ? 0 : E.xfers;
         tot_b += rc ? 0 : E.bytes;
         tot_v += rc ? 0 : E.verified;
+        tot_s += rc ? 0 : E.exec_s;
         nrs_emu_graph_free(g);
         /* the next transition starts only when every rank is done with this one */
         if (nrs_rdv_fence(r, (uint64_t)t, NULL, timeout, err, sizeof err)) {
@@ -408,8 +427,8 @@ int main(int argc, char **argv)
     }
     if (!rc)
         printf("mp_transition[%d/%d]: %d transition(s) over %s: %lld transfer(s), %lld bytes "
-               "sent, %lld shard(s) verified\n", me, n, count, x.ops->name, (long long)tot_x,
-               (long long)tot_b, (long long)tot_v);
+               "sent, %lld shard(s) verified, %.6f s in the executor\n", me, n, count,
+               x.ops->name, (long long)tot_x, (long long)tot_b, (long long)tot_v, tot_s);
     nrs_xport_close(&x);
 #ifdef HAVE_NCCL
     nrs_nccl_fini(nc);

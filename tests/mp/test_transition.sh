@@ -15,6 +15,22 @@ done
 mp_case "transition: a corrupted byte is caught" 1 60 env UCX_TLS=sm NRS_MP_CORRUPT=1 \
     "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --seed 3 --count 4
 mp_grep "transition: the mismatch is reported" "checksum mismatch"
+# runtime.verify: the executor checksums every transfer. Clean runs commit;
+# a byte flipped on the wire makes every rank abort, old state intact (without
+# --verify the same byte goes through unseen and only the test's own check
+# after the commit catches it).
+for tls in sm tcp; do
+    mp_case "transition --verify $tls 4 ranks, 6 random transitions" 0 90 env UCX_TLS=$tls \
+        "$SRV" -q -n 4 -t 80 -- "$T" --verify --seed 41 --count 6
+done
+mp_case "transition --verify: a byte flipped on the wire aborts every rank" 3 60 env UCX_TLS=sm \
+    NRS_MP_CORRUPT_WIRE=1:0 "$SRV" -q -n 2 -t 50 -- "$T" --verify --seed 3 --count 4
+got=$(grep -c "aborted, old state intact .*checksum mismatch: the bytes received differ" "$mp_out")
+[ "$got" -eq 2 ] && { echo "[       OK ] transition --verify: 2 of 2 ranks aborted on the mismatch, old state intact"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] transition --verify: $got of 2 ranks aborted on the mismatch"; mp_fail=$((mp_fail + 1)); }
+mp_case "transition without --verify: the flipped byte is committed" 1 60 env UCX_TLS=sm \
+    NRS_MP_CORRUPT_WIRE=1:0 "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --seed 3 --count 4
+mp_grep "transition without --verify: only the test's own check finds it" "checksum mismatch"
 # A rank SIGKILLed mid-transition: the server notifies its death (PMIx event),
 # every survivor hears of it, and all abort with their old state intact; the
 # votes' fences must not hang on ranks that learned of the death at
