@@ -339,6 +339,8 @@ int main(int argc, char **argv)
             eo.chunk_bytes = strtoll(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--timeout"))
             timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--cap")) /* per-GPU memory cap: transfers after the PONR */
+            eo.cap_bytes = strtoll(argv[++i], NULL, 0);
     }
     if (nrs_rdv_init(&r, err, sizeof err)) {
         fprintf(stderr, "mp_transition: %s\n", err);

@@ -28,6 +28,14 @@ mp_case "transition --verify: a byte flipped on the wire aborts every rank" 3 60
 got=$(grep -c "aborted, old state intact .*checksum mismatch: the bytes received differ" "$mp_out")
 [ "$got" -eq 2 ] && { echo "[       OK ] transition --verify: 2 of 2 ranks aborted on the mismatch, old state intact"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] transition --verify: $got of 2 ranks aborted on the mismatch"; mp_fail=$((mp_fail + 1)); }
+# Past the point of no return (a memory cap puts transfers after the first
+# free; seed 13's third transition has them): the done vote sees the mismatch
+# on both ranks and the census counts what transfers wrote as not held.
+mp_case "transition --verify: a byte flipped past the PONR fails the run" 1 60 env UCX_TLS=sm \
+    NRS_MP_CORRUPT_WIRE=1:20 "$SRV" -q -n 2 -t 50 -- "$T" --verify --cap 70000 --seed 13 --count 6
+got=$(grep -c "done vote: checksum mismatch: .*; past the point of no return: new state .* [1-9][0-9]* lost (" "$mp_out")
+[ "$got" -eq 2 ] && { echo "[       OK ] transition --verify: 2 of 2 ranks report the mismatch past the PONR and the census"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] transition --verify past the PONR: $got of 2 ranks reported it"; mp_fail=$((mp_fail + 1)); }
 mp_case "transition without --verify: the flipped byte is committed" 1 60 env UCX_TLS=sm \
     NRS_MP_CORRUPT_WIRE=1:0 "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --seed 3 --count 4
 mp_grep "transition without --verify: only the test's own check finds it" "checksum mismatch"
