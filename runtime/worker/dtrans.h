@@ -52,7 +52,9 @@ typedef struct {
     void *peer_arg;
     const char *(*xport_error)(const nrs_xport_t *x); /* its last error; may be NULL */
     unsigned attempt;      /* the caller's count of runs, the same on every rank: keys
-                            * and tags of one run never match another's */
+                            * of one run never match another's, nor tags of the 127
+                            * runs before or after */
+    bool sync_tags;        /* tags of their own (weight syncs), never a transition's */
     /* Ranks that take no part (their GPUs are lost: dead or retired): no op of
      * the graph is theirs, they are not waited for and do not vote. May be NULL. */
     const int *out_ranks;

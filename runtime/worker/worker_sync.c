@@ -354,10 +354,11 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     }
     nrs_dtrans_opts_t o;
     nrs_wk_dtrans_opts(w, &o);
-    /* tags: attempts 8-15 (a job's first 8 transitions use 0-7); keys: its own epoch
-     * tag, one per sync, never a transition's */
+    /* tags of the syncs' own (never a transition's); keys: its own epoch tag, one
+     * per sync */
     uint64_t tag = (1ULL << 63) | ((uint64_t)w->sync_n << 32) | w->plan.epoch;
-    o.attempt = 8u | (w->sync_n++ & 7u);
+    o.sync_tags = true; /* sync_n starts again each epoch: the epoch moves the tags on */
+    o.attempt = w->plan.epoch * 31u + w->sync_n++;
     o.out_ranks = out;
     o.nout = nout;
     nrs_dtrans_result_t res;

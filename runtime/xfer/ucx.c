@@ -42,6 +42,8 @@ typedef struct {
     nrs_ucx_op_t *op;
     void *req;
     int busy, done;
+    int released; /* handed back to UCX still running (ucp_request_free): no
+                   * callback will come; UCX may use the buffer until it ends */
     ucs_status_t status;
     size_t want;          /* chunk bytes expected */
     ucp_tag_recv_info_t info;
@@ -59,6 +61,7 @@ struct nrs_ucx_op {
     slot_t slots[NRS_UCX_MAX_WINDOW];
     void (*on_done)(void *arg, int status);
     void *on_done_arg;
+    void *owned; /* nrs_ucx_op_adopt: freed with the op, once UCX is done with it */
     char err[192];
 };
 
@@ -77,7 +80,10 @@ struct nrs_ucx {
     int new_failures;
     nrs_ucx_probe_fn probe;
     void *probe_arg;
-    nrs_ucx_op_t **orphans; /* freed ops whose requests UCX still holds */
+    nrs_ucx_op_t **orphans; /* freed ops whose requests UCX still holds: their
+                             * callbacks write into the slots, their buffers
+                             * stay in use; reaped when the requests end,
+                             * released to UCX before endpoints and worker go */
     size_t norphans, orphcap;
     int cap;           /* peers allocated (>= size) */
     double last_event; /* nrs_ucx_spin */
@@ -412,17 +418,89 @@ static bool closes_pending(const nrs_ucx_t *u)
     return false;
 }
 
+static bool op_busy(const nrs_ucx_op_t *op);
+
+/* An op no request of which UCX holds any more: its memory and what it owns. */
+static void op_dispose(nrs_ucx_op_t *op)
+{
+    free(op->owned);
+    free(op);
+}
+
+/* Orphans whose requests have ended since (their callbacks ran): release the
+ * requests, free the ops and what they own. */
+static void reap_orphans(nrs_ucx_t *u)
+{
+    for (size_t i = 0; i < u->norphans;) {
+        nrs_ucx_op_t *op = u->orphans[i];
+        for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
+            slot_t *s = &op->slots[k];
+            if (!s->busy && s->req) {
+                ucp_request_free(s->req);
+                s->req = NULL;
+            }
+        }
+        if (op_busy(op)) {
+            i++;
+            continue;
+        }
+        op_dispose(op);
+        u->orphans[i] = u->orphans[--u->norphans];
+    }
+}
+
+/* Whether an orphan still has a request to rank in flight (a rendezvous send
+ * its peer never matched: UCX 1.13 cannot cancel it, and it holds up the
+ * flush of a graceful close of that endpoint for ever). */
+static bool orphans_on(const nrs_ucx_t *u, int rank)
+{
+    for (size_t i = 0; i < u->norphans; i++)
+        if (u->orphans[i]->peer == rank && op_busy(u->orphans[i]))
+            return true;
+    return false;
+}
+
+/* Before the worker goes: every request an orphan still holds is cancelled
+ * where UCX can (an unmatched receive) and handed back (ucp_request_free: UCX
+ * releases a running one itself when it ends, and calls no callback after).
+ * The ops, and the buffers they own, stay until the worker is destroyed. */
+static void release_orphans(nrs_ucx_t *u)
+{
+    for (size_t i = 0; i < u->norphans; i++) {
+        nrs_ucx_op_t *op = u->orphans[i];
+        for (int k = 0; k < NRS_UCX_MAX_WINDOW; k++) {
+            slot_t *s = &op->slots[k];
+            if (s->busy && s->req)
+                ucp_request_cancel(u->worker, s->req);
+            if (!s->req)
+                continue;
+            if (s->busy)
+                s->released = 1;
+            ucp_request_free(s->req);
+            s->req = NULL;
+        }
+    }
+}
+
 void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s)
 {
     double end = nrs_now_s() + timeout_s;
+    ucp_worker_progress(u->worker);
+    reap_orphans(u);
+    /* A graceful close flushes first, which waits for every send on the
+     * endpoint: close forcibly where an orphaned send will never end (its
+     * requests complete as cancelled, and are reaped below). */
     for (int i = 0; i < u->size; i++)
-        close_ep(u, &u->peers[i], u->peers[i].failed != UCS_OK);
+        close_ep(u, &u->peers[i], u->peers[i].failed != UCS_OK || orphans_on(u, i));
     while (closes_pending(u) && nrs_now_s() < end) {
         if (!ucp_worker_progress(u->worker))
             nrs_nap_us(20);
         reap_closes(u);
     }
-    /* Stragglers (a peer gone mid-flush): cancel and force. */
+    reap_orphans(u);
+    /* Stragglers (a peer gone mid-flush): hand the close request back to UCX,
+     * which completes it when the worker is destroyed; one never released
+     * fails an assertion in ucp_worker_destroy. */
     for (int i = 0; i < u->size; i++) {
         peer_t *p = &u->peers[i];
         if (!p->close_req)
@@ -431,13 +509,10 @@ void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s)
         double e2 = nrs_now_s() + 1.0;
         while (ucp_request_check_status(p->close_req) == UCS_INPROGRESS && nrs_now_s() < e2)
             ucp_worker_progress(u->worker);
-        if (ucp_request_check_status(p->close_req) != UCS_INPROGRESS)
-            ucp_request_free(p->close_req);
+        ucp_request_free(p->close_req);
         p->close_req = NULL;
     }
 }
-
-static bool op_busy(const nrs_ucx_op_t *op);
 
 void nrs_ucx_fini(nrs_ucx_t *u)
 {
@@ -455,19 +530,24 @@ void nrs_ucx_fini(nrs_ucx_t *u)
             nrs_ucx_disconnect(u, 2.0);
         /* Orphaned ops may still complete while the worker winds down. */
         double end = nrs_now_s() + 1.0;
-        bool busy = true;
-        while (busy && nrs_now_s() < end) {
-            busy = false;
+        while (u->norphans && nrs_now_s() < end) {
             ucp_worker_progress(u->worker);
-            for (size_t i = 0; i < u->norphans; i++)
-                busy |= op_busy(u->orphans[i]);
+            reap_orphans(u);
         }
+        release_orphans(u); /* no request of ours left unreleased */
+        reap_closes(u);
+        for (int i = 0; i < u->size; i++)
+            if (u->peers[i].close_req) {
+                ucp_request_free(u->peers[i].close_req);
+                u->peers[i].close_req = NULL;
+            }
         if (u->addr)
             ucp_worker_release_address(u->worker, u->addr);
-        ucp_worker_destroy(u->worker);
+        ucp_worker_destroy(u->worker); /* ends what the released requests did */
     }
+    /* UCX is done with every buffer now */
     for (size_t i = 0; i < u->norphans; i++)
-        free(u->orphans[i]);
+        op_dispose(u->orphans[i]);
     free(u->orphans);
     free(u->blob);
     if (u->ctx)
@@ -676,6 +756,11 @@ void nrs_ucx_op_on_done(nrs_ucx_op_t *op, void (*fn)(void *arg, int status), voi
     op->on_done_arg = arg;
 }
 
+void nrs_ucx_op_adopt(nrs_ucx_op_t *op, void *mem)
+{
+    op->owned = mem;
+}
+
 static void unlink_op(nrs_ucx_op_t *op)
 {
     nrs_ucx_t *u = op->u;
@@ -733,7 +818,7 @@ static void free_released(nrs_ucx_op_t *op)
         u->orphans[u->norphans++] = op;
         return;
     }
-    free(op);
+    op_dispose(op);
 }
 
 void nrs_ucx_op_free(nrs_ucx_op_t *op)
@@ -798,6 +883,8 @@ int nrs_ucx_progress(void *arg)
     watch_peers(u, now);
     for (nrs_ucx_op_t *op = u->ops; op; op = op->next)
         events += advance(op, now);
+    if (u->norphans) /* late completions of ops freed while still in UCX */
+        reap_orphans(u);
     for (int i = 0; i < u->size; i++) /* a failed endpoint is closed, forcibly */
         if (u->peers[i].failed != UCS_OK && u->peers[i].ep && !u->peers[i].closed)
             close_ep(u, &u->peers[i], true);

@@ -72,8 +72,11 @@ void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s);
 
 void nrs_ucx_set_probe(nrs_ucx_t *u, nrs_ucx_probe_fn fn, void *arg);
 
-/* Post a message; buf must stay valid until the op completes or is freed.
- * tag < 2^32. 0 and *op on success; -1 with err. */
+/* Post a message; buf must stay valid until the op completes or is freed
+ * (an op freed while UCX still runs one of its requests — a rendezvous send
+ * its peer never matched cannot be cancelled — uses buf until that request
+ * ends or nrs_ucx_fini; a buffer of the caller's own for the op can be handed
+ * over with nrs_ucx_op_adopt). tag < 2^32. 0 and *op on success; -1 with err. */
 int nrs_ucx_isend(nrs_ucx_t *u, int peer, const void *buf, size_t len, uint64_t tag,
                   nrs_ucx_op_t **op, char *err, size_t errlen);
 int nrs_ucx_irecv(nrs_ucx_t *u, int peer, void *buf, size_t len, uint64_t tag,
@@ -82,8 +85,14 @@ int nrs_ucx_irecv(nrs_ucx_t *u, int peer, void *buf, size_t len, uint64_t tag,
 /* 1 done, 0 pending, -1 failed (nrs_ucx_op_error says why). Does not progress. */
 int nrs_ucx_test(const nrs_ucx_op_t *op);
 const char *nrs_ucx_op_error(const nrs_ucx_op_t *op);
-/* Cancel if still pending, release. */
+/* Cancel if still pending, release. Requests UCX cannot cancel are kept
+ * (with the op's buffer, see nrs_ucx_op_adopt) until they end, and handed
+ * back to UCX (ucp_request_free) before endpoints and worker go. */
 void nrs_ucx_op_free(nrs_ucx_op_t *op);
+/* mem (malloc'd; e.g. a bounce buffer the op sends from or receives into) is
+ * freed with the op: when it is freed and UCX is done with its requests, at
+ * the latest in nrs_ucx_fini after the worker is destroyed. */
+void nrs_ucx_op_adopt(nrs_ucx_op_t *op, void *mem);
 /* The same for n ops at once, waiting at most 0.5 s in all (ops[i] set NULL). */
 void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n);
 

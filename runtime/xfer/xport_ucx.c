@@ -12,7 +12,9 @@ typedef struct post {
     nrs_ucx_op_t *op;
     nrs_xreq_t *req;
     nrs_xregion_t region; /* recv into a strided region: unpack on completion */
-    unsigned char *bounce;
+    unsigned char *bounce; /* owned by op once posted (nrs_ucx_op_adopt): an op
+                            * freed while UCX still holds a request of it keeps
+                            * it until that request ends */
     int is_send, ended, status, reported;
 } post_t;
 
@@ -118,6 +120,7 @@ static int post(xu_t *X, int is_send, int peer_owner, const nrs_xregion_t *r, ui
         free(p);
         return -1;
     }
+    nrs_ucx_op_adopt(p->op, p->bounce);
     nrs_ucx_op_on_done(p->op, on_done, p);
     if (nrs_ucx_test(p->op)) /* ended while posting */
         on_done(p, nrs_ucx_test(p->op) > 0 ? 0 : -1);
@@ -136,10 +139,10 @@ static int u_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, n
     return post(ctx, 0, peer, dst, tag, req);
 }
 
+/* p->bounce goes with p->op (adopted), never before UCX is done with it */
 static void release(post_t *p)
 {
     nrs_ucx_op_free(p->op);
-    free(p->bounce);
     free(p);
 }
 

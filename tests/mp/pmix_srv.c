@@ -1,7 +1,7 @@
 /* pmix_srv: the multi-process tests' own PMIx server (docs/protocol-dataplane.md).
  *
  *   pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify]
- *            [--kill-on-fail SECONDS] [--break-fences] -- PROG ARGS...
+ *            [--kill-on-fail SECONDS] [--break-fences] [--exits] -- PROG ARGS...
  *
  * Registers one namespace of N ranks, all local, forks N clients running PROG
  * with the PMIx environment (plus NRS_MP_RANK / NRS_MP_SIZE for convenience),
@@ -15,6 +15,11 @@
  * status then does not count. With --break-fences, as Slurm 22.05's pmix
  * plugin once nodes left a step, every fence after the first abnormal exit
  * fails (the ranks must agree some other way: the controller's GATHER).
+ * With --exits, each child's own end goes to stderr (even with -q), one line
+ * a rank, "pmix_srv: rank R ended: exit N" or "pmix_srv: rank R ended:
+ * signal S" (" (killed by pmix_srv)" appended after a time-out or
+ * --kill-on-fail): the worst status alone hides a survivor that crashed when
+ * another rank was killed on purpose.
  *
  * Fence: this is a single-node server, so the PMIx server library has
  * already collected the contributions of all (local) participants when it
@@ -57,6 +62,7 @@ static struct {
     bool notify;
     double kill_on_fail; /* < 0: never; else seconds after the first failure */
     bool break_fences;
+    bool exits; /* --exits: a line per child's end */
     volatile int failed; /* a child exited abnormally (read by the PMIx thread) */
     char nspace[PMIX_MAX_NSLEN + 1];
     char tmpdir[256];
@@ -429,6 +435,11 @@ static int reap_children(int nspawned)
         srv.exited[r] = 1;
         left--;
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (srv.exits)
+            fprintf(stderr, "pmix_srv: rank %d ended: %s %d%s\n", r,
+                    WIFEXITED(status) ? "exit" : "signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                    srv.killed[r] ? " (killed by pmix_srv)" : "");
         if (code)
             srv_log("rank %d exited with %s %d", r, WIFEXITED(status) ? "status" : "signal",
                     WIFEXITED(status) ? code : WTERMSIG(status));
@@ -455,7 +466,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify] [--kill-on-fail S] [--break-fences] -- PROG ARGS...\n");
+    fprintf(stderr, "usage: pmix_srv [-n N] [-t SECONDS] [-N NSPACE] [-q] [--no-notify] [--kill-on-fail S] [--break-fences] [--exits] -- PROG ARGS...\n");
 }
 
 static int parse_args(int argc, char **argv)
@@ -482,6 +493,8 @@ static int parse_args(int argc, char **argv)
             srv.quiet = true;
         } else if (!strcmp(argv[i], "--break-fences")) {
             srv.break_fences = true;
+        } else if (!strcmp(argv[i], "--exits")) {
+            srv.exits = true;
         } else if (!strcmp(argv[i], "--no-notify")) {
             srv.notify = false;
         } else if (argv[i][0] != '-') {

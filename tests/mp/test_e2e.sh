@@ -70,6 +70,22 @@ wait_srv() {
     [ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
     spid=""
 }
+# survivors LOG N KILLED...: pmix_srv --exits said in LOG how each of its N
+# ranks ended; every one but the KILLED ones must have exited, none died by a
+# signal (the server's status is the worst child's: a killed rank's 137 hid a
+# survivor's SIGABRT in its finalize). $why says which did not.
+survivors() {
+    local log="$1" n="$2" r e
+    shift 2
+    why=""
+    for r in $(seq 0 $((n - 1))); do
+        case " $* " in *" $r "*) continue ;; esac
+        e=$(grep -ao "pmix_srv: rank $r ended: [a-z]* [0-9]*" "$log" | head -n 1)
+        [ -n "$e" ] || e="no end reported"
+        case "$e" in *": exit "*) ;; *) why="${why:+$why; }rank $r: ${e#pmix_srv: rank $r ended: }" ;; esac
+    done
+    [ -z "$why" ]
+}
 
 echo "[==========] end to end: nereus-controller + 8 nereus-worker ranks"
 if ! command -v jq >/dev/null; then mp_skip "end to end" "needs jq"; mp_done; fi
@@ -108,7 +124,7 @@ export NEREUS_SOCKET_DIR="$D"
 echo "[ RUN      ] lost node: 8 ranks, node0's 4 ranks SIGKILLed, delta --lost node0, PMIx fences broken after"
 # --break-fences: every PMIx fence fails once a rank died, as under Slurm 22.05
 # after a shrink; the survivors agree through the controller alone
-"$SRV" -q -n 8 -t 50 --break-fences -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 --gpus-per-host 4 \
+"$SRV" -q -n 8 -t 50 --break-fences --exits -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 --gpus-per-host 4 \
     --response-len 32 --max-response-len 256 >"$tmp/w2.log" 2>&1 &
 spid=$!
 # after the growth transition (epoch 2), while the job runs
@@ -128,6 +144,8 @@ check "lost node: delta --lost node0 accepted, forced new epoch" \
     "[ $drc -eq 0 ] && grep -q 'forced' '$tmp/delta.out'" "exit $drc: $(cat "$tmp/delta.out")"
 wait_srv 450
 check "lost node: the job ended (server exit 137: the 4 killed ranks)" "[ $rc -eq 137 ]" "exit $rc"
+survivors "$tmp/w2.log" 8 0 1 2 3
+check "lost node: the 4 survivors exited, none died by a signal" '[ -z "$why" ]' "$why"
 n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w2.log")
 check "lost node: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
 n=$(grep -E 'rank [4-7]: .*epoch [0-9]+ committed \(GPU [0-3]' "$tmp/w2.log" | grep -vc 'epoch 2 committed')
@@ -152,9 +170,11 @@ D="$tmp/s3"
 start_ctl "$D" "$tmp/c3.log"
 export NEREUS_SOCKET_DIR="$D"
 mp_case "abort: rank 5 SIGKILLed after 3 of its ops of the first transition" 137 50 \
-    env NRS_WORKER_KILL=5:3 "$SRV" -q -n 8 -t 45 -- "$WK" --spec "$SPEC" --steps 24 --step-ms 30 \
+    env NRS_WORKER_KILL=5:3 "$SRV" -q -n 8 -t 45 --exits -- "$WK" --spec "$SPEC" --steps 24 --step-ms 30 \
     --gpus-per-host 4 --response-len 32 --max-response-len 256
 cp "$mp_out" "$tmp/w3.log"
+survivors "$tmp/w3.log" 8 5
+check "abort: the 7 survivors exited, none died by a signal" '[ -z "$why" ]' "$why"
 n=$(grep 'transition aborted, staying on epoch 1: .*old state intact' "$tmp/w3.log" | cut -d: -f1 | sort -u | wc -l)
 check "abort: the 7 survivors aborted, old state intact" "[ $n -eq 7 ]" "$n of 7"
 n=$(grep -c 'epoch 1, 0 transition(s): verified [0-9]* shards, 0 mismatches' "$tmp/w3.log")
@@ -214,7 +234,7 @@ sed 's/^  zero1: false .*/  zero1: true/' "$SPEC" >"$SPEC6"
 CTL_SPEC="$SPEC6" start_ctl "$D" "$tmp/c6.log"
 export NEREUS_SOCKET_DIR="$D"
 echo "[ RUN      ] restore: zero1, checkpoints every 5 steps, node0's 4 ranks SIGKILLed, delta --lost node0"
-"$SRV" -q -n 8 -t 60 --break-fences -- "$WK" --spec "$SPEC6" --steps 100 --step-ms 30 \
+"$SRV" -q -n 8 -t 60 --break-fences --exits -- "$WK" --spec "$SPEC6" --steps 100 --step-ms 30 \
     --gpus-per-host 4 --response-len 32 --max-response-len 256 --checkpoint-dir "$tmp/ck6" \
     --checkpoint-every 5 >"$tmp/w6.log" 2>&1 &
 spid=$!
@@ -228,6 +248,8 @@ drc=$?
 wait_srv 550
 check "restore: delta accepted, the job ended (server exit 137: the 4 killed ranks)" \
     "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc, server exit $rc"
+survivors "$tmp/w6.log" 8 0 1 2 3
+check "restore: the 4 survivors exited, none died by a signal" '[ -z "$why" ]' "$why"
 check "restore: the controller saw the state lost on every replica" \
     "grep -q 'STATE LOST: checkpoint needed' '$tmp/c6.log'"
 n=$(grep -cE '^rank [4-7]: step [0-9]+: transition: restored epoch [0-9]+ from the checkpoint of step [0-9]+' "$tmp/w6.log")
@@ -246,7 +268,7 @@ D="$tmp/s7"
 start_ctl "$D" "$tmp/c7.log"
 export NEREUS_SOCKET_DIR="$D"
 echo "[ RUN      ] past the PONR: rank 5 SIGKILLed right after the PONR vote, checkpoints every 5 steps"
-NRS_WORKER_KILL=5:ponr "$SRV" -q -n 8 -t 70 --break-fences -- "$WK" --spec "$SPEC" --steps 90 \
+NRS_WORKER_KILL=5:ponr "$SRV" -q -n 8 -t 70 --break-fences --exits -- "$WK" --spec "$SPEC" --steps 90 \
     --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 256 \
     --checkpoint-dir "$tmp/ck7" --checkpoint-every 5 >"$tmp/w7.log" 2>&1 &
 spid=$!
@@ -261,6 +283,8 @@ drc=$?
 wait_srv 550
 check "past the PONR: delta --lost node1 accepted (epoch $g), the job ended (exit 137: rank 5)" \
     "[ $drc -eq 0 ] && [ $rc -eq 137 ]" "delta exit $drc: $(cat "$tmp/delta7.out"), server exit $rc"
+survivors "$tmp/w7.log" 8 5
+check "past the PONR: the 7 other ranks exited, none died by a signal" '[ -z "$why" ]' "$why"
 # what survives complete on node0 is enough: the forced epoch is rebuilt from those
 # replicas (the census's 'rebuildable'), no roll-back to the checkpoint
 n=$(grep -E '^rank [0-3]: step [0-9]+: epoch [3-9] committed' "$tmp/w7.log" | cut -d: -f1 | sort -u | wc -l)
