@@ -3,7 +3,8 @@
  *   init_post_opt (root)        create the per-job directory, owned by the user
  *   user_init (as the user,     check the spec, export NEREUS_* to the tasks,
  *     in the step's cwd)        start the job's watcher + controller on the
- *                               job's first node (once per job: lock file)
+ *                               job's first node, or join the one another
+ *                               step runs (one at a time: flock)
  *   task_exit (root)            the step that started them: after its last
  *                               local task, stop them cleanly (SIGTERM)
  *   exit (root)                 anything of ours still there: SIGKILL
@@ -51,7 +52,11 @@ typedef struct {
     char ctl_dir[NRS_SPANK_PATH_MAX]; /* the job dir on the controller's node */
     bool ctl_here;                    /* this node is the job's first node */
     char node[256];                   /* this node's Slurm name */
+    char first[256];                  /* the job's first node (the controller's) */
     pid_t watcher;                    /* started by this step; 0: none */
+    int lock_fd;                      /* DIR/controller.lock, when locked */
+    bool locked;                      /* ... held: this step runs the controller */
+    unsigned lock_seq;                /* this step's attempt in its record */
     uint32_t tasks, tasks_exited;     /* local tasks of this step */
 
     char spec[PATH_MAX];
@@ -509,6 +514,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
         return -1;
     r->ctl_here = strcmp(node, first) == 0;
     snprintf(r->node, sizeof(r->node), "%s", node);
+    snprintf(r->first, sizeof(r->first), "%s", first);
 
     if (nrs_state_dir(node, state, sizeof(state)) < 0 ||
         nrs_state_dir(first, ctl_state, sizeof(ctl_state)) < 0)
@@ -624,9 +630,10 @@ fail:
  * watcher starts RT/nereus-controller as its own child and then polls
  * slurmctld. Both stay descendants of this slurmstepd: no setsid, no double
  * fork, so proctrack (linuxproc: by parentage; cgroup: by cgroup) kills them
- * with the step. DIR/controller.lock (O_EXCL, holding the watcher's pid)
- * makes it once per job; a later step on that node finds the lock and only
- * waits (bounded) for the socket. */
+ * with the step. DIR/controller.lock (an flock held by the step that runs
+ * it: see below) makes it one per job at a time; a later step finds the lock
+ * taken and joins that controller, or waits (bounded) for its start or its
+ * stop. */
 enum { NRS_CTL_WAIT_MS = 10000, NRS_STOP_WAIT_MS = 3000 };
 
 static int nrs_remote_path(char *out, size_t n, const char *dir, const char *name)
@@ -708,17 +715,152 @@ static bool nrs_watcher_gone(pid_t pid)
     return p == pid || (p < 0 && errno == ECHILD);
 }
 
-/* Stop the watcher this step started (it stops the controller on SIGTERM):
- * TERM, up to wait_ms, then KILL; remove the lock. Never blocks longer. */
-static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms)
+/* ---- one controller per job: DIR/controller.lock ---------------------------
+ *
+ * DIR is the job directory on the job's first node. The step that runs the
+ * job's controller holds an flock on DIR/controller.lock from before it forks
+ * the watcher until the watcher is gone (user_init, then task_exit or exit).
+ * The lock goes with its holder, so it is never stale: a slurmstepd that dies
+ * lets go too. The file is not removed while the job runs (an unlink would
+ * let the next step lock a new file while another still holds the old one:
+ * two controllers); the epilog removes it with the job directory. The holder
+ * keeps one line in it, rewritten in place at each change:
+ *
+ *   STATE SEQ STEP PID HOST UNTIL WHY
+ *
+ * STATE: starting (lock taken, watcher forked, no answer yet), running (the
+ * controller answered), stopping, stopped, failed (WHY: the reason); SEQ: the
+ * attempt (each holder adds one); STEP: the holder's step id; PID: its
+ * watcher, on machine HOST; UNTIL: the wall-clock time (ms) by which the
+ * holder leaves STATE (0: no bound, running).
+ *
+ * Another step of the job that finds the lock taken (on the first node; or
+ * on a node that sees DIR: a state_dir shared by the nodes, or the local test
+ * cluster) waits, bounded by NRS_CTL_WAIT_MS or the holder's UNTIL, for one
+ * of: the controller answers on ctl.sock while the record says starting or
+ * running (the step joins it); the lock is let go (stopped, or the holder
+ * died: a step on the first node takes the lock and starts a new
+ * controller; failed, in the attempt it waited for: it fails at once with
+ * that reason instead of trying again); the watcher of a running record is
+ * gone (it fails at once with the controller's last words). */
+typedef struct {
+    char state[16]; /* "": no record, or one being written */
+    unsigned seq, step;
+    int pid;
+    char host[64];
+    long long until;
+    char why[NRS_SPANK_MSG_MAX];
+} nrs_ctl_rec_t;
+
+static long long nrs_wall_ms(void)
 {
-    char lock[NRS_SPANK_PATH_MAX + 32];
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The machine's name, for the record (one word). */
+static void nrs_host_name(char *buf, size_t n)
+{
+    nrs_remote_host_name(buf, n);
+    for (char *c = buf; *c != '\0'; c++)
+        if (*c == ' ' || *c == '\n' || *c == '\t')
+            *c = '_';
+}
+
+/* "batch", "interactive" or the number: for messages. */
+static const char *nrs_step_name(uint32_t step, char *buf, size_t n)
+{
+    if (step == SLURM_BATCH_SCRIPT)
+        return "batch";
+    if (step == SLURM_INTERACTIVE_STEP)
+        return "interactive";
+    snprintf(buf, n, "%u", step);
+    return buf;
+}
+
+static bool nrs_rec_is(const nrs_ctl_rec_t *rec, const char *state)
+{
+    return strcmp(rec->state, state) == 0;
+}
+
+/* The record in fd (the user's file: parsed, never trusted further); state
+ * "" when there is none or it is being rewritten (no newline yet). */
+static void nrs_ctl_rec_read(int fd, nrs_ctl_rec_t *rec)
+{
+    char buf[NRS_SPANK_MSG_MAX + 256], *nl;
+    ssize_t k = pread(fd, buf, sizeof(buf) - 1, 0);
+    int used = 0;
+
+    memset(rec, 0, sizeof(*rec));
+    if (k <= 0)
+        return;
+    buf[k] = '\0';
+    if ((nl = strchr(buf, '\n')) == NULL)
+        return;
+    *nl = '\0';
+    if (sscanf(buf, "%15s %u %u %d %63s %lld %n", rec->state, &rec->seq, &rec->step, &rec->pid,
+               rec->host, &rec->until, &used) != 6) {
+        memset(rec, 0, sizeof(*rec));
+        return;
+    }
+    snprintf(rec->why, sizeof(rec->why), "%s", buf + used);
+}
+
+/* Rewrite our record (we hold the lock): the new line first, then the
+ * length, so that a reader sees the old line or the new one, whole. */
+static void nrs_ctl_rec_write(const nrs_remote_t *r, const char *state, long long until,
+                              const char *why)
+{
+    char line[NRS_SPANK_MSG_MAX + 256], host[64];
+    int k;
+
+    if (!r->locked)
+        return;
+    nrs_host_name(host, sizeof(host));
+    k = snprintf(line, sizeof(line), "%s %u %u %d %s %lld %s", state, r->lock_seq, r->step_id,
+                 (int)r->watcher, host, until, why);
+    if (k < 0)
+        return;
+    if ((size_t)k >= sizeof(line) - 1)
+        k = (int)sizeof(line) - 2;
+    for (int i = 0; i < k; i++)
+        if (line[i] == '\n')
+            line[i] = ' ';
+    line[k++] = '\n';
+    if (pwrite(r->lock_fd, line, (size_t)k, 0) != k || ftruncate(r->lock_fd, k) != 0)
+        nrs_debug("job %u: %s/controller.lock: %s", r->job_id, r->job_dir, strerror(errno));
+}
+
+/* Let go of the lock, leaving the final record. */
+static void nrs_ctl_unlock(nrs_remote_t *r, const char *state, const char *why)
+{
+    if (!r->locked)
+        return;
+    nrs_ctl_rec_write(r, state, 0, why);
+    flock(r->lock_fd, LOCK_UN); /* even if a forked copy of the fd lives on */
+    close(r->lock_fd);
+    r->locked = false;
+    r->lock_fd = -1;
+}
+
+/* Stop the watcher this step started (it stops the controller on SIGTERM):
+ * TERM, up to wait_ms, then KILL; then let go of the lock, with the record
+ * "failed WHY" (why: a start that failed) or "stopped". Never blocks
+ * longer. */
+static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
+{
     double deadline = nrs_now_ms() + wait_ms;
     pid_t pid = r->watcher;
 
-    if (pid <= 0)
+    if (pid <= 0) {
+        nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
         return;
-    r->watcher = 0;
+    }
+    /* Before the first signal: a step that comes now waits for us to let
+     * go (and then starts a new controller) rather than joining this one. */
+    nrs_ctl_rec_write(r, "stopping", nrs_wall_ms() + wait_ms + 1500, "");
     if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid)) {
         kill(pid, wait_ms > 0 ? SIGTERM : SIGKILL);
         while (!nrs_watcher_gone(pid) && nrs_now_ms() < deadline)
@@ -731,49 +873,9 @@ static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms)
                 poll(NULL, 0, 20);
         }
     }
-    if (nrs_remote_path(lock, sizeof(lock), r->job_dir, "controller.lock") == 0)
-        unlink(lock);
+    r->watcher = 0;
+    nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
     nrs_debug("job %u step %u: watcher and controller stopped", r->job_id, r->step_id);
-}
-
-/* 1: we took the lock (*fd), 0: a live watcher (or a concurrent start) holds
- * it, -1: error. A lock whose pid is not a nereus-watcher is stale: the step
- * that held it ended. */
-static int nrs_remote_lock(const char *lock, int *fd)
-{
-    for (int attempt = 0; attempt < 2; attempt++) {
-        char buf[32];
-        struct stat st;
-        ssize_t k;
-        int lfd;
-
-        *fd = open(lock, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (*fd >= 0)
-            return 1;
-        if (errno != EEXIST) {
-            nrs_err("%s: %s", lock, strerror(errno));
-            return -1;
-        }
-        lfd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        k = lfd >= 0 ? read(lfd, buf, sizeof(buf) - 1) : -1;
-        if (lfd >= 0 && fstat(lfd, &st) != 0)
-            st.st_mtime = 0;
-        if (lfd >= 0)
-            close(lfd);
-        buf[k > 0 ? k : 0] = '\0';
-        pid_t pid = (pid_t)atoi(buf);
-        if (nrs_pid_is_watcher(pid))
-            return 0;
-        if (lfd >= 0 && k == 0 && time(NULL) - st.st_mtime < 15)
-            return 0; /* another step of this job is starting it right now */
-        nrs_debug("removing stale %s (pid '%s')", lock, buf);
-        if (unlink(lock) != 0 && errno != ENOENT) {
-            nrs_err("%s: stale lock, cannot remove it: %s", lock, strerror(errno));
-            return -1;
-        }
-    }
-    nrs_err("%s: cannot take the lock", lock);
-    return -1;
 }
 
 /* The forked child of slurmstepd: only async-signal-safe calls from here.
@@ -962,13 +1064,24 @@ static bool nrs_remote_try_connect(const struct sockaddr_un *sa, double deadline
     return ok;
 }
 
-/* Bounded wait until the controller accepts connections on DIR/ctl.sock;
- * child: our watcher, whose early exit ends the wait with its log's reason. */
-static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child)
+/* The tail of the controller's log, else the watcher's, for a message. */
+static void nrs_remote_why_gone(const nrs_remote_t *r, char *why, size_t n, char *log, size_t ln)
+{
+    nrs_remote_path(log, ln, r->ctl_dir, "controller.log");
+    nrs_remote_log_tail(log, why, n);
+    if (why[0] == '\0') {
+        nrs_remote_path(log, ln, r->ctl_dir, "watcher.log");
+        nrs_remote_log_tail(log, why, n);
+    }
+}
+
+/* Bounded wait (until deadline) until the controller accepts connections on
+ * DIR/ctl.sock; child: our watcher, whose early exit ends the wait with its
+ * log's reason. */
+static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child, double deadline)
 {
     struct sockaddr_un sa;
     char log[NRS_SPANK_PATH_MAX + 32], why[512];
-    double deadline = nrs_now_ms() + NRS_CTL_WAIT_MS;
 
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
@@ -978,12 +1091,7 @@ static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child)
         if (nrs_remote_try_connect(&sa, deadline))
             return 0;
         if (child > 0 && nrs_watcher_gone(child)) {
-            nrs_remote_path(log, sizeof(log), r->ctl_dir, "controller.log");
-            nrs_remote_log_tail(log, why, sizeof(why));
-            if (why[0] == '\0') {
-                nrs_remote_path(log, sizeof(log), r->ctl_dir, "watcher.log");
-                nrs_remote_log_tail(log, why, sizeof(why));
-            }
+            nrs_remote_why_gone(r, why, sizeof(why), log, sizeof(log));
             nrs_err("the job's controller did not start: %s (%s)", why[0] ? why : "no message",
                     log);
             return -1;
@@ -997,17 +1105,146 @@ static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child)
     }
 }
 
+enum { NRS_JOIN_JOINED, NRS_JOIN_OURS, NRS_JOIN_NONE, NRS_JOIN_ELSEWHERE };
+
+/* Another step holds DIR/controller.lock (fd) or nobody does: wait, bounded,
+ * as the comment on the lock says. NRS_JOIN_JOINED: the controller answers
+ * (*step: whose); NRS_JOIN_OURS: the lock is ours now and nobody runs a
+ * controller (may_start: we start it; r->lock_seq is our attempt's);
+ * NRS_JOIN_NONE: the same without may_start (the lock let go again);
+ * NRS_JOIN_ELSEWHERE (without may_start): its holder is on another machine,
+ * whose unix socket cannot be reached from here (a shared state_dir); -1: the controller we waited for failed or did not answer (logged). */
+static int nrs_ctl_join(nrs_remote_t *r, int fd, bool may_start, unsigned *step)
+{
+    struct sockaddr_un sa;
+    nrs_ctl_rec_t rec;
+    char host[64], sn[16], log[NRS_SPANK_PATH_MAX + 32], why[512];
+    double t0 = nrs_now_ms(), deadline = t0 + NRS_CTL_WAIT_MS, cap = t0 + 2.0 * NRS_CTL_WAIT_MS;
+    bool waited = false; /* saw an attempt in progress (starting), number wait_seq */
+    unsigned wait_seq = 0;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->ctl_dir, "ctl.sock") < 0)
+        return -1;
+    nrs_host_name(host, sizeof(host));
+    for (;;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            nrs_ctl_rec_read(fd, &rec);
+            if (waited && rec.seq == wait_seq && nrs_rec_is(&rec, "failed")) {
+                flock(fd, LOCK_UN);
+                nrs_err("%s (step %s started it; this step waited for it)",
+                        rec.why[0] ? rec.why : "the job's controller did not start",
+                        nrs_step_name(rec.step, sn, sizeof(sn)));
+                return -1;
+            }
+            if (!may_start) {
+                flock(fd, LOCK_UN);
+                return NRS_JOIN_NONE;
+            }
+            r->lock_seq = rec.seq + 1;
+            return NRS_JOIN_OURS;
+        }
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            nrs_err("%s/controller.lock: %s", r->ctl_dir, strerror(errno));
+            return -1;
+        }
+        nrs_ctl_rec_read(fd, &rec);
+        if (!may_start && rec.host[0] != '\0' && strcmp(rec.host, host) != 0)
+            return NRS_JOIN_ELSEWHERE;
+        if (nrs_rec_is(&rec, "starting")) {
+            waited = true;
+            wait_seq = rec.seq;
+        }
+        /* "": the holder has only just taken it (or is rewriting it). */
+        if ((nrs_rec_is(&rec, "starting") || nrs_rec_is(&rec, "running") || rec.state[0] == '\0') &&
+            nrs_remote_try_connect(&sa, deadline)) {
+            unsigned seq = rec.seq;
+
+            nrs_ctl_rec_read(fd, &rec); /* not stopping meanwhile? */
+            if (nrs_rec_is(&rec, "running") || (nrs_rec_is(&rec, "starting") && rec.seq == seq)) {
+                *step = rec.step;
+                return NRS_JOIN_JOINED;
+            }
+        } else if (nrs_rec_is(&rec, "running") && strcmp(rec.host, host) == 0 &&
+                   !nrs_pid_is_watcher((pid_t)rec.pid)) {
+            unsigned seq = rec.seq;
+
+            /* Its holder writes "stopping" before it stops the watcher: still
+             * "running" now means the watcher ended on its own. */
+            nrs_ctl_rec_read(fd, &rec);
+            if (nrs_rec_is(&rec, "running") && rec.seq == seq) {
+                nrs_remote_why_gone(r, why, sizeof(why), log, sizeof(log));
+                nrs_err("the job's controller, started by step %s, is no longer running: %s (%s)",
+                        nrs_step_name(rec.step, sn, sizeof(sn)), why[0] ? why : "no message", log);
+                return -1;
+            }
+        }
+        if (rec.until > 0) { /* the holder says when it will have moved on */
+            double ext = nrs_now_ms() + (double)(rec.until - nrs_wall_ms()) + 1000;
+
+            if (ext > deadline)
+                deadline = ext < cap ? ext : cap;
+        }
+        if (nrs_now_ms() >= deadline) {
+            double s = (nrs_now_ms() - t0) / 1000;
+            const char *name = nrs_step_name(rec.step, sn, sizeof(sn));
+
+            if (nrs_rec_is(&rec, "stopping"))
+                nrs_err("the job's controller of step %s was stopping and its step did not let "
+                        "go of %s/controller.lock within %.0f s", name, r->ctl_dir, s);
+            else
+                nrs_err("the job's controller (step %s's, %s) did not answer on %s within %.0f s "
+                        "(see %s/controller.log)", name, rec.state[0] ? rec.state : "starting",
+                        sa.sun_path, s, r->ctl_dir);
+            return -1;
+        }
+        poll(NULL, 0, 50);
+    }
+}
+
+/* DIR/controller.lock, opened as the user (create: on the first node). fd,
+ * or -1 (errno; logged only when it is not a regular file or log). */
+static int nrs_ctl_lock_open(const nrs_remote_t *r, bool create, bool log)
+{
+    char lock[NRS_SPANK_PATH_MAX + 32];
+    struct stat st;
+    int fd;
+
+    if (nrs_remote_path(lock, sizeof(lock), r->ctl_dir, "controller.lock") < 0) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    fd = create ? open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600)
+                : open(lock, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (log)
+            nrs_err("%s: %s", lock, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        nrs_err("%s is not a regular file", lock);
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* On the job's first node: join the job's controller, or start it (once per
+ * job at a time: DIR/controller.lock). 0, or -1 (logged). */
 static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
 {
     char watcher[NRS_SPANK_PATH_MAX + 32], ctl[NRS_SPANK_PATH_MAX + 32];
-    char lock[NRS_SPANK_PATH_MAX + 32];
+    char why[NRS_SPANK_MSG_MAX], sn[16];
     const char *rt = nrs_spank_config.runtime_dir;
-    int fd = -1, held;
+    unsigned step = 0;
+    double deadline;
+    int fd, rc;
     pid_t pid;
 
     if (nrs_remote_path(watcher, sizeof(watcher), rt, "nereus-watcher") < 0 ||
-        nrs_remote_path(ctl, sizeof(ctl), rt, "nereus-controller") < 0 ||
-        nrs_remote_path(lock, sizeof(lock), r->job_dir, "controller.lock") < 0)
+        nrs_remote_path(ctl, sizeof(ctl), rt, "nereus-controller") < 0)
         return -1;
     /* As the user (effective ids): can the user run them? */
     for (const char *p = ctl; p != NULL; p = p == ctl ? watcher : NULL)
@@ -1017,35 +1254,99 @@ static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
                     p, strerror(errno), rt);
             return -1;
         }
-    held = nrs_remote_lock(lock, &fd);
-    if (held < 0)
+    fd = nrs_ctl_lock_open(r, true, true);
+    if (fd < 0)
         return -1;
-    if (held == 0) {
-        nrs_debug("job %u step %u: the job's controller is already running", r->job_id,
-                  r->step_id);
-        return nrs_remote_wait_socket(r, 0);
+    rc = nrs_ctl_join(r, fd, true, &step);
+    if (rc != NRS_JOIN_OURS) {
+        close(fd);
+        if (rc == NRS_JOIN_JOINED)
+            nrs_debug("job %u step %u: joined the job's controller (step %s's)", r->job_id,
+                      r->step_id, nrs_step_name(step, sn, sizeof(sn)));
+        return rc == NRS_JOIN_JOINED ? 0 : -1;
     }
+    r->lock_fd = fd;
+    r->locked = true;
+    deadline = nrs_now_ms() + NRS_CTL_WAIT_MS;
+    /* Waiters may wait for us until we have failed and stopped the watcher. */
+    long long until = nrs_wall_ms() + NRS_CTL_WAIT_MS + NRS_STOP_WAIT_MS + 1500;
+    nrs_ctl_rec_write(r, "starting", until, "");
     pid = nrs_remote_spawn(sp, r, watcher);
     if (pid < 0)
         goto fail;
     r->watcher = pid;
-    if (dprintf(fd, "%d\n", (int)pid) < 0) {
-        nrs_err("%s: %s", lock, strerror(errno));
+    nrs_ctl_rec_write(r, "starting", until, "");
+    if (nrs_remote_wait_socket(r, pid, deadline) < 0)
         goto fail;
-    }
-    close(fd);
-    fd = -1;
-    if (nrs_remote_wait_socket(r, pid) < 0)
-        goto fail;
+    nrs_ctl_rec_write(r, "running", 0, "");
     nrs_info("job %u step %u: controller started (watcher pid %d, socket dir %s)", r->job_id,
              r->step_id, (int)pid, r->job_dir);
     return 0;
 fail:
-    if (fd >= 0)
-        close(fd);
-    nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS);
-    unlink(lock);
+    nrs_spank_strlcpy(why, nrs_spank_last_error, sizeof(why));
+    nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS, why);
     return -1;
+}
+
+/* A step that does not run on the job's first node starts no controller.
+ * Where it sees the first node's job directory (a state_dir shared by the
+ * nodes, or several nodes on one machine) and a step there holds the lock,
+ * it waits for that controller like a step on the first node, so that its
+ * tasks find it answering; otherwise it goes on without waiting. It never
+ * fails the step (its tasks keep NEREUS_*), but srun's output says when it
+ * surely has no controller: the lock is seen and nobody holds it, or the
+ * controller it waited for failed or never answered. */
+static void nrs_remote_controller_find(nrs_remote_t *r)
+{
+    char sn[16];
+    unsigned step = 0;
+    struct stat st;
+    int fd = nrs_ctl_lock_open(r, false, false), rc = NRS_JOIN_NONE;
+
+    if (fd < 0 && (errno != ENOENT || stat(r->ctl_dir, &st) != 0)) {
+        /* A real cluster: the first node's state_dir is on another machine. */
+        nrs_info("job %u step %u: this step does not run on the job's first node %s, whose job "
+                 "directory is not seen from %s (%s: %s): the tasks here start without waiting "
+                 "for its controller", r->job_id, r->step_id, r->first, r->node, r->ctl_dir,
+                 strerror(errno));
+        return;
+    }
+    if (fd >= 0) {
+        rc = nrs_ctl_join(r, fd, false, &step);
+        close(fd);
+    }
+    if (rc == NRS_JOIN_JOINED)
+        nrs_debug("job %u step %u: the job's controller (step %s's, on %s) answers", r->job_id,
+                  r->step_id, nrs_step_name(step, sn, sizeof(sn)), r->first);
+    else if (rc == NRS_JOIN_ELSEWHERE)
+        nrs_info("job %u step %u: this step does not run on the job's first node %s, whose "
+                 "controller runs on another machine: the tasks here start without waiting for it",
+                 r->job_id, r->step_id, r->first);
+    else if (rc == NRS_JOIN_NONE) /* said to the user: this step will have no controller */
+        slurm_error(NRS_SPANK_PREFIX "job %u step %u: no step of this job runs its controller on "
+                    "its first node %s now, and this step does not run there: its tasks start "
+                    "without one (include %s in the step, or start a step with --nereus there "
+                    "first)", r->job_id, r->step_id, r->first, r->first);
+    else
+        slurm_error(NRS_SPANK_PREFIX "job %u step %u: this step does not run on the job's first "
+                    "node %s, whose controller it waited for: its tasks start without it",
+                    r->job_id, r->step_id, r->first);
+}
+
+/* The job's first node is one of this step's nodes (SLURM_STEP_NODELIST, as
+ * srun sets it; without one: assume so, as before). */
+static bool nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r)
+{
+    char list[8192];
+    hostlist_t hl;
+    bool has;
+
+    if (spank_getenv(sp, "SLURM_STEP_NODELIST", list, sizeof(list)) != ESPANK_SUCCESS ||
+        (hl = slurm_hostlist_create(list)) == NULL)
+        return true;
+    has = slurm_hostlist_find(hl, r->first) >= 0;
+    slurm_hostlist_destroy(hl);
+    return has;
 }
 
 static int nrs_remote_setenv(spank_t sp, const char *name, const char *value)
@@ -1133,6 +1434,8 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av)
         r->tasks = 0;
     if (r->ctl_here && nrs_remote_controller_start(sp, r) < 0)
         goto fail;
+    if (!r->ctl_here && !nrs_remote_step_has_first(sp, r))
+        nrs_remote_controller_find(r);
     return 0;
 fail:
     nrs_remote_disable(r);
@@ -1280,10 +1583,10 @@ int nrs_remote_task_exit(spank_t sp, int ac, char **av)
     (void)sp;
     (void)ac;
     (void)av;
-    if (!nrs_spank_opt.given || r->watcher <= 0)
+    if (!nrs_spank_opt.given || (r->watcher <= 0 && !r->locked))
         return 0;
     if (++r->tasks_exited >= r->tasks)
-        nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS);
+        nrs_remote_stop_watcher(r, NRS_STOP_WAIT_MS, NULL);
     return 0;
 }
 
@@ -1292,8 +1595,8 @@ int nrs_remote_exit(spank_t sp, int ac, char **av)
     (void)sp;
     (void)ac;
     (void)av;
-    if (nrs_spank_opt.given && nrs_remote.watcher > 0)
-        nrs_remote_stop_watcher(&nrs_remote, 0);
+    if (nrs_spank_opt.given && (nrs_remote.watcher > 0 || nrs_remote.locked))
+        nrs_remote_stop_watcher(&nrs_remote, 0, NULL);
     if (nrs_spank_opt.given && !nrs_remote.disabled)
         nrs_debug("job %u step %u: exit", nrs_remote.job_id, nrs_remote.step_id);
     return 0;

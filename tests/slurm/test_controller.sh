@@ -37,10 +37,13 @@ else sl_fail "srun --nereus: tasks on both nodes get NEREUS_SOCKET_DIR=$sock" "r
 sl_check "a task on the first node asks nereus status (\$NEREUS_SOCKET_DIR)" grep -q '^status ok on n1$' srun1.out
 sl_check "exactly one controller while the step ran" grep -q '^controllers=1$' srun1.out
 sleep 1
-if [ -z "$(ctl_procs | grep "/$jid ")" ] && [ ! -e "$sock/controller.lock" ] &&
+# The lock file stays until the epilog removes it: let go, its record "stopped"
+# (opened read-only: flock(1) would create a missing one).
+lock_let_go() { [ ! -e "$1" ] || { grep -q '^stopped ' "$1" && flock -n 9; } 9<"$1"; }
+if [ -z "$(ctl_procs | grep "/$jid ")" ] && lock_let_go "$sock/controller.lock" &&
     grep -q 'controller stopped; exiting' "$sock/watcher.log"; then
-    sl_ok "controller and watcher gone with the step, lock removed"
-else ctl_procs >"$sl_out"; sl_fail "controller and watcher gone with the step, lock removed" "see above"; fi
+    sl_ok "controller and watcher gone with the step, lock let go"
+else { ctl_procs; cat "$sock/controller.lock"; } >"$sl_out" 2>&1; sl_fail "controller and watcher gone with the step, lock let go" "see above"; fi
 
 # 1b. Three concurrent steps with --nereus in one job (the batch step has
 # none): the O_EXCL lock lets one start the controller, the others use it.
