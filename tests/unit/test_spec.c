@@ -162,7 +162,7 @@ static void test_example_grpo(void **state)
     assert_int_equal(s.models[NRS_ROLE_ACTOR].init_generate.tp, 1);
     assert_int_equal(s.models[NRS_ROLE_ACTOR].init_generate.pp, 0);
     assert_int_equal(s.workload.samples_per_prompt, 8);
-    assert_int_equal(s.runtime.transports, NRS_XFER_NCCL | NRS_XFER_LOCAL);
+    assert_int_equal(s.runtime.transports, NRS_XFER_UCX | NRS_XFER_NCCL | NRS_XFER_LOCAL);
     assert_false(nrs_spec_has_ms(&s, NRS_MS_CRITIC_TRAIN));
     assert_false(nrs_spec_has_ms(&s, NRS_MS_REWARD_INFER));
     assert_true(nrs_spec_has_ms(&s, NRS_MS_REF_INFER));
@@ -176,7 +176,7 @@ static void test_example_tiny(void **state)
     assert_string_equal(a->preset, "");
     assert_dims(a, 4, 256, 1024, 8, 2, 4096, true);
     assert_int_equal(a->dtype, NRS_DTYPE_FP32);
-    assert_int_equal(s.runtime.transports, NRS_XFER_LOCAL);
+    assert_int_equal(s.runtime.transports, NRS_XFER_UCX | NRS_XFER_LOCAL);
     assert_true(s.runtime.emulation_scale == 1);
     assert_true(s.policy.poll_interval == 0.5);
 }
