@@ -55,6 +55,8 @@ typedef struct {
     char first[256];                  /* the job's first node (the controller's) */
     pid_t watcher;                    /* started by this step; 0: none */
     int lock_fd;                      /* DIR/controller.lock, when locked */
+    bool noflock;                     /* state_dir's filesystem has no flock: */
+    int nl_fd;                        /* ... the node-local lock file (root's) */
     bool locked;                      /* ... held: this step runs the controller */
     unsigned lock_seq;                /* this step's attempt in its record */
     uint32_t tasks, tasks_exited;     /* local tasks of this step */
@@ -366,15 +368,82 @@ fail:
  * slurmctld's state): what an earlier job left there is removed first. */
 enum { NRS_LOCK_MS = 5000 };
 
+/* Where state_dir's filesystem has no flock (Lustre mounted noflock:
+ * ENOSYS; some NFS set-ups: ENOLCK; others: EOPNOTSUPP or EINVAL), this
+ * node's steps take their locks in NRS_NL_LOCK instead: root's, 0600, on a
+ * local filesystem; open-file-description locks (F_OFD_SETLK: released
+ * with the descriptor, also when its holder dies, like flock) on one byte
+ * of it: byte 0 for <state>/.lock, byte <job id> for the job's
+ * controller.lock. Opened by root in init_post_opt and kept for user_init
+ * (the user cannot open it). One file for every job: nothing to clean up. */
+#define NRS_NL_DIR "/run/nereus"
+#define NRS_NL_LOCK NRS_NL_DIR "/lock"
+
+static bool nrs_flock_unsupported(int e)
+{
+    return e == ENOSYS || e == ENOLCK || e == EOPNOTSUPP || e == EINVAL;
+}
+
+/* A new open file description of NRS_NL_LOCK (made if missing), or -1 with
+ * why. As root. */
+static int nrs_nl_open(char *why, size_t n)
+{
+    struct stat st;
+    int dfd, fd;
+
+    if (mkdir(NRS_NL_DIR, 0700) != 0 && errno != EEXIST) {
+        snprintf(why, n, "mkdir %s: %s", NRS_NL_DIR, strerror(errno));
+        return -1;
+    }
+    dfd = open(NRS_NL_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 || fstat(dfd, &st) != 0 || st.st_uid != 0 || (st.st_mode & 022) != 0) {
+        snprintf(why, n, "%s is not a directory of root's that only root can write to",
+                 NRS_NL_DIR);
+        if (dfd >= 0)
+            close(dfd);
+        return -1;
+    }
+    fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    close(dfd);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0) {
+        snprintf(why, n, "%s: %s", NRS_NL_LOCK, fd < 0 ? strerror(errno) :
+                 "not a regular file of root's");
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Byte at of NRS_NL_LOCK (fd): type F_WRLCK, F_RDLCK or F_UNLCK, never
+ * waiting. 0, or -1 (errno EWOULDBLOCK: someone else holds it). */
+static int nrs_nl_lock(int fd, short type, off_t at)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = at;
+    fl.l_len = 1;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+        return 0;
+    if (errno == EACCES || errno == EAGAIN)
+        errno = EWOULDBLOCK;
+    return -1;
+}
+
 /* <state>/.lock, root's 0600: no user can open it, so none can hold it. It
  * serializes the steps of a job starting on this node at once, from the
  * look at <state>/<job id> to its making (two first steps would both make
  * it, or one take the other's half-made one for an earlier job's); each
- * holds it for a few calls. fd, or -1 (logged). */
-static int nrs_state_lock(int sfd, const char *state)
+ * holds it for a few calls. Without flock there (r->noflock set, logged
+ * once): byte 0 of NRS_NL_LOCK. fd, or -1 (logged). */
+static int nrs_state_lock(int sfd, const char *state, nrs_remote_t *r)
 {
     double deadline = nrs_now_ms() + NRS_LOCK_MS;
     struct stat st;
+    char why[NRS_SPANK_MSG_MAX];
     int fd = openat(sfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
 
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -385,7 +454,23 @@ static int nrs_state_lock(int sfd, const char *state)
         nrs_err("%s/.lock is not a regular file of root's", state);
         goto fail;
     }
-    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    while ((r->noflock ? nrs_nl_lock(fd, F_WRLCK, 0) : flock(fd, LOCK_EX | LOCK_NB)) != 0) {
+        if (!r->noflock && nrs_flock_unsupported(errno)) {
+            int e = errno, nfd = nrs_nl_open(why, sizeof(why));
+
+            if (nfd < 0) {
+                nrs_err("%s/.lock: flock: %s (no flock on state_dir's filesystem), and the "
+                        "node-local lock instead: %s", state, strerror(e), why);
+                goto fail;
+            }
+            nrs_info("state_dir %s: flock: %s (none on its filesystem): this node's steps lock "
+                     "in %s instead (node-local; steps on other nodes do not wait for the "
+                     "job's controller)", state, strerror(e), NRS_NL_LOCK);
+            close(fd);
+            fd = nfd;
+            r->noflock = true;
+            continue;
+        }
         if (errno != EWOULDBLOCK && errno != EINTR) {
             nrs_err("%s/.lock: %s", state, strerror(errno));
             goto fail;
@@ -532,7 +617,7 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
         nrs_err("%s; refusing it", why);
         return -1;
     }
-    lfd = nrs_state_lock(sfd, state);
+    lfd = nrs_state_lock(sfd, state, r);
     if (lfd < 0)
         goto out;
     if (fstatat(sfd, id, &st, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -549,6 +634,15 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     }
     if (ours == 0 && nrs_job_dir_make(sfd, state, id, r, first) < 0)
         goto out;
+    if (r->noflock && r->ctl_here && r->nl_fd <= 0) { /* for user_init, as the user */
+        r->nl_fd = nrs_nl_open(why, sizeof(why));
+        if (r->nl_fd < 0) {
+            nrs_err("no flock on state_dir %s's filesystem, and the node-local lock instead: %s",
+                    state, why);
+            r->nl_fd = 0;
+            goto out;
+        }
+    }
     rc = 0;
 out:
     if (lfd >= 0)
@@ -634,7 +728,7 @@ fail:
  * it: see below) makes it one per job at a time; a later step finds the lock
  * taken and joins that controller, or waits (bounded) for its start or its
  * stop. */
-enum { NRS_CTL_WAIT_MS = 10000, NRS_STOP_WAIT_MS = 3000 };
+enum { NRS_CTL_WAIT_MS = 10000, NRS_INIT_WAIT_MS = 20000, NRS_STOP_WAIT_MS = 3000 };
 
 static int nrs_remote_path(char *out, size_t n, const char *dir, const char *name)
 {
@@ -655,11 +749,16 @@ double nrs_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* pid runs nereus-watcher (a zombie, whose command line is empty, or a
- * reused pid does not). */
-static bool nrs_pid_is_watcher(pid_t pid)
+/* pid runs nereus-watcher for socket dir dir: its command line has
+ * ".../nereus-watcher --socket-dir DIR" (a libtool wrapper runs as "/bin/sh
+ * .../nereus-watcher ...", and then as ".../lt-nereus-watcher ..."). Not a
+ * zombie (whose command line is empty), nor a reused pid, nor the watcher
+ * of another job (another DIR). */
+static bool nrs_pid_is_watcher(pid_t pid, const char *dir)
 {
-    char path[64], cmd[512];
+    static const char me[] = "nereus-watcher", opt[] = "--socket-dir";
+    char path[64], cmd[NRS_SPANK_PATH_MAX + 512];
+    const char *arg[3] = {"", "", ""};
     ssize_t k;
     int fd;
 
@@ -673,11 +772,19 @@ static bool nrs_pid_is_watcher(pid_t pid)
     close(fd);
     if (k <= 0)
         return false;
-    for (ssize_t i = 0; i < k; i++) /* the whole command line: a libtool */
-        if (cmd[i] == '\0')        /* wrapper runs as "/bin/sh .../nereus-watcher" */
-            cmd[i] = ' ';
     cmd[k] = '\0';
-    return strstr(cmd, "nereus-watcher --socket-dir") != NULL;
+    /* Each argument and the two after it (NUL-separated). */
+    for (const char *c = cmd; c < cmd + k; c += strlen(c) + 1) {
+        size_t l;
+
+        arg[0] = arg[1];
+        arg[1] = arg[2];
+        arg[2] = c;
+        if (strcmp(arg[1], opt) == 0 && strcmp(arg[2], dir) == 0 &&
+            (l = strlen(arg[0])) >= sizeof(me) - 1 && strcmp(arg[0] + l - (sizeof(me) - 1), me) == 0)
+            return true;
+    }
+    return false;
 }
 
 /* The last non-empty line of a log file, for NEREUS_ERROR. */
@@ -719,36 +826,50 @@ static bool nrs_watcher_gone(pid_t pid)
  *
  * DIR is the job directory on the job's first node. The step that runs the
  * job's controller holds an flock on DIR/controller.lock from before it forks
- * the watcher until the watcher is gone (user_init, then task_exit or exit).
- * The lock goes with its holder, so it is never stale: a slurmstepd that dies
- * lets go too. The file is not removed while the job runs (an unlink would
- * let the next step lock a new file while another still holds the old one:
- * two controllers); the epilog removes it with the job directory. The holder
- * keeps one line in it, rewritten in place at each change:
+ * the watcher until the watcher and the controller are gone (user_init, then
+ * task_exit or exit). The lock goes with its holder, so it is never stale: a
+ * slurmstepd that dies lets go too. The file is not removed while the job
+ * runs (an unlink would let the next step lock a new file while another
+ * still holds the old one: two controllers); the epilog removes it with the
+ * job directory. Without flock on state_dir's filesystem the lock is byte
+ * <job id> of NRS_NL_LOCK (node-local) and the file keeps only the record.
+ * The holder keeps one record in it, NRS_REC_LEN bytes padded with spaces
+ * (so a rewrite in place never changes the length: no truncate), rewritten
+ * at each change:
  *
- *   STATE SEQ STEP PID HOST UNTIL WHY
+ *   STATE SEQ STEP PID HOST UNTIL SPEC WHY
  *
  * STATE: starting (lock taken, watcher forked, no answer yet), running (the
  * controller answered), stopping, stopped, failed (WHY: the reason); SEQ: the
  * attempt (each holder adds one); STEP: the holder's step id; PID: its
  * watcher, on machine HOST; UNTIL: the wall-clock time (ms) by which the
- * holder leaves STATE (0: no bound, running).
+ * holder leaves STATE (0: no bound, running); SPEC: the controller's spec
+ * (its path, %XX-encoded).
  *
  * Another step of the job that finds the lock taken (on the first node; or
  * on a node that sees DIR: a state_dir shared by the nodes, or the local test
- * cluster) waits, bounded by NRS_CTL_WAIT_MS or the holder's UNTIL, for one
- * of: the controller answers on ctl.sock while the record says starting or
- * running (the step joins it); the lock is let go (stopped, or the holder
- * died: a step on the first node takes the lock and starts a new
+ * cluster; there it only probes with a shared lock, never taking it) waits,
+ * bounded by NRS_CTL_WAIT_MS or the holder's UNTIL (NRS_INIT_WAIT_MS in
+ * all), for one of: the controller answers on ctl.sock while the record says
+ * starting or running (the step joins it); the lock is let go (stopped, or
+ * the holder died: a step on the first node takes the lock and starts a new
  * controller; failed, in the attempt it waited for: it fails at once with
  * that reason instead of trying again); the watcher of a running record is
- * gone (it fails at once with the controller's last words). */
+ * gone (it fails at once with the controller's last words). A controller
+ * with another spec than the step's is neither joined nor waited for: the
+ * step fails at once and says whose it is. A free lock whose record says
+ * the watcher of DIR still runs here (its step's slurmstepd died, and
+ * proctrack left it) is that controller: joined once it answers, waited for
+ * while it goes away. */
+enum { NRS_REC_LEN = 4096, NRS_SPEC_ENC_MAX = 2048 };
+
 typedef struct {
     char state[16]; /* "": no record, or one being written */
     unsigned seq, step;
     int pid;
     char host[64];
     long long until;
+    char spec[NRS_SPEC_ENC_MAX + 32]; /* encoded, as in the file; "" none */
     char why[NRS_SPANK_MSG_MAX];
 } nrs_ctl_rec_t;
 
@@ -785,53 +906,130 @@ static bool nrs_rec_is(const nrs_ctl_rec_t *rec, const char *state)
     return strcmp(rec->state, state) == 0;
 }
 
+/* The spec path as one word of the record: every byte outside '!'..'~' and
+ * '%' as %XX; a path that would not fit: '#' and its FNV-1a hash. */
+static void nrs_spec_encode(const char *spec, char *out, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+
+    for (const unsigned char *c = (const unsigned char *)spec; *c != '\0'; c++) {
+        if (o + 4 > n || o + 4 > NRS_SPEC_ENC_MAX) {
+            unsigned long long h = 1469598103934665603ULL;
+
+            for (c = (const unsigned char *)spec; *c != '\0'; c++)
+                h = (h ^ *c) * 1099511628211ULL;
+            snprintf(out, n, "#%016llx", h);
+            return;
+        }
+        if (*c <= ' ' || *c > '~' || *c == '%') {
+            out[o++] = '%';
+            out[o++] = hex[*c >> 4];
+            out[o++] = hex[*c & 15];
+        } else
+            out[o++] = (char)*c;
+    }
+    out[o] = '\0';
+    if (o == 0)
+        snprintf(out, n, "-");
+}
+
+/* The other way, for messages (a hash stays as it is). */
+static void nrs_spec_decode(const char *enc, char *out, size_t n)
+{
+    size_t o = 0;
+
+    for (const char *c = enc; *c != '\0' && o + 1 < n; c++) {
+        unsigned v;
+
+        if (c[0] == '%' && c[1] != '\0' && c[2] != '\0' && sscanf(c + 1, "%2x", &v) == 1) {
+            out[o++] = v >= 0x20 && v < 0x7f ? (char)v : '?';
+            c += 2;
+        } else
+            out[o++] = *c;
+    }
+    out[o] = '\0';
+}
+
 /* The record in fd (the user's file: parsed, never trusted further); state
- * "" when there is none or it is being rewritten (no newline yet). */
+ * "" when there is none or it is being rewritten (two reads in a row must
+ * agree, and end in a newline). */
 static void nrs_ctl_rec_read(int fd, nrs_ctl_rec_t *rec)
 {
-    char buf[NRS_SPANK_MSG_MAX + 256], *nl;
-    ssize_t k = pread(fd, buf, sizeof(buf) - 1, 0);
+    char a[NRS_REC_LEN + 1], b[NRS_REC_LEN + 1], *nl;
+    ssize_t ka = pread(fd, a, NRS_REC_LEN, 0), kb = -1;
     int used = 0;
 
     memset(rec, 0, sizeof(*rec));
-    if (k <= 0)
+    for (int i = 0; i < 5; i++) {
+        kb = pread(fd, b, NRS_REC_LEN, 0);
+        if (kb == ka && (ka <= 0 || memcmp(a, b, (size_t)ka) == 0))
+            break;
+        if (kb > 0)
+            memcpy(a, b, (size_t)kb);
+        ka = kb;
+        kb = -2;
+        poll(NULL, 0, 1);
+    }
+    if (kb != ka || ka <= 0)
         return;
-    buf[k] = '\0';
-    if ((nl = strchr(buf, '\n')) == NULL)
+    a[ka] = '\0';
+    if ((nl = strchr(a, '\n')) == NULL)
         return;
     *nl = '\0';
-    if (sscanf(buf, "%15s %u %u %d %63s %lld %n", rec->state, &rec->seq, &rec->step, &rec->pid,
-               rec->host, &rec->until, &used) != 6) {
+    if (sscanf(a, "%15s %u %u %d %63s %lld %2079s %n", rec->state, &rec->seq, &rec->step,
+               &rec->pid, rec->host, &rec->until, rec->spec, &used) != 7) {
         memset(rec, 0, sizeof(*rec));
         return;
     }
-    snprintf(rec->why, sizeof(rec->why), "%s", buf + used);
+    snprintf(rec->why, sizeof(rec->why), "%s", a + used);
+    for (size_t l = strlen(rec->why); l > 0 && rec->why[l - 1] == ' '; l--)
+        rec->why[l - 1] = '\0';
 }
 
-/* Rewrite our record (we hold the lock): the new line first, then the
- * length, so that a reader sees the old line or the new one, whole. */
+/* Rewrite our record (we hold the lock): all NRS_REC_LEN bytes in place, the
+ * same length each time. A failure is logged (waiters then see an older
+ * record, and wait for its bound). */
 static void nrs_ctl_rec_write(const nrs_remote_t *r, const char *state, long long until,
                               const char *why)
 {
-    char line[NRS_SPANK_MSG_MAX + 256], host[64];
+    char line[NRS_REC_LEN], host[64], spec[NRS_SPEC_ENC_MAX + 32];
     int k;
 
     if (!r->locked)
         return;
     nrs_host_name(host, sizeof(host));
-    k = snprintf(line, sizeof(line), "%s %u %u %d %s %lld %s", state, r->lock_seq, r->step_id,
-                 (int)r->watcher, host, until, why);
+    nrs_spec_encode(r->spec, spec, sizeof(spec));
+    k = snprintf(line, sizeof(line), "%s %u %u %d %s %lld %s %s", state, r->lock_seq, r->step_id,
+                 (int)r->watcher, host, until, spec, why);
     if (k < 0)
         return;
-    if ((size_t)k >= sizeof(line) - 1)
-        k = (int)sizeof(line) - 2;
+    if ((size_t)k > sizeof(line) - 1)
+        k = (int)sizeof(line) - 1;
     for (int i = 0; i < k; i++)
-        if (line[i] == '\n')
+        if (line[i] == '\n' || line[i] == '\0')
             line[i] = ' ';
-    line[k++] = '\n';
-    if (pwrite(r->lock_fd, line, (size_t)k, 0) != k || ftruncate(r->lock_fd, k) != 0)
-        nrs_debug("job %u: %s/controller.lock: %s", r->job_id, r->job_dir, strerror(errno));
+    memset(line + k, ' ', sizeof(line) - (size_t)k);
+    line[sizeof(line) - 1] = '\n';
+    errno = 0;
+    if (pwrite(r->lock_fd, line, sizeof(line), 0) != (ssize_t)sizeof(line))
+        slurm_error(NRS_SPANK_PREFIX "job %u step %u: cannot write '%s' in %s/controller.lock: %s",
+                    r->job_id, r->step_id, state, r->job_dir,
+                    errno ? strerror(errno) : "short write");
 }
+
+/* The lock on DIR/controller.lock (fd): op LOCK_EX or LOCK_SH (never
+ * waiting) or LOCK_UN; byte <job id> of NRS_NL_LOCK instead on the first
+ * node without flock. 0, or -1 (errno; EWOULDBLOCK: held by another). */
+static int nrs_ctl_flock(const nrs_remote_t *r, int fd, int op)
+{
+    if (r->noflock && r->ctl_here && r->nl_fd > 0)
+        return nrs_nl_lock(r->nl_fd, op == LOCK_EX ? F_WRLCK : op == LOCK_SH ? F_RDLCK : F_UNLCK,
+                           (off_t)r->job_id);
+    return flock(fd, op == LOCK_UN ? LOCK_UN : op | LOCK_NB);
+}
+
+static bool nrs_remote_try_connect(const struct sockaddr_un *sa, double deadline);
 
 /* Let go of the lock, leaving the final record. */
 static void nrs_ctl_unlock(nrs_remote_t *r, const char *state, const char *why)
@@ -839,20 +1037,25 @@ static void nrs_ctl_unlock(nrs_remote_t *r, const char *state, const char *why)
     if (!r->locked)
         return;
     nrs_ctl_rec_write(r, state, 0, why);
-    flock(r->lock_fd, LOCK_UN); /* even if a forked copy of the fd lives on */
+    nrs_ctl_flock(r, r->lock_fd, LOCK_UN); /* even if a forked copy of the fd lives on */
     close(r->lock_fd);
     r->locked = false;
     r->lock_fd = -1;
 }
 
 /* Stop the watcher this step started (it stops the controller on SIGTERM):
- * TERM, up to wait_ms, then KILL; then let go of the lock, with the record
- * "failed WHY" (why: a start that failed) or "stopped". Never blocks
- * longer. */
+ * TERM, up to wait_ms, then KILL; then, for at most NRS_SOCK_GONE_MS, until
+ * ctl.sock refuses (a controller whose watcher was killed goes with its
+ * parent-death signal, a little later); then let go of the lock, with the
+ * record "failed WHY" (why: a start that failed) or "stopped". Never
+ * blocks longer. */
+enum { NRS_SOCK_GONE_MS = 500 };
+
 static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
 {
     double deadline = nrs_now_ms() + wait_ms;
     pid_t pid = r->watcher;
+    struct sockaddr_un sa;
 
     if (pid <= 0) {
         nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
@@ -860,12 +1063,12 @@ static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *wh
     }
     /* Before the first signal: a step that comes now waits for us to let
      * go (and then starts a new controller) rather than joining this one. */
-    nrs_ctl_rec_write(r, "stopping", nrs_wall_ms() + wait_ms + 1500, "");
-    if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid)) {
+    nrs_ctl_rec_write(r, "stopping", nrs_wall_ms() + wait_ms + 1500 + NRS_SOCK_GONE_MS, "");
+    if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid, r->job_dir)) {
         kill(pid, wait_ms > 0 ? SIGTERM : SIGKILL);
         while (!nrs_watcher_gone(pid) && nrs_now_ms() < deadline)
             poll(NULL, 0, 20);
-        if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid)) {
+        if (!nrs_watcher_gone(pid) && nrs_pid_is_watcher(pid, r->job_dir)) {
             slurm_error(NRS_SPANK_PREFIX "job %u: watcher %d still running after %d ms: SIGKILL",
                         r->job_id, (int)pid, wait_ms);
             kill(pid, SIGKILL);
@@ -874,6 +1077,14 @@ static void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *wh
         }
     }
     r->watcher = 0;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (r->locked && nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->job_dir, "ctl.sock") == 0) {
+        double gone = nrs_now_ms() + NRS_SOCK_GONE_MS;
+
+        while (nrs_now_ms() < gone && nrs_remote_try_connect(&sa, gone))
+            poll(NULL, 0, 20);
+    }
     nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
     nrs_debug("job %u step %u: watcher and controller stopped", r->job_id, r->step_id);
 }
@@ -1082,6 +1293,7 @@ static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child, double dea
 {
     struct sockaddr_un sa;
     char log[NRS_SPANK_PATH_MAX + 32], why[512];
+    double t0 = nrs_now_ms();
 
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
@@ -1097,77 +1309,137 @@ static int nrs_remote_wait_socket(const nrs_remote_t *r, pid_t child, double dea
             return -1;
         }
         if (nrs_now_ms() >= deadline) {
-            nrs_err("the job's controller did not answer on %s within %d s (see %s/controller.log)",
-                    sa.sun_path, NRS_CTL_WAIT_MS / 1000, r->ctl_dir);
+            nrs_err("the job's controller did not answer on %s within %.0f s (see %s/controller.log)",
+                    sa.sun_path, (nrs_now_ms() - t0) / 1000, r->ctl_dir);
             return -1;
         }
         poll(NULL, 0, 50);
     }
 }
 
-enum { NRS_JOIN_JOINED, NRS_JOIN_OURS, NRS_JOIN_NONE, NRS_JOIN_ELSEWHERE };
+enum { NRS_JOIN_JOINED, NRS_JOIN_OURS, NRS_JOIN_NONE, NRS_JOIN_ELSEWHERE, NRS_JOIN_UNKNOWN };
 
-/* Another step holds DIR/controller.lock (fd) or nobody does: wait, bounded,
- * as the comment on the lock says. NRS_JOIN_JOINED: the controller answers
- * (*step: whose); NRS_JOIN_OURS: the lock is ours now and nobody runs a
- * controller (may_start: we start it; r->lock_seq is our attempt's);
- * NRS_JOIN_NONE: the same without may_start (the lock let go again);
- * NRS_JOIN_ELSEWHERE (without may_start): its holder is on another machine,
- * whose unix socket cannot be reached from here (a shared state_dir); -1: the controller we waited for failed or did not answer (logged). */
-static int nrs_ctl_join(nrs_remote_t *r, int fd, bool may_start, unsigned *step)
+/* The record's controller runs another spec than this step's. */
+static bool nrs_rec_other_spec(const nrs_remote_t *r, const nrs_ctl_rec_t *rec)
+{
+    char mine[NRS_SPEC_ENC_MAX + 32];
+
+    nrs_spec_encode(r->spec, mine, sizeof(mine));
+    return rec->spec[0] != '\0' && strcmp(rec->spec, mine) != 0;
+}
+
+/* ... so this step neither joins nor waits for it: said (whose it is). */
+static int nrs_rec_other_spec_fail(const nrs_remote_t *r, const nrs_ctl_rec_t *rec)
+{
+    char theirs[NRS_SPANK_PATH_MAX], sn[16];
+
+    nrs_spec_decode(rec->spec, theirs, sizeof(theirs));
+    nrs_err("the job's controller runs %s (started by step %s), not this step's --nereus spec "
+            "%s: a job has one controller at a time; give this step the same spec, or start it "
+            "once step %s has ended", theirs, nrs_step_name(rec->step, sn, sizeof(sn)), r->spec,
+            nrs_step_name(rec->step, sn, sizeof(sn)));
+    return -1;
+}
+
+/* Another step holds DIR/controller.lock (fd) or nobody does: wait, bounded
+ * (until end at the latest), as the comment on the lock says.
+ * NRS_JOIN_JOINED: the controller answers (*step: whose); NRS_JOIN_OURS:
+ * the lock is ours now and nobody runs a controller (may_start: we start
+ * it; r->lock_seq is our attempt's); NRS_JOIN_NONE: the same without
+ * may_start (the lock let go again); without may_start (a step on another
+ * node, which only probes with a shared lock): NRS_JOIN_ELSEWHERE, its
+ * holder is on another machine, whose unix socket cannot be reached from
+ * here (a shared state_dir); NRS_JOIN_UNKNOWN, the lock cannot be probed
+ * from here (NFS without flock of a read-only file: EBADF; no flock at all)
+ * (logged); -1: the controller we waited for failed or did not answer, or
+ * runs another spec (logged). */
+static int nrs_ctl_join(nrs_remote_t *r, int fd, bool may_start, double end, unsigned *step)
 {
     struct sockaddr_un sa;
     nrs_ctl_rec_t rec;
     char host[64], sn[16], log[NRS_SPANK_PATH_MAX + 32], why[512];
-    double t0 = nrs_now_ms(), deadline = t0 + NRS_CTL_WAIT_MS, cap = t0 + 2.0 * NRS_CTL_WAIT_MS;
+    double t0 = nrs_now_ms(), deadline = t0 + NRS_CTL_WAIT_MS;
     bool waited = false; /* saw an attempt in progress (starting), number wait_seq */
+    bool orphan = false; /* the lock is free, the record's watcher still runs here */
     unsigned wait_seq = 0;
+    int op = may_start ? LOCK_EX : LOCK_SH;
 
+    if (deadline > end)
+        deadline = end;
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
     if (nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->ctl_dir, "ctl.sock") < 0)
         return -1;
     nrs_host_name(host, sizeof(host));
     for (;;) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        bool busy = true;
+
+        if (nrs_ctl_flock(r, fd, op) == 0) {
             nrs_ctl_rec_read(fd, &rec);
-            if (waited && rec.seq == wait_seq && nrs_rec_is(&rec, "failed")) {
-                flock(fd, LOCK_UN);
+            busy = false;
+            if (strcmp(rec.host, host) == 0 &&
+                (nrs_rec_is(&rec, "starting") || nrs_rec_is(&rec, "running") ||
+                 nrs_rec_is(&rec, "stopping")) &&
+                nrs_pid_is_watcher((pid_t)rec.pid, r->ctl_dir)) {
+                /* Its slurmstepd is gone, its watcher is not: no second one. */
+                nrs_ctl_flock(r, fd, LOCK_UN);
+                if (!orphan)
+                    nrs_info("job %u step %u: the lock of step %s's controller (%s) is free but "
+                             "its watcher (pid %d) still runs: joining it, or waiting for it to "
+                             "go", r->job_id, r->step_id, nrs_step_name(rec.step, sn, sizeof(sn)),
+                             rec.state, rec.pid);
+                orphan = true;
+            } else if (waited && rec.seq == wait_seq && nrs_rec_is(&rec, "failed") &&
+                       !nrs_rec_other_spec(r, &rec)) {
+                nrs_ctl_flock(r, fd, LOCK_UN);
                 nrs_err("%s (step %s started it; this step waited for it)",
                         rec.why[0] ? rec.why : "the job's controller did not start",
                         nrs_step_name(rec.step, sn, sizeof(sn)));
                 return -1;
-            }
-            if (!may_start) {
-                flock(fd, LOCK_UN);
+            } else if (!may_start) {
+                nrs_ctl_flock(r, fd, LOCK_UN);
                 return NRS_JOIN_NONE;
+            } else {
+                r->lock_seq = rec.seq + 1;
+                return NRS_JOIN_OURS;
             }
-            r->lock_seq = rec.seq + 1;
-            return NRS_JOIN_OURS;
-        }
-        if (errno != EWOULDBLOCK && errno != EINTR) {
+        } else if (errno == EWOULDBLOCK || errno == EINTR) {
+            nrs_ctl_rec_read(fd, &rec);
+            orphan = false;
+        } else if (!may_start && (errno == EBADF || nrs_flock_unsupported(errno))) {
+            nrs_info("job %u step %u: cannot tell whether a step on %s holds %s/controller.lock "
+                     "(flock: %s): the tasks here start without waiting for its controller",
+                     r->job_id, r->step_id, r->first, r->ctl_dir, strerror(errno));
+            return NRS_JOIN_UNKNOWN;
+        } else {
             nrs_err("%s/controller.lock: %s", r->ctl_dir, strerror(errno));
             return -1;
         }
-        nrs_ctl_rec_read(fd, &rec);
-        if (!may_start && rec.host[0] != '\0' && strcmp(rec.host, host) != 0)
+        if (busy && !may_start && rec.host[0] != '\0' && strcmp(rec.host, host) != 0)
             return NRS_JOIN_ELSEWHERE;
-        if (nrs_rec_is(&rec, "starting")) {
+        if ((nrs_rec_is(&rec, "starting") || nrs_rec_is(&rec, "running")) &&
+            nrs_rec_other_spec(r, &rec))
+            return nrs_rec_other_spec_fail(r, &rec);
+        if (busy && nrs_rec_is(&rec, "starting")) {
             waited = true;
             wait_seq = rec.seq;
         }
-        /* "": the holder has only just taken it (or is rewriting it). */
-        if ((nrs_rec_is(&rec, "starting") || nrs_rec_is(&rec, "running") || rec.state[0] == '\0') &&
+        /* "", stopped, failed with the lock taken: the holder has only just
+         * taken it (or is rewriting the record). */
+        if ((nrs_rec_is(&rec, "starting") || nrs_rec_is(&rec, "running") ||
+             (busy && !nrs_rec_is(&rec, "stopping"))) &&
             nrs_remote_try_connect(&sa, deadline)) {
             unsigned seq = rec.seq;
 
             nrs_ctl_rec_read(fd, &rec); /* not stopping meanwhile? */
             if (nrs_rec_is(&rec, "running") || (nrs_rec_is(&rec, "starting") && rec.seq == seq)) {
+                if (nrs_rec_other_spec(r, &rec))
+                    return nrs_rec_other_spec_fail(r, &rec);
                 *step = rec.step;
                 return NRS_JOIN_JOINED;
             }
-        } else if (nrs_rec_is(&rec, "running") && strcmp(rec.host, host) == 0 &&
-                   !nrs_pid_is_watcher((pid_t)rec.pid)) {
+        } else if (busy && nrs_rec_is(&rec, "running") && strcmp(rec.host, host) == 0 &&
+                   !nrs_pid_is_watcher((pid_t)rec.pid, r->ctl_dir)) {
             unsigned seq = rec.seq;
 
             /* Its holder writes "stopping" before it stops the watcher: still
@@ -1184,15 +1456,16 @@ static int nrs_ctl_join(nrs_remote_t *r, int fd, bool may_start, unsigned *step)
             double ext = nrs_now_ms() + (double)(rec.until - nrs_wall_ms()) + 1000;
 
             if (ext > deadline)
-                deadline = ext < cap ? ext : cap;
+                deadline = ext < end ? ext : end;
         }
         if (nrs_now_ms() >= deadline) {
             double s = (nrs_now_ms() - t0) / 1000;
             const char *name = nrs_step_name(rec.step, sn, sizeof(sn));
 
             if (nrs_rec_is(&rec, "stopping"))
-                nrs_err("the job's controller of step %s was stopping and its step did not let "
-                        "go of %s/controller.lock within %.0f s", name, r->ctl_dir, s);
+                nrs_err("the job's controller of step %s was stopping and %s within %.0f s", name,
+                        orphan ? "its watcher, whose step is gone, did not exit"
+                               : "its step did not let go of controller.lock", s);
             else
                 nrs_err("the job's controller (step %s's, %s) did not answer on %s within %.0f s "
                         "(see %s/controller.log)", name, rec.state[0] ? rec.state : "starting",
@@ -1203,43 +1476,94 @@ static int nrs_ctl_join(nrs_remote_t *r, int fd, bool may_start, unsigned *step)
     }
 }
 
-/* DIR/controller.lock, opened as the user (create: on the first node). fd,
- * or -1 (errno; logged only when it is not a regular file or log). */
-static int nrs_ctl_lock_open(const nrs_remote_t *r, bool create, bool log)
+/* DIR/controller.lock on the first node, opened as the user (create). fd,
+ * or -1 (logged). */
+static int nrs_ctl_lock_open(const nrs_remote_t *r)
 {
     char lock[NRS_SPANK_PATH_MAX + 32];
     struct stat st;
     int fd;
 
-    if (nrs_remote_path(lock, sizeof(lock), r->ctl_dir, "controller.lock") < 0) {
-        errno = ENAMETOOLONG;
+    if (nrs_remote_path(lock, sizeof(lock), r->ctl_dir, "controller.lock") < 0)
         return -1;
-    }
-    fd = create ? open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600)
-                : open(lock, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd < 0) {
-        if (log)
-            nrs_err("%s: %s", lock, strerror(errno));
+        nrs_err("%s: %s", lock, strerror(errno));
         return -1;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         nrs_err("%s is not a regular file", lock);
         close(fd);
-        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* The first node's DIR/controller.lock, from another node, read-only: the
+ * first node's state_dir walked with the checks of this node's own
+ * (nrs_state_dir_open: every component root's and not writable by others,
+ * no link followed), then DIR (a directory of the job's user) and the lock
+ * (a regular file of the job's user), each by openat with O_NOFOLLOW: no
+ * other user can plant a lock that this step would wait for. fd, or -1 with
+ * why (errno ENOENT: something is missing). */
+static int nrs_ctl_lock_open_remote(const nrs_remote_t *r, char *why, size_t n)
+{
+    char state[NRS_SPANK_PATH_MAX], id[16];
+    struct stat st;
+    int sfd, jfd, fd, e;
+
+    if (nrs_state_dir_expand(r->first, state, sizeof(state)) < 0) {
+        snprintf(why, n, "state_dir %.512s for %s: too long", nrs_spank_config.state_dir, r->first);
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    sfd = nrs_state_dir_open(state, false, why, n);
+    if (sfd < 0)
+        return -1;
+    snprintf(id, sizeof(id), "%u", r->job_id);
+    jfd = openat(sfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    e = errno;
+    close(sfd);
+    if (jfd < 0) {
+        snprintf(why, n, "%.900s: %s", r->ctl_dir, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (fstat(jfd, &st) != 0 || st.st_uid != r->uid) {
+        snprintf(why, n, "%.900s is not the job's user's (uid %u)", r->ctl_dir, (unsigned)r->uid);
+        close(jfd);
+        errno = EPERM;
+        return -1;
+    }
+    fd = openat(jfd, "controller.lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    e = errno;
+    close(jfd);
+    if (fd < 0) {
+        snprintf(why, n, "%.900s/controller.lock: %s", r->ctl_dir, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != r->uid) {
+        snprintf(why, n, "%.900s/controller.lock is not a regular file of the job's user's",
+                 r->ctl_dir);
+        close(fd);
+        errno = EPERM;
         return -1;
     }
     return fd;
 }
 
 /* On the job's first node: join the job's controller, or start it (once per
- * job at a time: DIR/controller.lock). 0, or -1 (logged). */
+ * job at a time: DIR/controller.lock). Waits at most NRS_INIT_WAIT_MS for
+ * the lock and the start together, then at most NRS_STOP_WAIT_MS + ~1.5 s
+ * to stop a watcher that did not answer. 0, or -1 (logged). */
 static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
 {
     char watcher[NRS_SPANK_PATH_MAX + 32], ctl[NRS_SPANK_PATH_MAX + 32];
     char why[NRS_SPANK_MSG_MAX], sn[16];
     const char *rt = nrs_spank_config.runtime_dir;
     unsigned step = 0;
-    double deadline;
+    double deadline, end = nrs_now_ms() + NRS_INIT_WAIT_MS;
     int fd, rc;
     pid_t pid;
 
@@ -1254,10 +1578,10 @@ static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
                     p, strerror(errno), rt);
             return -1;
         }
-    fd = nrs_ctl_lock_open(r, true, true);
+    fd = nrs_ctl_lock_open(r);
     if (fd < 0)
         return -1;
-    rc = nrs_ctl_join(r, fd, true, &step);
+    rc = nrs_ctl_join(r, fd, true, end, &step);
     if (rc != NRS_JOIN_OURS) {
         close(fd);
         if (rc == NRS_JOIN_JOINED)
@@ -1268,8 +1592,11 @@ static int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
     r->lock_fd = fd;
     r->locked = true;
     deadline = nrs_now_ms() + NRS_CTL_WAIT_MS;
+    if (deadline > end)
+        deadline = end;
     /* Waiters may wait for us until we have failed and stopped the watcher. */
-    long long until = nrs_wall_ms() + NRS_CTL_WAIT_MS + NRS_STOP_WAIT_MS + 1500;
+    long long until = nrs_wall_ms() + (long long)(deadline - nrs_now_ms()) + NRS_STOP_WAIT_MS +
+                      1500 + NRS_SOCK_GONE_MS;
     nrs_ctl_rec_write(r, "starting", until, "");
     pid = nrs_remote_spawn(sp, r, watcher);
     if (pid < 0)
@@ -1298,23 +1625,33 @@ fail:
  * controller it waited for failed or never answered. */
 static void nrs_remote_controller_find(nrs_remote_t *r)
 {
-    char sn[16];
+    char sn[16], why[NRS_SPANK_MSG_MAX];
     unsigned step = 0;
-    struct stat st;
-    int fd = nrs_ctl_lock_open(r, false, false), rc = NRS_JOIN_NONE;
+    int fd = nrs_ctl_lock_open_remote(r, why, sizeof(why)), rc = NRS_JOIN_NONE;
 
-    if (fd < 0 && (errno != ENOENT || stat(r->ctl_dir, &st) != 0)) {
-        /* A real cluster: the first node's state_dir is on another machine. */
-        nrs_info("job %u step %u: this step does not run on the job's first node %s, whose job "
-                 "directory is not seen from %s (%s: %s): the tasks here start without waiting "
-                 "for its controller", r->job_id, r->step_id, r->first, r->node, r->ctl_dir,
-                 strerror(errno));
+    if (fd < 0) {
+        bool own = strcmp(r->ctl_dir, r->job_dir) == 0;
+
+        if (errno == ENOENT && own)
+            /* state_dir without %n: this node's own job directory, the first
+             * node's only where state_dir is shared: cannot tell. */
+            nrs_info("job %u step %u: no controller.lock in %s, this node's own job directory "
+                     "(state_dir without %%n: the first node's %s only where state_dir is "
+                     "shared): cannot tell whether a step there runs the job's controller; the "
+                     "tasks here start without waiting for it", r->job_id, r->step_id,
+                     r->ctl_dir, r->first);
+        else if (errno == ENOENT)
+            /* A real cluster: the first node's state_dir is on another machine. */
+            nrs_info("job %u step %u: this step does not run on the job's first node %s, whose "
+                     "job directory is not seen from %s (%s): the tasks here start without "
+                     "waiting for its controller", r->job_id, r->step_id, r->first, r->node, why);
+        else
+            nrs_info("job %u step %u: this step does not run on the job's first node %s, and does "
+                     "not wait for its controller: %s", r->job_id, r->step_id, r->first, why);
         return;
     }
-    if (fd >= 0) {
-        rc = nrs_ctl_join(r, fd, false, &step);
-        close(fd);
-    }
+    rc = nrs_ctl_join(r, fd, false, nrs_now_ms() + NRS_INIT_WAIT_MS, &step);
+    close(fd);
     if (rc == NRS_JOIN_JOINED)
         nrs_debug("job %u step %u: the job's controller (step %s's, on %s) answers", r->job_id,
                   r->step_id, nrs_step_name(step, sn, sizeof(sn)), r->first);
@@ -1327,7 +1664,7 @@ static void nrs_remote_controller_find(nrs_remote_t *r)
                     "its first node %s now, and this step does not run there: its tasks start "
                     "without one (include %s in the step, or start a step with --nereus there "
                     "first)", r->job_id, r->step_id, r->first, r->first);
-    else
+    else if (rc != NRS_JOIN_UNKNOWN)
         slurm_error(NRS_SPANK_PREFIX "job %u step %u: this step does not run on the job's first "
                     "node %s, whose controller it waited for: its tasks start without it",
                     r->job_id, r->step_id, r->first);

@@ -7,7 +7,8 @@
 # waits actually wait: a fake nereus-controller holds the first step's
 # controller in the state under test until the test has seen the waiting
 # step's slurmstepd hold the lock file open (the bounded look for that is
-# the only wait, and it just goes on when it is not seen).
+# the only wait; when it is not seen in time, what depends on it is skipped,
+# with the reason, not failed).
 #   1. the first step's controller fails to start while a second step waits:
 #      the second fails at once with that reason (no 10 s time-out of its own,
 #      no second start);
@@ -17,7 +18,13 @@
 #   3. a step on another node of the job (not the first) waits for the
 #      controller that a step on the first node is starting, and its tasks
 #      find it answering; with no controller anywhere it says so and runs on;
-#   4. many short steps at once: no NEREUS_ERROR, never two controllers.
+#   4. many short steps at once: no NEREUS_ERROR, never two controllers;
+#   5. a step whose --nereus spec differs from the running controller's fails
+#      at once, saying whose controller it is (it does not join it);
+#   6. state_dir without %n: a step on another node finds no lock in its own
+#      job directory and cannot tell: slurmd's log, nothing in srun's output;
+#   7. the first node's state_dir not root's: a step on another node does not
+#      wait for a lock planted there.
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "concurrent"
 sl_need_bins "concurrent" nereus nereus-controller nereus-watcher
@@ -83,16 +90,23 @@ why1="the job's controller did not start: nereus-controller: simulated start-up 
 if grep -qF "first on n1 err=$why1 spec= " first1.out; then
     sl_ok "start-up failure: the step that started the controller gets its reason"
 else sl_fail "start-up failure: the step that started the controller gets its reason" "see above"; fi
-if [ "$seen1" = yes ] && grep -qF "second on n1 err=$why1 (step 0 started it; this step waited for it) spec= " second1.out; then
+if [ "$seen1" != yes ]; then
+    sl_skip "start-up failure while another step waited: that step gets the same reason at once (not a time-out)" "step 1 was not seen holding $dir1/controller.lock within 15 s (a slow step launch): it may not have waited"
+    sl_skip "... and does not start a second controller (1 start in watcher.log)" "as above"
+elif grep -qF "second on n1 err=$why1 (step 0 started it; this step waited for it) spec= " second1.out; then
     sl_ok "start-up failure while another step waited: that step gets the same reason at once (not a time-out)"
-else sl_fail "start-up failure while another step waited: that step gets the same reason at once (not a time-out)" "waiting step seen holding the lock: $seen1"; fi
-sl_check "... and does not start a second controller (1 start in watcher.log)" test "$(started "$dir1")" = 1
+    sl_check "... and does not start a second controller (1 start in watcher.log)" test "$(started "$dir1")" = 1
+else
+    sl_fail "start-up failure while another step waited: that step gets the same reason at once (not a time-out)" "see above"
+    sl_check "... and does not start a second controller (1 start in watcher.log)" test "$(started "$dir1")" = 1
+fi
 
 # 2. Step 0 is short: its controller stops at once, and the fake lingers
-# after the real controller is gone (until released, at most 2.5 s: the
-# watcher SIGKILLs it at 3 s). Step 1 comes while it stops.
+# after the real controller is gone (until released, at most 1.8 s: well
+# within the 3 s after which the watcher SIGKILLs it, and the plugin the
+# watcher). Step 1 comes while it stops.
 fake_rt "$sl_tmp/rt2" "\"$NRS_BUILDDIR/nereus-controller\" \"\$@\" & c=\$!
-trap 'kill -TERM \$c; wait \$c; touch $sl_tmp/stopping2; for i in \$(seq 1 25); do [ -e $sl_tmp/go2 ] && break; sleep 0.1; done; exit 0' TERM
+trap 'kill -TERM \$c; wait \$c; touch $sl_tmp/stopping2; for i in \$(seq 1 18); do [ -e $sl_tmp/go2 ] && break; sleep 0.1; done; exit 0' TERM
 wait \$c; wait \$c"
 cat >job2.sh <<EOF
 #!/bin/bash
@@ -107,18 +121,21 @@ use_rt "$sl_tmp/rt2"
 run_job nrs-conc2 1 ./job2.sh
 dir2="$state/n1/$jid"
 wait_file "$sl_tmp/stopping2" 300
-sl_wait_until 3 holds_lock "$jid.1" "$dir2" && seen2=yes || seen2=no
+sl_wait_until 2 holds_lock "$jid.1" "$dir2" && seen2=yes || seen2=no
 touch go2
 sl_wait_job_state "$jid" COMPLETED 40
 sl_plugstack_restore
 show first2.out second2.out "$dir2/watcher.log"
 sl_check "first short step: its tasks had the controller" grep -q "^first on n1 err=unset spec=set status=job $jid: epoch 1" first2.out
-if grep -q "^second on n1 err=unset spec=set status=job $jid: epoch 1" second2.out; then
-    sl_ok "a step that came while the controller was stopping started a new one (waited for the lock: $seen2), its tasks have it"
-else sl_fail "a step that came while the controller was stopping started a new one, its tasks have it" "waiting step seen holding the lock: $seen2"; fi
-# One after the other in watcher.log: the first exits before the second starts.
-order=$(grep -oE 'started .*nereus-controller|controller stopped; exiting' "$dir2/watcher.log" 2>/dev/null |
-    sed 's/^started.*/S/; s/^controller stopped.*/E/' | tr -d '\n')
+if [ "$seen2" != yes ]; then
+    sl_skip "a step that came while the controller was stopping waited for it and started a new one, its tasks have it" "step 1 was not seen holding $dir2/controller.lock while the fake controller lingered (a slow step launch): it may have come after the stop"
+elif grep -q "^second on n1 err=unset spec=set status=job $jid: epoch 1" second2.out; then
+    sl_ok "a step that came while the controller was stopping waited for it and started a new one, its tasks have it"
+else sl_fail "a step that came while the controller was stopping waited for it and started a new one, its tasks have it" "see above"; fi
+# One after the other in watcher.log: the first exits before the second
+# starts (a controller SIGKILLed by its watcher is stopped too: K).
+order=$(grep -oE 'started .*nereus-controller|controller stopped; exiting|ignored SIGTERM for 3 s: SIGKILL' "$dir2/watcher.log" 2>/dev/null |
+    sed 's/^started.*/S/; s/^controller stopped.*/E/; s/^ignored SIGTERM.*/K/' | tr -d '\n' | sed 's/KE/E/g; s/K/E/g')
 sl_check "two controllers one after the other, never two at once (watcher.log: $order)" test "$order" = SESE
 
 # 3. Different nodes of a 2-node job: step 0 on n1 starts the controller
@@ -146,9 +163,11 @@ sl_wait_job_state "$jid" COMPLETED 40
 sl_plugstack_restore
 show first3.out second3.out third3.out
 sl_check "step on the first node: its tasks have the controller" grep -q "^first on n1 err=unset spec=set status=job $jid: epoch 1" first3.out
-if [ "$seen3" = yes ] && grep -q "^second on n2 err=unset spec=set status=job $jid: epoch 1" second3.out; then
+if [ "$seen3" != yes ]; then
+    sl_skip "step on n2 only, started while the step on n1 started the controller: waited for it, its tasks have it" "step 1 was not seen holding $dir3/controller.lock within 15 s (a slow step launch): it may not have waited"
+elif grep -q "^second on n2 err=unset spec=set status=job $jid: epoch 1" second3.out; then
     sl_ok "step on n2 only, started while the step on n1 started the controller: waited for it, its tasks have it"
-else sl_fail "step on n2 only, started while the step on n1 started the controller: waited for it, its tasks have it" "waiting step seen holding the lock: $seen3"; fi
+else sl_fail "step on n2 only, started while the step on n1 started the controller: waited for it, its tasks have it" "see above"; fi
 if grep -q "^third on n2 err=unset spec=set status=nereus status: cannot connect" third3.out &&
     grep -q "nereus: job $jid step 2: no step of this job runs its controller on its first node n1 now" third3.out; then
     sl_ok "step on n2 only, no controller anywhere: it says so in srun's output and runs on with Nereus"
@@ -177,6 +196,76 @@ sl_check "20 short concurrent steps: all 20 joined or started the controller, no
 most=$(awk '/: started .*nereus-controller/ {n++; if (n > m) m = n} /controller stopped; exiting/ {n--} END {print m + 0}' "$dir4/watcher.log" 2>/dev/null)
 sl_check "... at most one controller at a time ($(started "$dir4") started, $most at once)" test "$most" -eq 1
 sl_check "... no controller refused for another running there" test "$(grep -c 'another controller is running there' "$dir4/controller.log" 2>/dev/null)" = 0
+
+# 5. Step 0 runs the controller with good.yaml; step 1 asks for other.yaml:
+# it fails at once and names good.yaml and step 0 (it does not join it).
+cp "$sl_good" other.yaml
+cat >job5.sh <<EOF
+#!/bin/bash
+cd $sl_tmp
+srun -n1 --overlap --nereus=good.yaml bash -c './probe.sh first; for i in \$(seq 1 100); do [ -s second5.out ] && break; sleep 0.1; done' >first5.out 2>&1 &
+for i in \$(seq 1 150); do grep -q '^first' first5.out 2>/dev/null && break; sleep 0.1; done
+t0=\$(date +%s%N)
+srun -n1 --overlap --nereus=other.yaml ./probe.sh second >second5.tmp 2>&1
+echo "took \$(( (\$(date +%s%N) - t0) / 1000000 )) ms" >>second5.tmp; mv second5.tmp second5.out
+wait
+EOF
+chmod 755 job5.sh
+run_job nrs-conc5 1 ./job5.sh
+sl_wait_job_state "$jid" COMPLETED 40
+show first5.out second5.out
+took5=$(sed -n 's/^took \([0-9]*\) ms$/\1/p' second5.out)
+if grep -q "^first on n1 err=unset spec=set status=job $jid: epoch 1" first5.out &&
+    grep -q "^second on n1 err=the job's controller runs .*/good.yaml (started by step 0), not this step's --nereus spec .*/other.yaml" second5.out &&
+    [ "${took5:-99999}" -lt 8000 ]; then
+    sl_ok "a step with another spec than the running controller's fails at once, naming it ($took5 ms)"
+else sl_fail "a step with another spec than the running controller's fails at once, naming it" "see above (took ${took5:-?} ms)"; fi
+
+# 6. state_dir without %n (every node one machine here: one job directory);
+# a step on n2 only, with no step on n1: no controller.lock in its own job
+# directory, which cannot tell it anything: nothing in srun's output.
+sed -E "s|state_dir=[^ ]*|state_dir=$state/flat|" "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" >"$(sl_plugstack)"
+cat >job6.sh <<EOF
+#!/bin/bash
+cd $sl_tmp
+srun -N1 -n1 -w n2 --overlap --nereus=good.yaml ./probe.sh sixth >sixth6.out 2>&1
+EOF
+chmod 755 job6.sh
+run_job nrs-conc6 2 ./job6.sh
+sl_wait_job_state "$jid" COMPLETED 40
+sl_plugstack_restore
+show sixth6.out
+if grep -q "^sixth on n2 err=unset spec=set " sixth6.out && ! grep -q "no step of this job runs its controller" sixth6.out; then
+    sl_ok "state_dir without %n, a step on another node, no lock there: runs with Nereus, no false error in srun's output"
+else sl_fail "state_dir without %n, a step on another node, no lock there: runs with Nereus, no false error in srun's output" "see above"; fi
+rm -rf "${state:?}/flat"
+
+# 7. The first node's state_dir (n1's) is not root's: a user could plant a
+# held controller.lock in it. A step on n2 does not wait for it (the old
+# plugin waited 10 s), and runs with Nereus.
+base7=$(mktemp -d /tmp/nrs-conc7.XXXXXX) && chmod 755 "$base7" && mkdir "$base7/n1" && chown 65534 "$base7/n1"
+sed -E "s|state_dir=[^ ]*|state_dir=$base7/%n|" "$NRS_CLUSTER_DIR/etc/plugstack.conf.nereus" >"$(sl_plugstack)"
+cat >job7.sh <<EOF
+#!/bin/bash
+cd $sl_tmp
+mkdir -p $base7/n1/\$SLURM_JOB_ID
+exec 9>$base7/n1/\$SLURM_JOB_ID/controller.lock
+flock -x 9
+t0=\$(date +%s%N)
+srun -N1 -n1 -w n2 --overlap --nereus=good.yaml ./probe.sh seventh >seventh7.out 2>&1
+echo "took \$(( (\$(date +%s%N) - t0) / 1000000 )) ms" >>seventh7.out
+EOF
+chmod 755 job7.sh
+run_job nrs-conc7 2 ./job7.sh
+sl_wait_job_state "$jid" COMPLETED 40
+sl_plugstack_restore
+show seventh7.out
+took7=$(sed -n 's/^took \([0-9]*\) ms$/\1/p' seventh7.out)
+if grep -q "^seventh on n2 err=unset spec=set " seventh7.out && ! grep -q "waited for" seventh7.out &&
+    [ "${took7:-99999}" -lt 6000 ]; then
+    sl_ok "a held controller.lock in a first-node state_dir that is not root's: not waited for ($took7 ms)"
+else sl_fail "a held controller.lock in a first-node state_dir that is not root's: not waited for" "see above (took ${took7:-?} ms)"; fi
+[ -n "$base7" ] && rm -rf "$base7"
 
 none_left() { [ -z "$(ctl_procs)" ]; }
 sl_check "no controller or watcher left" sl_wait_until 10 none_left
