@@ -84,9 +84,23 @@ int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h)
         return -1;
     struct pollfd p = {.fd = w->ctl_fd, .events = POLLIN};
     int pr;
-    do
-        pr = poll(&p, 1, timeout_s > 0 ? (int)(timeout_s * 1000) : 0);
-    while (pr < 0 && errno == EINTR);
+    /* With UCX up, in slices, progressing it in between: a send this rank
+     * counts as done may still sit in UCX's own queue (tcp), and a peer
+     * waits for it while this rank waits here (a vote, a gather). */
+    double end = nrs_now_s() + (timeout_s > 0 ? timeout_s : 0);
+    for (;;) {
+        double left = end - nrs_now_s();
+        int ms = left > 0 ? (int)(left * 1000) : 0;
+        if (w->u && ms > 2)
+            ms = 2;
+        pr = poll(&p, 1, ms);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr != 0 || nrs_now_s() >= end)
+            break;
+        if (w->u)
+            nrs_ucx_progress(w->u);
+    }
     if (pr == 0)
         return 0;
     if (pr < 0 || nrs_client_recv(w->ctl_fd, w->cbuf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, h,
