@@ -2,7 +2,8 @@
  *
  * spank.c dispatches every slurm_spank_* entry point on spank_context() to
  * one of: submit.c (srun = local, sbatch/salloc = allocator: the submission
- * side, same work in both), remote.c (slurmstepd), slurmd.c (slurmd).
+ * side, same work in both), remote.c (slurmstepd; with ctl_lock.c, the
+ * job's controller lock, sharing ctl_lock.h), slurmd.c (slurmd).
  * config.c parses the plugstack.conf arguments once; options.c owns the
  * option table and its callbacks. Nothing here is exported: the linker
  * version script (nereus.lds) keeps only the SPANK symbols visible.
