@@ -176,17 +176,6 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
         snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
         return -1;
     }
-    if (w->ctl_fd < 0 && !w->retired) {
-        /* The controller is gone (its channel closed) after every rank voted
-         * yes: it COMMITs such a vote unless a rank gave up or its own time
-         * ran out, and no rank can learn which now. Every rank that loses it
-         * here goes on, as those that got the COMMIT do: the same epoch
-         * everywhere (aborting here split the job between the two). */
-        fprintf(stderr, "nereus: worker[%d]: epoch %u: the controller is gone after the point "
-                "of no return vote passed (%s): going on with the commit\n", w->me,
-                w->ctl_epoch, w->ctl_err);
-        return 0;
-    }
     if (w->ctl_fd >= 0)
         ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
     snprintf(why, whylen, "no COMMIT from the controller for epoch %u (%s)", w->ctl_epoch,
@@ -373,34 +362,13 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
 
 /* ---- collectives through the controller (GATHER / GATHERED) ------------------------ */
 
-static int ctl_gather_once(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
-                           size_t len, const int *out, int nout, void *all, unsigned char *got,
-                           double timeout_s, char *err, size_t errlen);
-
 /* nrs_rdv_gather's contract over the control channel: the controller waits for
- * every participant or its channel's end, and gives all the same answer. A
- * channel that is gone (the controller died: every rank loses it) falls back
- * to the job's PMIx rendezvous, so that a transition past its point of no
- * return still finishes on every rank alike. */
+ * every participant or its channel's end, and gives all the same answer. */
 int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
                       const int *out, int nout, void *all, unsigned char *got, double timeout_s,
                       char *err, size_t errlen)
 {
     nrs_worker_t *w = arg;
-    int rc = ctl_gather_once(w, key, name, mine, len, out, nout, all, got, timeout_s, err, errlen);
-    nrs_rdv_t *r = nrs_wk_job_rdv(w);
-    if (!rc || w->ctl_fd >= 0 || w->retired || !r)
-        return rc;
-    if (!w->coll_fallback++)
-        fprintf(stderr, "nereus: worker[%d]: %s: gathers go through PMIx from now on\n", w->me,
-                err);
-    return nrs_rdv_gather(r, key, name, mine, len, out, nout, all, got, timeout_s, err, errlen);
-}
-
-static int ctl_gather_once(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
-                           size_t len, const int *out, int nout, void *all, unsigned char *got,
-                           double timeout_s, char *err, size_t errlen)
-{
     nrs_msg_gather_t *m = calloc(1, sizeof(*m));
     uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
     char why[256];
