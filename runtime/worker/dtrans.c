@@ -45,6 +45,8 @@ typedef struct {
     uint64_t sum_sent, sum_recv; /* opts.verify: since the last vote */
     int64_t nrecv;               /* transfers received here */
     int corrupt;                 /* the sums differed after the point of no return */
+    int past_ponr;               /* running the ops from the PONR on */
+    unsigned char *late;         /* [nbuf] written by a transfer past the PONR (verify) */
 } dt_t;
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -161,6 +163,8 @@ static void harvest(dt_t *D)
                 ((uint8_t *)f->dreg.mem->ptr)[f->dreg.off] ^= 0x5a; /* the test hook */
             if (D->o->verify)
                 D->sum_recv += region_hash(D, &f->dreg, f->op);
+            if (D->past_ponr && D->late)
+                D->late[f->dst] = 1;
         }
         f->used = 0;
         D->nfl--;
@@ -428,13 +432,16 @@ static int peer_dead(const dt_t *D, int i)
 typedef struct {
     int64_t val;
     uint64_t sent, recv;
+    int64_t hashed; /* 1: this rank hashes (opts.verify) */
 } vote_t;
 
 static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const int64_t *want)
 {
     char name[48], err[384];
     int n = D->o->nranks, rc = -1;
-    vote_t *all = calloc((size_t)n + 1, sizeof(vote_t)), v = {val, D->sum_sent, D->sum_recv};
+    vote_t *all = calloc((size_t)n + 1, sizeof(vote_t)),
+           v = {val, D->sum_sent, D->sum_recv, D->o->verify};
+    int hashed = D->o->verify;
     unsigned char *got = calloc((size_t)n + 1, 1);
     uint64_t sent = v.sent, recv = v.recv;
     D->sum_sent = D->sum_recv = 0;
@@ -468,10 +475,11 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
         }
         sent += all[i].sent;
         recv += all[i].recv;
+        hashed &= all[i].hashed == 1; /* the sums mean something only if every rank hashed */
     }
     if (want && val != *want)
         goto out;
-    if (sent != recv) {
+    if (hashed && sent != recv) {
         D->corrupt = 1;
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: checksum mismatch: the bytes "
                  "received differ from the bytes sent (runtime.verify)", what);
@@ -515,9 +523,9 @@ static void census(dt_t *D, uint64_t epoch)
     got = calloc((size_t)n + 1, 1);
     if (!held || !all || !mine || !every || !got)
         goto out;
-    for (size_t i = 0; i < g->nbuf; i++) /* corrupt: what a transfer wrote is suspect */
+    for (size_t i = 0; i < g->nbuf; i++) /* corrupt: what a transfer wrote since is suspect */
         held[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i] &&
-                  !(D->corrupt && D->need[i] > 0);
+                  !(D->corrupt && D->late && D->late[i]);
     nrs_census_pack(&c, me, held, mine);
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
     if (gather(D, epoch, name, mine, len, every, got, err, sizeof err)) {
@@ -604,6 +612,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     D.need = calloc(g->nbuf + 1, sizeof(int32_t));
     D.got = calloc(g->nbuf + 1, sizeof(int32_t));
     D.fl = calloc((size_t)D.window, sizeof(*D.fl));
+    D.late = o->verify ? calloc(g->nbuf + 1, 1) : NULL;
     if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
         g->nops >> DT_TAG_OP_BITS) {
         snprintf(res->msg, sizeof res->msg, g->nops >> DT_TAG_OP_BITS ? "graph too large"
@@ -660,6 +669,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
 
     /* commit: the rest, and everyone says it is done */
     t1 = nrs_now_s();
+    D.past_ponr = 1;
     rc = run_range(&D, g->ponr, (int64_t)g->nops);
     snprintf(local, sizeof local, "%s", res->msg);
     if (vote(&D, epoch, "done", rc ? 1 : 0, NULL) || rc) {
@@ -697,5 +707,6 @@ out:
     free(D.need);
     free(D.got);
     free(D.fl);
+    free(D.late);
     return res->outcome;
 }

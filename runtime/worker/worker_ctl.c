@@ -145,12 +145,12 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
     nrs_worker_t *w = arg;
     nrs_hdr_t h;
     double end = nrs_now_s() + 4 * w->timeout_s;
-    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
-    w->ponr_acked = 1;
-    if (w->aborted_epoch == w->ctl_epoch) { /* its ABORT came before the vote passed */
+    if (w->run_aborted) { /* its ABORT came before the vote passed: no yes from here */
         snprintf(why, whylen, "the controller aborted epoch %u", w->ctl_epoch);
         return -1;
     }
+    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
+    w->ponr_acked = 1;
     while (w->ctl_fd >= 0 && nrs_now_s() < end) {
         int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
         if (k <= 0)
@@ -214,8 +214,11 @@ static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
     nrs_adapt_gpu_map(w->plan.total_gpus, m->plan.total_gpus, m->nlost ? &rz : NULL, map);
     w->ctl_epoch = epoch;
     w->ponr_acked = 0;
+    w->run_aborted = 0;
+    w->running = 1;
     double t0 = nrs_now_s();
     int rc = nrs_wk_do_transition(w, &m->plan, map, m->lost, m->nlost, 1);
+    w->running = 0;
     free(map);
     double dt = nrs_now_s() - t0;
     if (rc == NRS_OK) {
@@ -226,7 +229,10 @@ static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
         ctl_ack(w, epoch, NRS_MSG_COMMIT, 1, dt);
         return rc;
     }
-    if (!w->ponr_acked) /* failed before the vote passed: the controller aborts */
+    /* failed before the vote passed: the controller aborts (not when it did
+     * already: an ACK of that epoch would count for its retry, which reuses
+     * the number) */
+    if (!w->ponr_acked && !w->run_aborted)
         ctl_ack(w, epoch, NRS_MSG_PREPARE, rc == NRS_ERR_ABORTED ? 1 : 2, 0);
     if (w->retired)
         return NRS_ERR_RETIRED;
@@ -298,6 +304,8 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
             return NRS_OK;
         if (m.epoch > w->aborted_epoch)
             w->aborted_epoch = m.epoch;
+        if (w->running && m.epoch == w->ctl_epoch)
+            w->run_aborted = 1; /* the running one: it must not vote yes at its PONR */
         if (w->prep_epoch == m.epoch)
             w->prep_epoch = 0;
         if (w->have_pend && w->pend && w->pend->plan.epoch == m.epoch)
@@ -348,6 +356,11 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
         return NRS_ERR_INVAL;
     if (w->retired)
         return nrs_wk_retired_err(w, __func__);
+    if (w->prep_epoch) { /* a PREPARE that came during the last run's votes (a retry) */
+        unsigned e = w->prep_epoch;
+        w->prep_epoch = 0;
+        return nrs_wk_ctl_prepare(w, e);
+    }
     while (w->ctl_fd >= 0) {
         int k = nrs_wk_ctl_recv(w, first ? timeout_s : 0, &h);
         first = 0;
@@ -442,6 +455,7 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
             nrs_msg_epoch_t a;
             if (!nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &a, NULL, 0) &&
                 a.epoch == w->ctl_epoch) {
+                w->run_aborted = w->running; /* whatever this gather was for */
                 snprintf(err, errlen, "gather %s: the controller aborted epoch %u: %.300s", name,
                          a.epoch, a.text);
                 goto out;

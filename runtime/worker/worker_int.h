@@ -69,6 +69,8 @@ struct nrs_worker {
     int defer;              /* control frames: keep a PREPARE for the step's agreement */
     unsigned prep_epoch;    /* the PREPARE kept, 0: none */
     unsigned aborted_epoch; /* the newest epoch the controller aborted */
+    int run_aborted;        /* the controller aborted the transition running now */
+    int running;            /* a controller-driven transition runs (nrs_wk_ctl_prepare) */
     unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
     unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
     unsigned char *dead;    /* [n]: ranks out of the job for good (lost GPUs of a committed

@@ -357,8 +357,11 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     /* tags of the syncs' own (never a transition's); keys: its own epoch tag, one
      * per sync */
     uint64_t tag = (1ULL << 63) | ((uint64_t)w->sync_n << 32) | w->plan.epoch;
-    o.sync_tags = true; /* sync_n starts again each epoch: the epoch moves the tags on */
-    o.attempt = w->plan.epoch * 31u + w->sync_n++;
+    /* sync_n starts again each epoch (a joiner's count agrees with the others'
+     * from its first epoch): the epoch moves the tags on, so two syncs share
+     * tags only 128 apart in an epoch, or 64 in the next */
+    o.sync_tags = true;
+    o.attempt = w->plan.epoch * 64u + w->sync_n++;
     o.out_ranks = out;
     o.nout = nout;
     nrs_dtrans_result_t res;

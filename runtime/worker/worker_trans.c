@@ -150,6 +150,12 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
      * its memory: a rank without a GPU says no for all) */
     int nccl = w->xport_ucx && !w->broken &&
                nrs_wk_nccl_choose(w, g, next->epoch, out_ranks, nout);
+    if (ctl && w->run_aborted) { /* its ABORT came in the vote above: the others see it too */
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: the controller aborted "
+                             "it; old state intact", w->plan.epoch, next->epoch);
+    }
     const nrs_xport_t *x = nccl ? nrs_wk_nccl_xport(w) : &w->x;
     nrs_xmem_t *old = nccl ? calloc(w->st.nbuf + 1, sizeof(*old)) : w->mem;
     if (!old) {

@@ -7,6 +7,11 @@
  *   abort     PREPARE(2) and ABORT(2) read together at a step boundary: the
  *             kept PREPARE is void (it ran all the same, then waited for a
  *             COMMIT that never came);
+ *   abortmid  the controller aborts epoch 2 during the transition's first vote
+ *             and retries it at once (the same epoch number, another plan):
+ *             the rank must not vote yes for the aborted run (it did, the
+ *             controller took that ACK for the retry's and the rank committed
+ *             the aborted plan); it runs the retry, which commits;
  *   world N   a WORLD whose gather answer names a GPU holder that is gone
  *             (N=0) or a GPU out of range (N=1): a clear error, no overflow.
  * Exit 0 when the case behaved; it prints what it saw. */
@@ -106,7 +111,7 @@ static void *controller(void *arg)
     const char *c = arg;
     nrs_hdr_t h;
     int ngather = 0;
-    if (!strcmp(c, "planmid") || !strcmp(c, "abort")) {
+    if (!strcmp(c, "planmid") || !strcmp(c, "abort") || !strcmp(c, "abortmid")) {
         send_plan(&P2, NRS_PLAN_TRANSITION, 1);
         send_epoch(NRS_MSG_PREPARE, 2);
         if (!strcmp(c, "abort"))
@@ -136,6 +141,11 @@ static void *controller(void *arg)
             }
             if (++ngather == 1 && !strcmp(c, "planmid"))
                 send_plan(&P3, NRS_PLAN_TRANSITION, 1); /* the controller re-plans meanwhile */
+            if (ngather == 1 && !strcmp(c, "abortmid")) { /* a delta: abort, re-decide */
+                send_epoch(NRS_MSG_ABORT, 2);
+                send_plan(&P3, NRS_PLAN_TRANSITION, 1);
+                send_epoch(NRS_MSG_PREPARE, 2);
+            }
             int32_t r0 = 0;
             send_gathered(&g, 1, &r0, g.data);
         } else if (h.type == NRS_MSG_ACK) {
@@ -185,6 +195,12 @@ int main(int argc, char **argv)
     P1.epoch = 1;
     P2.epoch = 2;
     P3 = P2; /* the same epoch again, as a retry would be */
+    if (!strcmp(c, "abortmid")) { /* the retry: another plan under the same number */
+        req.gpus = 1;
+        if (nrs_plan_best(&spec, &req, &P3, err, sizeof err))
+            return fprintf(stderr, "plan: %s\n", err), 2;
+        P3.epoch = 2;
+    }
     nrs_worker_t *w = worker(&spec);
     pthread_t t;
     int rc = 1, e;
@@ -220,12 +236,30 @@ int main(int argc, char **argv)
             return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;
         pthread_create(&t, NULL, controller, (void *)c);
         if (!strcmp(c, "planmid")) {
-            e = nrs_worker_control_poll(w, 10);
+            /* the PLAN and the PREPARE may come in two reads: poll until one runs */
+            for (int k = 0; k < 100 && (e = nrs_worker_control_poll(w, 0.1)) == 0; k++)
+                ;
             long long v = 0, bad = 0;
             int ve = nrs_worker_verify_state(w, &v, &bad);
             printf("planmid: control_poll %d (%s), epoch %d, %lld verified, %lld bad\n", e,
                    e < 0 ? nrs_worker_last_error(w) : "ok", nrs_worker_epoch(w), v, bad);
             rc = e >= 0 && nrs_worker_epoch(w) == 2 && !ve && v > 0 && !bad ? 0 : 1;
+        } else if (!strcmp(c, "abortmid")) {
+            int first = -99;
+            for (int k = 0; k < 200 && (e = nrs_worker_control_poll(w, 0.1)) != 1; k++)
+                if (e != 0 && first == -99)
+                    first = e; /* the aborted run's outcome */
+            nrs_plan_t got;
+            long long v = 0, bad = 0;
+            int ve = nrs_worker_verify_state(w, &v, &bad);
+            int pe = nrs_worker_plan(w, &got);
+            printf("abortmid: first run %d, then %d (%s); epoch %d on %d GPU(s) (the retry's: "
+                   "%d), %lld verified, %lld bad\n", first, e, nrs_worker_last_error(w),
+                   nrs_worker_epoch(w), pe ? -1 : got.total_gpus, P3.total_gpus, v, bad);
+            rc = first == NRS_ERR_ABORTED && e == 1 && !pe && got.total_gpus == P3.total_gpus &&
+                         !ve && v > 0 && !bad
+                     ? 0
+                     : 1;
         } else { /* what nrs_worker_control_step drains at a step boundary */
             nrs_hdr_t h;
             usleep(300000);

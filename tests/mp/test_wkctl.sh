@@ -7,6 +7,8 @@ export UCX_TLS=sm
 mp_case "worker: a PLAN mid-transition does not replace the running one" 0 60 "$K" "$SPEC" planmid
 mp_grep "worker: the transition committed epoch 2, every shard verified" "epoch 2, [1-9][0-9]* verified, 0 bad"
 mp_case "worker: an ABORT read with its PREPARE voids it" 0 60 "$K" "$SPEC" abort
+mp_case "worker: an ABORT mid-transition, its retry under the same epoch: the retry commits" 0 60 \
+    env NRS_WORKER_XPORT=ucx "$K" "$SPEC" abortmid
 mp_case "worker: a world whose GPU holder is gone: a clear error" 0 60 "$K" "$SPEC" world 0
 mp_grep "worker: the error names the GPU" "no rank holds GPU 2 of epoch 1"
 mp_case "worker: a world entry with a GPU out of range: a clear error" 0 60 "$K" "$SPEC" world 1
