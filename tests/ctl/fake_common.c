@@ -148,6 +148,12 @@ static void handle(fw_fleet_t *f, fw_rank_t *r, const nrs_hdr_t *h, const uint8_
             int32_t rr;
             const uint8_t *d;
             nrs_gathered_entry(&m, i, &rr, &d);
+            if (rr < r->gather_next) { /* ascending, each rank once */
+                fprintf(stderr, "fake rank %d: rank %d's entry out of order or twice\n", r->rank,
+                        rr);
+                r->gather = -1;
+            }
+            r->gather_next = rr + 1;
             for (uint32_t j = 0; j < m.len && r->gather == 1; j++)
                 if (d[j] != (uint8_t)(rr * 131 + j * 7 + 3)) {
                     fprintf(stderr, "fake rank %d: rank %d's entry differs at byte %u\n",
@@ -324,6 +330,7 @@ int fw_gather(fw_fleet_t *f, uint64_t key, const char *name, uint32_t len, int n
             d[j] = (uint8_t)(r->rank * 131 + j * 7 + 3);
         r->gather = 1;
         r->gather_seen = 0;
+        r->gather_next = 0;
         queue(r, b, nrs_enc_gather(b, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &m));
         if (nrs_conn_flush(r->c) < 0)
             send_failed(f, r);

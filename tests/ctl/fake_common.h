@@ -26,6 +26,7 @@ typedef struct {
     unsigned long plans, prepares, commits, aborts;
     int gather;           /* fw_gather: 1 waiting, 2 whole and right, -1 wrong */
     uint32_t gather_seen; /* entries of the answer so far */
+    int32_t gather_next;  /* the lowest rank the next entry may be */
 } fw_rank_t;
 
 typedef struct {

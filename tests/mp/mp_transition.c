@@ -55,6 +55,7 @@
 typedef struct {
     int64_t xfers, bytes, verified, errors, max_inflight;
     double exec_s; /* the executor's run (nrs_dtrans_run) */
+    int64_t hashed; /* bytes the executor hashed (--verify) */
     int aborted; /* NRS_MP_KILL: aborted as it should, old state checked */
     char first[512];
 } rx_t;
@@ -196,6 +197,7 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
 #endif
     E->xfers = res.xfers;
     E->exec_s = res.total_s;
+    E->hashed = res.bytes_verified;
     E->bytes = res.bytes_sent;
     E->max_inflight = res.max_inflight;
     if (out == NRS_DT_ABORTED && kill) { /* the old state must be intact */
@@ -370,6 +372,7 @@ int main(int argc, char **argv)
     tu_rng_t rng = {seed * 0x9e3779b97f4a7c15ull + 1};
     int64_t tot_x = 0, tot_b = 0, tot_v = 0;
     double tot_s = 0;
+    int64_t tot_h = 0;
     rc = 0;
     for (int t = 1; t <= count && !rc; t++) {
         nrs_spec_t s;
@@ -420,6 +423,7 @@ int main(int argc, char **argv)
         tot_b += rc ? 0 : E.bytes;
         tot_v += rc ? 0 : E.verified;
         tot_s += rc ? 0 : E.exec_s;
+        tot_h += rc ? 0 : E.hashed;
         nrs_emu_graph_free(g);
         /* the next transition starts only when every rank is done with this one */
         if (nrs_rdv_fence(r, (uint64_t)t, NULL, timeout, err, sizeof err)) {
@@ -429,8 +433,9 @@ int main(int argc, char **argv)
     }
     if (!rc)
         printf("mp_transition[%d/%d]: %d transition(s) over %s: %lld transfer(s), %lld bytes "
-               "sent, %lld shard(s) verified, %.6f s in the executor\n", me, n, count,
-               x.ops->name, (long long)tot_x, (long long)tot_b, (long long)tot_v, tot_s);
+               "sent, %lld shard(s) verified, %lld bytes hashed, %.6f s in the executor\n", me,
+               n, count, x.ops->name, (long long)tot_x, (long long)tot_b, (long long)tot_v,
+               (long long)tot_h, tot_s);
     nrs_xport_close(&x);
 #ifdef HAVE_NCCL
     nrs_nccl_fini(nc);

@@ -22,6 +22,9 @@ mp_grep "transition: the mismatch is reported" "checksum mismatch"
 for tls in sm tcp; do
     mp_case "transition --verify $tls 4 ranks, 6 random transitions" 0 90 env UCX_TLS=$tls \
         "$SRV" -q -n 4 -t 80 -- "$T" --verify --seed 41 --count 6
+    got=$(grep -c "shard(s) verified, [1-9][0-9]* bytes hashed" "$mp_out")
+    [ "$got" -eq 4 ] && { echo "[       OK ] transition --verify $tls: 4 of 4 ranks hashed what they moved"; mp_pass=$((mp_pass + 1)); } \
+        || { echo "[  FAILED  ] transition --verify $tls: $got of 4 ranks hashed anything"; mp_fail=$((mp_fail + 1)); }
 done
 mp_case "transition --verify: a byte flipped on the wire aborts every rank" 3 60 env UCX_TLS=sm \
     NRS_MP_CORRUPT_WIRE=1:0 "$SRV" -q -n 2 -t 50 -- "$T" --verify --seed 3 --count 4
