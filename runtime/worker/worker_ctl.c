@@ -531,8 +531,13 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
                   *lgot = NULL;
     void **addrs = NULL;
     size_t *lens = NULL;
-    if (!mine || grow_arrays(w, size)) {
+    /* a world refused leaves the current one as it was: its size and order */
+    int old_n = w->n, *old_perm = malloc(sizeof(int) * ((size_t)w->n + 1));
+    if (old_perm && w->perm)
+        memcpy(old_perm, w->perm, sizeof(int) * (size_t)w->n);
+    if (!mine || !old_perm || grow_arrays(w, size)) {
         free(mine);
+        free(old_perm);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
     w->n = size;
@@ -696,6 +701,11 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     }
     w->world_gen = m->gen;
 out:
+    if (rc != NRS_OK && w->perm && old_n <= size) {
+        memcpy(w->perm, old_perm, sizeof(int) * (size_t)old_n);
+        w->n = old_n;
+    }
+    free(old_perm);
     free(mine);
     free(left);
     free(lall);
