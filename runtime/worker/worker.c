@@ -80,14 +80,19 @@ static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank
 static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
-int nrs_wk_owner_rank(void *arg, int owner)
+int nrs_wk_rank_under(const nrs_worker_t *w, const int *perm, int owner)
 {
-    const nrs_worker_t *w = arg;
     if (w->n == 1)
         return 0; /* singleton: every GPU's memory is here (local transport) */
     if (owner < 0 || owner >= w->n)
         return -1;
-    return w->perm ? w->perm[owner] : owner;
+    return perm ? perm[owner] : owner;
+}
+
+int nrs_wk_owner_rank(void *arg, int owner)
+{
+    const nrs_worker_t *w = arg;
+    return nrs_wk_rank_under(w, w->perm, owner);
 }
 
 /* Rank r holds GPU r (a plan from nrs_worker_set_plan or the controller's HELLO answer). */
@@ -329,7 +334,9 @@ static int coll_choice(nrs_worker_t *w)
 
 int nrs_wk_unusable(const nrs_worker_t *w, const char *fn)
 {
-    if (!w || !w->init_rc)
+    if (!w)
+        return nrs_wk_nohandle(fn);
+    if (!w->init_rc)
         return 0;
     return nrs_wk_seterr(w, NRS_ERR_INVAL, "%s: nrs_worker_init failed: %s", fn, w->init_err);
 }
@@ -538,8 +545,6 @@ int nrs_worker_finalize(nrs_worker_t *w)
 int nrs_worker_gpu(const nrs_worker_t *w)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     return w->have_plan ? w->my_gpu : -1;
@@ -548,8 +553,6 @@ int nrs_worker_gpu(const nrs_worker_t *w)
 int nrs_worker_plan(const nrs_worker_t *w, nrs_plan_t *out)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (!out || !w->have_plan)

@@ -320,8 +320,6 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
 int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
 {
     nrs_hdr_t h;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     if (w->retired)
@@ -350,8 +348,6 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
 {
     nrs_hdr_t h;
     int first = 1;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     if (w->retired)

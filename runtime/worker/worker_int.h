@@ -101,15 +101,19 @@ int nrs_wk_nohandle(const char *fn);
 int nrs_wk_retired_err(nrs_worker_t *w, const char *fn);
 /* The rank that holds GPU owner of the current plan (arg: the handle); -1: none. */
 int nrs_wk_owner_rank(void *arg, int owner);
+/* The same under GPU order perm (NULL: rank r holds GPU r), for an order not
+ * yet the handle's. */
+int nrs_wk_rank_under(const nrs_worker_t *w, const int *perm, int owner);
 /* The identity map: rank r holds GPU r (w->perm, w->my_gpu). */
 void nrs_wk_perm_identity(nrs_worker_t *w);
 /* $name as a number; dflt when unset or empty. */
 double nrs_wk_env_double(const char *name, double dflt);
 /* The executor options every distributed run of this rank shares. */
 void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
-/* 0, or NRS_ERR_INVAL (last error "fn: nrs_worker_init failed: ...") for a
- * handle whose init failed: it takes only last_error, finalize and the
- * queries of what it is (rank, size, is_singleton, transport, control). */
+/* 0, or NRS_ERR_INVAL for a NULL handle (nrs_wk_nohandle) or one whose init
+ * failed (last error "fn: nrs_worker_init failed: ..."): such a handle takes
+ * only last_error, finalize and the queries of what it is (rank, size,
+ * is_singleton, transport, control). */
 int nrs_wk_unusable(const nrs_worker_t *w, const char *fn);
 /* The rendezvous that names this job's ranks in failure reports (NULL: a joiner). */
 nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);

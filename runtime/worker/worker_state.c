@@ -37,17 +37,26 @@ void nrs_wk_sync_reset(nrs_worker_t *w)
         memset(w->gone, 0, (size_t)w->n);
 }
 
-void nrs_wk_free_state(nrs_worker_t *w)
+/* This rank's buffers of the current state, freed (its index kept). */
+static void free_buffers(nrs_worker_t *w)
 {
-    nrs_wk_sync_reset(w);
     for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
         if (w->mem[i].ptr && w->x.ops)
             w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
+        memset(&w->mem[i], 0, sizeof w->mem[i]);
 #ifdef HAVE_NCCL
         if (w->dev && w->dev[i])
             nrs_cuda_free(w->dev[i]);
 #endif
+        if (w->dev)
+            w->dev[i] = NULL;
     }
+}
+
+void nrs_wk_free_state(nrs_worker_t *w)
+{
+    nrs_wk_sync_reset(w);
+    free_buffers(w);
     free(w->mem);
     free(w->dev);
     free(w->mine);
@@ -85,17 +94,6 @@ static void index_free(wk_index_t *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
-/* The rank holding GPU g under perm (NULL: rank r holds GPU r), as
- * nrs_wk_owner_rank says it once perm is the handle's. */
-static int owner_under(const nrs_worker_t *w, const int *perm, int g)
-{
-    if (w->n == 1)
-        return 0;
-    if (g < 0 || g >= w->n)
-        return -1;
-    return perm ? perm[g] : g;
-}
-
 /* Plan p's state and this rank's buffers under perm into ix; on failure
  * NRS_ERR_PLAN or NRS_ERR_NOMEM with why, ix empty. */
 static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *perm,
@@ -115,7 +113,7 @@ static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *pe
         return NRS_ERR_NOMEM;
     }
     for (size_t i = 0; i < ix->st.nbuf; i++)
-        if (owner_under(w, perm, ix->st.buf[i].gpu) == w->me)
+        if (nrs_wk_rank_under(w, perm, ix->st.buf[i].gpu) == w->me)
             ix->mine[ix->nmine++] = (int)i;
     return 0;
 }
@@ -177,8 +175,6 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
     int rc;
     char err[512];
     wk_index_t ix;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if ((rc = nrs_wk_plan_ok(w, plan)) || (rc = plan_wellformed(w, plan)))
@@ -199,8 +195,6 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
 int nrs_worker_epoch(const nrs_worker_t *w)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     return w->have_plan ? (int)w->plan.epoch : -1;
@@ -225,8 +219,6 @@ static int coords(const nrs_worker_t *w, int ms, int *t, int *p, int *d)
 int nrs_worker_nroles(const nrs_worker_t *w)
 {
     int n = 0, t, p, d, rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     for (int ms = 0; ms < NRS_MS_COUNT; ms++)
@@ -245,8 +237,6 @@ int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int
                     int *p, int *d)
 {
     int ct, cp, cd, rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     for (int k = 0, j = i; k < NRS_MS_COUNT; k++) {
@@ -270,8 +260,6 @@ int nrs_worker_role(const nrs_worker_t *w, int i, int *ms, int *tp, int *pp, int
 int nrs_worker_group(const nrs_worker_t *w, int ms, int group, int *ranks, int max)
 {
     int t, p, d, n = 0, rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (group < NRS_GROUP_TP || group > NRS_GROUP_DP)
@@ -335,22 +323,6 @@ static int cuda_ok(nrs_worker_t *w, char *why, size_t len)
 }
 #endif
 
-/* This rank's buffers of the current state, freed (its index kept). */
-static void free_buffers(nrs_worker_t *w)
-{
-    for (size_t i = 0; w->mem && i < w->st.nbuf; i++) {
-        if (w->mem[i].ptr && w->x.ops)
-            w->x.ops->mem_free(w->x.ctx, &w->mem[i]);
-        memset(&w->mem[i], 0, sizeof w->mem[i]);
-#ifdef HAVE_NCCL
-        if (w->dev && w->dev[i])
-            nrs_cuda_free(w->dev[i]);
-#endif
-        if (w->dev)
-            w->dev[i] = NULL;
-    }
-}
-
 /* A failure half-way: what was allocated goes (a retry starts afresh). */
 static int alloc_undo(nrs_worker_t *w, int rc)
 {
@@ -362,8 +334,6 @@ static int alloc_undo(nrs_worker_t *w, int rc)
 int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (!w->have_plan || w->allocated || w->broken)
@@ -417,8 +387,6 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
 int nrs_worker_mem_kind(const nrs_worker_t *w)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     return w->mem_kind ? w->mem_kind : NRS_MEM_HOST;
@@ -427,8 +395,6 @@ int nrs_worker_mem_kind(const nrs_worker_t *w)
 int nrs_worker_nbuffers(const nrs_worker_t *w)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     return w->allocated ? w->nmine : 0;
@@ -438,8 +404,6 @@ int nrs_worker_nbuffers(const nrs_worker_t *w)
 static int buffer_ok(const nrs_worker_t *w, int i, const char *fn)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(fn);
     if ((rc = nrs_wk_unusable(w, fn)))
         return rc;
     if (!w->allocated)
@@ -551,8 +515,6 @@ int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long lon
     long long v = 0, m = 0;
     int rc;
     nrs_wk_counts(verified, mismatches, 0, 0);
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (!w->allocated)
@@ -597,8 +559,6 @@ void nrs_worker_set_report_hook(nrs_worker_t *w, nrs_worker_report_hook_fn fn, v
 int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     w->sink = fn;
@@ -609,8 +569,6 @@ int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (ms < 0 || ms >= NRS_MS_COUNT)
@@ -633,8 +591,6 @@ int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long ca
                              int alloc_failed)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (used_bytes < 0 || cap_bytes < 0)
@@ -663,8 +619,6 @@ static void file_sink(const char *json)
 int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (step < 0 || !(response_len >= 0))

@@ -110,8 +110,6 @@ int nrs_worker_control_step(nrs_worker_t *w)
 {
     nrs_hdr_t h;
     int rc = NRS_OK;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     int in_plan = w->n > 1 && w->have_plan && w->my_gpu >= 0 && w->allocated;
@@ -307,8 +305,6 @@ static int64_t gen_max_bytes(const nrs_worker_t *w)
 int nrs_worker_weight_sync(nrs_worker_t *w)
 {
     int rc;
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     if (!w->have_plan || !w->allocated || w->broken)

@@ -278,8 +278,6 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
 
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
 {
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     return nrs_wk_do_transition(w, next, NULL, NULL, 0, 0);
@@ -316,8 +314,6 @@ double nrs_worker_transition_stat(const nrs_worker_t *w, int which)
 
 int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
 {
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     char *d = dir && *dir ? strdup(dir) : NULL;
@@ -364,8 +360,6 @@ out:
 int nrs_worker_checkpoint(nrs_worker_t *w, long step)
 {
     char err[512] = "", name[48];
-    if (!w)
-        return nrs_wk_nohandle(__func__);
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
     if (step < 0)
