@@ -200,7 +200,7 @@ int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_re
         return 0;
     }
     out->changed = true;
-    out->cand.epoch = a->plan.epoch + 1;
+    out->cand.epoch = a->plan.epoch + 1 > a->epoch_floor ? a->plan.epoch + 1 : a->epoch_floor;
     a->plan = out->cand;
     nrs_admission_note_transition(&a->adm, step);
     return 0;

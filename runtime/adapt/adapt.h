@@ -27,6 +27,8 @@ typedef struct {
     nrs_calibrator_t cal;
     nrs_admission_t adm;
     nrs_plan_t plan;       /* current plan (plan.epoch) */
+    unsigned epoch_floor;  /* a candidate's epoch is at least this: numbers of
+                            * aborted attempts are never proposed again */
     nrs_cond_t planned;    /* conditions of the last planning */
     nrs_calib_t planned_f; /* calibration of the last planning */
     int recheck_step;      /* re-plan then (hysteresis ran out); -1 none */

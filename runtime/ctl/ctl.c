@@ -348,6 +348,9 @@ static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
     unsigned epoch = c->tr_epoch;
     c->tr = TR_IDLE;
     c->a = c->tr_saved; /* the old plan and the policy's state before the decision */
+    /* A retry is a new attempt under a new number: an ACK, a gather or a
+     * transfer tag of this one can never be taken for the retry's. */
+    c->a.epoch_floor = epoch + 1;
     c->tr_aborted++;
     c->retry = true; /* with a growing back-off: a rank that keeps failing must not storm */
     c->retry_backoff_s = c->retry_backoff_s > 0 ? 2 * c->retry_backoff_s : 1.0;

@@ -112,8 +112,13 @@ static void handle(fw_fleet_t *f, fw_rank_t *r, const nrs_hdr_t *h, const uint8_
         }
         if (h->type == NRS_MSG_PREPARE) {
             r->prepares++;
-            if (!f->no_ack)
-                ack(f, r, m.epoch, NRS_MSG_PREPARE, m.epoch == r->pending ? f->prepare_status : 3);
+            if (!f->no_ack) {
+                int st = 3;
+                if (m.epoch == r->pending)
+                    st = f->prepare_fails < 0 || (long)r->prepares <= f->prepare_fails
+                             ? f->prepare_status : 0;
+                ack(f, r, m.epoch, NRS_MSG_PREPARE, st);
+            }
         } else if (h->type == NRS_MSG_COMMIT) {
             r->commits++;
             if (m.epoch == r->pending) {

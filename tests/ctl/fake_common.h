@@ -33,6 +33,7 @@ typedef struct {
     fw_rank_t *r;
     int n;
     int prepare_status; /* ACK status for PREPARE (0 ok) */
+    int prepare_fails;  /* that many PREPAREs get prepare_status, then 0 (-1: all) */
     bool no_ack;        /* never answer PREPARE */
     double transition_s;
     bool verbose;

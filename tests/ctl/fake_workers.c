@@ -21,7 +21,7 @@ static const char usage[] =
     "         [--ranks N] [--first R] [--gpn G] [--steps S] [--interval-ms I]\n"
     "         [--factor F] [--gen-factor F] [--response-len L] [--grow G]\n"
     "         [--expect-epoch E] [--expect-retired K] [--timeout T] [--prepare-status S]\n"
-    "         [--no-ack] [--gather-len L] [--verbose]\n"
+    "         [--prepare-fails N] [--no-ack] [--gather-len L] [--verbose]\n"
     "       fake_workers --socket-dir D --bad garbage|midframe|slowloris|badversion|\n"
     "         hugelen|nohello|beforehello|badhello|badreport [--timeout T]\n"
     "       fake_workers --socket-dir D --bad hold --ranks N [--timeout T]\n"
@@ -324,7 +324,8 @@ int main(int argc, char **argv)
         {"response-len", 1, NULL, 'r'}, {"grow", 1, NULL, 'G'},  {"expect-epoch", 1, NULL, 'e'},
         {"expect-retired", 1, NULL, 'R'}, {"timeout", 1, NULL, 'T'},
         {"prepare-status", 1, NULL, 'p'}, {"no-ack", 0, NULL, 'A'}, {"bad", 1, NULL, 'b'},
-        {"verbose", 0, NULL, 'v'},    {"gather-len", 1, NULL, 'L'}, {NULL, 0, NULL, 0}};
+        {"verbose", 0, NULL, 'v'},    {"gather-len", 1, NULL, 'L'}, {"prepare-fails", 1, NULL, 'P'},
+        {NULL, 0, NULL, 0}};
     const char *dir = NULL, *tcp = NULL, *token_file = NULL, *bad = NULL;
     int n = 1, first = 0, nranks = -1, gpn = 8, steps = 0, interval = 50, expect_retired = -1;
     int gather_len = -1;
@@ -334,6 +335,7 @@ int main(int argc, char **argv)
     char token[NRS_PROTO_TOKEN_MAX] = "";
     int ch;
     memset(&f, 0, sizeof(f));
+    f.prepare_fails = -1;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
         case 'd': dir = optarg; break;
@@ -353,6 +355,7 @@ int main(int argc, char **argv)
         case 'R': expect_retired = atoi(optarg); break;
         case 'T': timeout = atof(optarg); break;
         case 'p': f.prepare_status = atoi(optarg); break;
+        case 'P': f.prepare_fails = atoi(optarg); break;
         case 'A': f.no_ack = true; break;
         case 'b': bad = optarg; break;
         case 'v': f.verbose = true; break;

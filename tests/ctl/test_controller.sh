@@ -110,6 +110,29 @@ term_ctl "$c2"; wait "$c2"; c2rc=$?
 [ "$c2rc" -eq 0 ] && ok "second controller stopped" || ko "second controller stopped" "exit $c2rc"
 CURLOG=""
 
+# --- a retry after an abort is a new attempt under a new epoch number ----------
+# Every rank fails its first PREPARE (epoch 2) and accepts the next: the retry
+# must come as epoch 3, so nothing of attempt 2 (a late ACK, a gather, a tag)
+# can be taken for it.
+D4="$tmp/sock4"
+CURLOG="$tmp/c4.log"
+"$CTL" --socket-dir "$D4" --gpus 16 --transition-timeout 10 --log "$tmp/c4.log" "$SPEC" 2>/dev/null &
+c4=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D4"
+timeout -k 2 30 "$FW" --verbose --socket-dir "$D4" --ranks 16 --nranks 16 --gpn 8 --prepare-status 1 \
+    --prepare-fails 1 --expect-epoch 3 --expect-retired 8 --timeout 20 >"$tmp/fw4.out" 2>&1 &
+fw4=$!
+wait_for 10 bash -c "$CLI status --json --socket-dir $D4 | jq -e '.nworkers == 16' >/dev/null"
+timeout 10 "$CLI" delta --lost node1 --socket-dir "$D4" >"$tmp/d4.out" 2>&1
+if wait "$fw4"; then ok "the 8 survivors committed the retry"; else
+    sed 's/^/    | /' "$tmp/fw4.out" | tail -20; ko "the 8 survivors committed the retry" "fake workers"; fi
+check "attempt 2 was aborted at every survivor, the retry came as epoch 3" bash -c \
+    "[ \$(grep -c 'ABORT epoch 2' '$tmp/fw4.out') -eq 8 ] && [ \$(grep -c 'PLAN epoch 3 transition' '$tmp/fw4.out') -eq 8 ] && [ \$(grep -c 'COMMIT epoch 3' '$tmp/fw4.out') -eq 8 ] && ! grep -q 'COMMIT epoch 2' '$tmp/fw4.out'"
+check "status: epoch 3 committed, one abort, one commit" bash -c "timeout 10 '$CLI' status --json --socket-dir '$D4' | jq -e '.epoch == 3 and .transitions.aborted == 1 and .transitions.committed == 1'"
+term_ctl "$c4"; wait "$c4"; c4rc=$?
+[ "$c4rc" -eq 0 ] && ok "fourth controller stopped" || ko "fourth controller stopped" "exit $c4rc"
+CURLOG=""
+
 # --- misbehaving peers: the controller drops them and stays up -----------------
 for mode in garbage badversion hugelen beforehello badhello badreport; do
     check "bad peer '$mode' gets an ERROR" "$FW" --socket-dir "$D" --bad "$mode" --timeout 30

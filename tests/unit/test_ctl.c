@@ -501,16 +501,17 @@ static void test_abort_on_gone_rank(void **st)
         assert_int_equal(em.epoch, 2);
         assert_non_null(strstr(em.text, "gone"));
     }
-    /* the old plan is intact; the retry (after its back-off) proposes again */
+    /* the old plan is intact; the retry (after its back-off) proposes again,
+     * as a new attempt under a new number */
     assert_int_equal(nrs_ctl_adapt(ctl)->plan.epoch, 1);
     assert_int_equal(nrs_ctl_adapt(ctl)->plan.total_gpus, N);
     nrs_ctl_tick(ctl, now + 0.5);
     assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
     now += 1.5;
     nrs_ctl_tick(ctl, now);
-    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 3);
     /* a rank that cannot prepare aborts it too */
-    ack(w[0], 2, NRS_MSG_PREPARE, 5);
+    ack(w[0], 3, NRS_MSG_PREPARE, 5);
     assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
     assert_int_equal(nrs_ctl_epoch(ctl), 1);
 }
