@@ -104,10 +104,8 @@ perftest() { # tls size iters warmup -> MiB/s
     echo "$out" | awk '/^Final:/ {print $(NF-2)}'
 }
 # median, min, max of the numbers on stdin, printed with format $1
-stats() { sort -g | awk -v f="$1" '{v[NR] = $1} END {
-    if (!NR) { print "n/a n/a n/a"; exit }
-    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf f " " f " " f "\n", m, v[1], v[NR] }'; }
+. "$(dirname "$0")/lib.sh"
+stats() { nrs_stats "$@"; }
 ratios() { awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
 
 echo "ours:     pmix_srv -n 2 -- bench_transfer --iters N --warmup W --outstanding $K $extra SIZE"

@@ -30,7 +30,8 @@ for i in $(seq "$reps"); do
     [ -n "$a" ] && [ -n "$b" ] || { echo "bench/verify.sh: a run failed" >&2; exit 1; }
     off+=("$a") on+=("$b")
 done
-med() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+. "$here/lib.sh"
+med() { printf '%s\n' "$@" | nrs_stats %.3f | cut -d' ' -f1; }
 mo=$(med "${off[@]}") mv=$(med "${on[@]}")
 echo "verify: $(basename "$spec") at scale $scale on $gpus GPUs (one process), $reps pairs of runs"
 echo "  transition, verify off: median $mo s   (${off[*]})"

@@ -513,17 +513,25 @@ int nrs_worker_finalize(nrs_worker_t *w)
     int rc = NRS_OK;
     if (!w)
         return NRS_OK;
-    nrs_wk_free_state(w);
     nrs_wk_nccl_free(w);
-    if (w->x.ops)
-        nrs_xport_close(&w->x);
     if (w->u) {
+        /* A transfer still posted (an aborted run's send no peer will
+         * match) is released here: its endpoint then closes forcibly and
+         * its requests end as cancelled. */
+        if (w->xport_ucx && w->x.ops)
+            nrs_xport_ucx_cancel(&w->x);
         nrs_ucx_disconnect(w->u, 2.0);
         /* nobody tears down an endpoint another still reads from */
         if (w->r && fini_barrier(w, err, sizeof err))
             rc = nrs_wk_seterr(w, NRS_ERR_RDV, "%s", err);
         nrs_ucx_fini(w->u);
+        w->u = NULL;
     }
+    /* Only once UCX is gone: no request of it can still read or write the
+     * state's memory (its transport's mem_free does not need UCX). */
+    nrs_wk_free_state(w);
+    if (w->x.ops)
+        nrs_xport_close(&w->x);
     nrs_rdv_fini(w->r);
     if (w->ctl_fd >= 0)
         close(w->ctl_fd);

@@ -10,7 +10,9 @@
 #include "emu/xport.h"
 #include "xfer/ucx.h"
 
-/* u must outlive the transport; nrs_xport_close releases what it posted. */
+/* u must outlive the transport while anything is posted; nrs_xport_close
+ * releases what it posted. Once nothing is (after nrs_xport_ucx_cancel),
+ * mem_free and nrs_xport_close touch nothing of u. */
 int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_rank, void *arg);
 
 /* The first transport error since open ("" if none). */
