@@ -41,7 +41,10 @@ API 4 made the per-step collectives public (nereus.h): control_step (the
 step boundary), weight_sync (the actor's train -> generate weights),
 sync_stat and verify_generation. API 5 added buffer_layer: one layer's part
 of a buffer of a stacked layer tensor (NRS_TENSOR_*), as a framework's
-per-layer parameter sees it. This binding needs a library of API 5.
+per-layer parameter sees it. API 6 and 7 added the figures of what
+runtime.verify hashed (NRS_TS_BYTES_VERIFIED, NRS_SS_BYTES_VERIFIED). This
+binding is written against API 7; load() refuses an older library unless
+asked for less (want=).
 """
 
 import ctypes
@@ -54,7 +57,7 @@ __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "Buf
            "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 6
+API_VERSION = 7
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -132,6 +135,7 @@ NRS_SS_LAST_S = 3
 NRS_SS_LAST_BYTES = 4
 NRS_SS_TOTAL_S = 5
 NRS_SS_SAMPLED = 6
+NRS_SS_BYTES_VERIFIED = 7
 
 # Tensor ids (buffer_desc's tensor; nereus.h's nrs_worker_buffer_desc, from
 # runtime/emu/geometry.h's NRS_EMU_T_* and NRS_EMU_T_GLOBALS + NRS_EMU_LT_*):

@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 6
+#define NRS_WORKER_API_VERSION 7
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -316,8 +316,10 @@ int nrs_worker_control_step(nrs_worker_t *w);
  * the plan, after nrs_worker_control_step each step; a rank holding none
  * returns NRS_OK at once. Afterwards one generation shard of this rank (a
  * different one each step) is checked against the pattern. NRS_OK;
- * NRS_ERR_ABORTED (the sync failed, e.g. a rank died, or was skipped since
- * ranks of the plan are retired or dead: the training state is intact and
+ * NRS_ERR_ABORTED (the sync failed, e.g. a rank died or, under
+ * runtime.verify, the bytes received differ from those sent; or it was
+ * skipped since ranks of the plan are retired or dead: the training state is
+ * intact and
  * the failure counted, NRS_SS_FAILED); NRS_ERR_VERIFY (the checked shard
  * does not match); NRS_ERR_PLAN (the plan has no actor.train and
  * actor.generate: nothing to sync); NRS_ERR_INVAL (no plan or no state). */
@@ -331,7 +333,9 @@ enum {
     NRS_SS_LAST_S = 3,     /* seconds of the last sync */
     NRS_SS_LAST_BYTES = 4, /* bytes this rank received, last sync */
     NRS_SS_TOTAL_S = 5,    /* seconds, all syncs */
-    NRS_SS_SAMPLED = 6     /* generation shards checked after syncs */
+    NRS_SS_SAMPLED = 6,    /* generation shards checked after syncs */
+    NRS_SS_BYTES_VERIFIED = 7 /* (API 7) bytes this rank hashed, sent and
+                               * received, all syncs (runtime.verify) */
 };
 /* Figures of the weight syncs on this rank (NRS_SS_*); 0 for NULL or an
  * unknown field. Local. */

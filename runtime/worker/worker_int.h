@@ -64,7 +64,7 @@ struct nrs_worker {
     nrs_xmem_t *sgmem;      /* [sg->nnew]: generation buffers the sync allocated (sgidx -1) */
     int synced;             /* the generation buffers hold this epoch's sync */
     unsigned sync_n, agree_n, sync_sample;
-    long long sync_steps, sync_failed, sync_bytes, sync_last_bytes, sync_sampled;
+    long long sync_steps, sync_failed, sync_bytes, sync_last_bytes, sync_sampled, sync_verified;
     double sync_last_s, sync_total_s;
     int defer;              /* control frames: keep a PREPARE for the step's agreement */
     unsigned prep_epoch;    /* the PREPARE kept, 0: none */
@@ -110,6 +110,9 @@ void nrs_wk_perm_identity(nrs_worker_t *w);
 double nrs_wk_env_double(const char *name, double dflt);
 /* The executor options every distributed run of this rank shares. */
 void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
+/* runtime.verify: transfers are checksummed (a worker without a spec: off);
+ * $NRS_WORKER_VERIFY=0|1 overrides it. */
+bool nrs_wk_verify_on(const nrs_worker_t *w);
 /* 0, or NRS_ERR_INVAL for a NULL handle (nrs_wk_nohandle) or one whose init
  * failed (last error "fn: nrs_worker_init failed: ..."): such a handle takes
  * only last_error, finalize and the queries of what it is (rank, size,

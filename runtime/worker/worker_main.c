@@ -342,10 +342,12 @@ int main(int argc, char **argv)
                 rc = nrs_worker_verify_generation(w, &gver, &gbad);
             double n_ok = nrs_worker_sync_stat(w, NRS_SS_STEPS);
             printf("rank %d: weight sync: %.0f steps, %.0f bytes, %.0f failed, %.6f s/step; "
-                   "verified %lld generation shards, %lld mismatches (%.0f sampled)\n", me, n_ok,
+                   "verified %lld generation shards, %lld mismatches (%.0f sampled); %.0f bytes "
+                   "hashed\n", me, n_ok,
                    nrs_worker_sync_stat(w, NRS_SS_BYTES), nrs_worker_sync_stat(w, NRS_SS_FAILED),
                    n_ok > 0 ? nrs_worker_sync_stat(w, NRS_SS_TOTAL_S) / n_ok : 0.0, gver, gbad,
-                   nrs_worker_sync_stat(w, NRS_SS_SAMPLED));
+                   nrs_worker_sync_stat(w, NRS_SS_SAMPLED),
+                   nrs_worker_sync_stat(w, NRS_SS_BYTES_VERIFIED));
             if (rc == NRS_ERR_VERIFY)
                 exitc = 1;
         }

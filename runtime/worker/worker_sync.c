@@ -54,6 +54,18 @@ int nrs_wk_someone_leaving(const nrs_worker_t *w)
  * knows the controller aborted and its transition counter; the largest epoch, or 0 when some rank knows
  * that one was aborted (the others learn it from their own ABORT). The ranks
  * that leave are left out of every later collective of this epoch. */
+/* NRS_WORKER_CORRUPT_SYNC=RANK:N: in every weight sync, rank RANK's Nth
+ * received transfer (from 0) arrives with one byte flipped: the tests'
+ * check of runtime.verify on the syncs. -1: off. */
+static int64_t corrupt_hook(const nrs_worker_t *w)
+{
+    const char *k = getenv("NRS_WORKER_CORRUPT_SYNC");
+    char *end;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':')
+        return -1;
+    return strtoll(end + 1, NULL, 10);
+}
+
 static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
 {
     char name[48], err[384];
@@ -360,10 +372,13 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     o.attempt = w->plan.epoch * 64u + w->sync_n++;
     o.out_ranks = out;
     o.nout = nout;
+    o.verify = nrs_wk_verify_on(w); /* host memory: the sync stages GPU weights */
+    o.corrupt_recv = corrupt_hook(w);
     nrs_dtrans_result_t res;
     int oc = nrs_dtrans_run(g, tag, &w->x, nrs_wk_job_rdv(w), om, nm, &o, &res);
     free(om);
     free(out);
+    w->sync_verified += res.bytes_verified;
     if (oc != NRS_DT_COMMITTED) { /* nothing old is freed by a sync: the state is intact */
         for (int32_t j = 0; j < g->nnew; j++)
             if (nm[j].ptr && !(g->buf[g->nold + j].alias >= 0))
@@ -432,6 +447,7 @@ double nrs_worker_sync_stat(const nrs_worker_t *w, int which)
     case NRS_SS_LAST_BYTES: return (double)w->sync_last_bytes;
     case NRS_SS_TOTAL_S: return w->sync_total_s;
     case NRS_SS_SAMPLED: return (double)w->sync_sampled;
+    case NRS_SS_BYTES_VERIFIED: return (double)w->sync_verified;
     default: return 0;
     }
 }

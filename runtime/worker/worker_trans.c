@@ -18,9 +18,7 @@
 
 /* NRS_WORKER_KILL=RANK:OPS (SIGKILL after OPS of its ops) or RANK:ponr (right
  * after the point-of-no-return vote): the tests' failure injection. */
-/* runtime.verify: every transfer of a transition is checksummed (a worker
- * without a spec: off); $NRS_WORKER_VERIFY=0|1 overrides it. */
-static bool verify_on(const nrs_worker_t *w)
+bool nrs_wk_verify_on(const nrs_worker_t *w)
 {
     const char *e = getenv("NRS_WORKER_VERIFY");
     return e && *e ? strcmp(e, "0") != 0 : w->spec.runtime.verify;
@@ -177,7 +175,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (nccl)
         nrs_wk_nccl_opts(w, &o);
     o.kill_after = kill_hook(w);
-    o.verify = !nccl && verify_on(w); /* GPU memory over NCCL: not hashed */
+    o.verify = !nccl && nrs_wk_verify_on(w); /* GPU memory over NCCL: not hashed */
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
     o.nout = nout;

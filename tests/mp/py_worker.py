@@ -444,7 +444,8 @@ class Job:
         per = st(nw.NRS_SS_TOTAL_S) / n if n > 0 else 0.0
         say(f"rank {self.me}: weight sync: {n:.0f} steps, {st(nw.NRS_SS_BYTES):.0f} bytes, "
             f"{st(nw.NRS_SS_FAILED):.0f} failed, {per:.6f} s/step; verified {g.verified} "
-            f"generation shards, {g.mismatches} mismatches ({st(nw.NRS_SS_SAMPLED):.0f} sampled)")
+            f"generation shards, {g.mismatches} mismatches ({st(nw.NRS_SS_SAMPLED):.0f} sampled); "
+            f"{st(nw.NRS_SS_BYTES_VERIFIED):.0f} bytes hashed")
         if g.mismatches:
             self.exitc = 1
 

@@ -9,7 +9,9 @@
 # with output pointers with NULL ones; on the first state and after every
 # transition every rank takes its layer-tensor buffers apart by layer
 # (nrs_worker_buffer_layer, API 5) and checks each part against the geometry
-# and the pattern. No hang: hard time-outs on everything.
+# and the pattern. Then runtime.verify on the weight syncs of nereus-worker:
+# a byte flipped on the wire fails every sync (none commits), and without
+# verify the same flip is committed. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -64,4 +66,50 @@ if [ "$got" -eq 3 ]; then
 else
     echo "[  FAILED  ] worker past the PONR: $got of 3 survivor(s) reported"; mp_fail=$((mp_fail + 1))
 fi
+
+# runtime.verify on the weight syncs (nereus-worker, the GRPO example on 4
+# ranks: its syncs move bytes between ranks). NRS_WORKER_CORRUPT_SYNC=1:0
+# flips a byte of rank 1's first received transfer of every sync.
+WK="$B/nereus-worker"
+GRPO="${NRS_SRCDIR:-$B}/examples/grpo-qwen2.5-7b.yaml"
+mp_ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
+mp_ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
+# sync_line R: rank R's summary "STEPS BYTES FAILED MISMATCHES HASHED"
+sync_line() {
+    sed -nE "s/^rank $1: weight sync: ([0-9]+) steps, ([0-9]+) bytes, ([0-9]+) failed, .* ([0-9]+) mismatches \(.*\); ([0-9]+) bytes hashed$/\1 \2 \3 \4 \5/p" "$mp_out"
+}
+SYNCS=("$SRV" -q -n 4 -t 50 -- "$WK" --spec "$GRPO" --steps 3 --step-ms 10 --gpus-per-host 4)
+mp_case "weight sync, verify on: 4 ranks, 3 steps" 0 60 env UCX_TLS=sm NRS_WORKER_VERIFY=1 \
+    "${SYNCS[@]}"
+bad="" moved=0
+for r in 0 1 2 3; do
+    set -- $(sync_line $r)
+    [ $# -eq 5 ] || { bad="$bad rank $r: no summary;"; continue; }
+    moved=$((moved + $2))
+    # every sync committed; what a rank received it hashed (and what it sent)
+    [ "$1" -ge 3 ] && [ "$3" -eq 0 ] && [ "$4" -eq 0 ] && [ "$5" -ge "$2" ] ||
+        bad="$bad rank $r: $*;"
+done
+if [ -z "$bad" ] && [ "$moved" -gt 0 ]; then mp_ok "weight sync, verify on: every sync committed, every received byte hashed"
+else mp_ko "weight sync, verify on: every sync committed, every received byte hashed" "${bad:-no bytes moved}"; fi
+mp_case "weight sync, verify on, a byte flipped on the wire: every sync fails, the job goes on" 0 60 \
+    env UCX_TLS=sm NRS_WORKER_VERIFY=1 NRS_WORKER_CORRUPT_SYNC=1:0 \
+    "${SYNCS[@]}"
+n=$(grep -c 'weight sync of epoch 1: ponr vote: checksum mismatch' "$mp_out")
+[ "$n" -eq 4 ] && mp_ok "weight sync: all 4 ranks name the checksum mismatch" ||
+    mp_ko "weight sync: all 4 ranks name the checksum mismatch" "$n of 4"
+bad=""
+for r in 0 1 2 3; do
+    set -- $(sync_line $r)
+    [ $# -eq 5 ] && [ "$1" -eq 0 ] && [ "$3" -ge 3 ] || bad="$bad rank $r: ${*:-no summary};"
+done
+[ -z "$bad" ] && mp_ok "weight sync: no rank committed a corrupted sync" ||
+    mp_ko "weight sync: no rank committed a corrupted sync" "$bad"
+mp_case "weight sync, verify off, the same flip: committed, only the test's own check finds it" 1 60 \
+    env UCX_TLS=sm NRS_WORKER_VERIFY=0 NRS_WORKER_CORRUPT_SYNC=1:0 \
+    "${SYNCS[@]}"
+set -- $(sync_line 1)
+[ $# -eq 5 ] && [ "$3" -eq 0 ] && [ "$4" -ge 1 ] && [ "$5" -eq 0 ] &&
+    mp_ok "weight sync, verify off: rank 1 committed the flipped byte, hashed nothing" ||
+    mp_ko "weight sync, verify off: rank 1 committed the flipped byte, hashed nothing" "${*:-no summary}"
 mp_done
