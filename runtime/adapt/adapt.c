@@ -185,7 +185,10 @@ int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_re
     a->planned = *now;
     a->planned_f = f;
     a->recheck_step = -1;
-    double cur = current_time(a, now, &f, resources || lost, memory_failed);
+    /* GPUs lost end the current plan whatever the count: joiners not yet
+     * planned can make it equal the plan's, and the same layout would then
+     * keep the dead GPUs in it */
+    double cur = lost ? NRS_POLICY_INFEASIBLE : current_time(a, now, &f, resources, memory_failed);
     if (cur != NRS_POLICY_INFEASIBLE && nrs_plan_same_layout(&out->cand, &a->plan))
         return 0; /* the best plan is the one we run */
     int rc = price(a, &out->cand, lost ? rz : NULL, &out->makespan_s, &out->lost_boxes, err,

@@ -50,6 +50,7 @@ nrs_conn_t *nrs_conn_new(int fd, double now)
     c->gpu = -1;
     c->last_step = -1;
     c->slot = -1;
+    c->tr_gpu = -1;
     return c;
 }
 
@@ -66,12 +67,17 @@ void nrs_conn_free(nrs_conn_t *c)
 
 /* Room the current frame may still use: up to its announced end once the
  * header is in (a bad header stops input), else up to a header. */
+static bool over_limit(const nrs_conn_t *c, const nrs_hdr_t *h)
+{
+    return c->state == NRS_CONN_NEW && c->in_limit > 0 && h->length > c->in_limit;
+}
+
 static size_t in_want(const nrs_conn_t *c)
 {
     if (c->in_len < NRS_PROTO_HDR)
         return IN_INITIAL;
     nrs_hdr_t h;
-    if (nrs_proto_hdr_decode(c->in, &h) != 0)
+    if (nrs_proto_hdr_decode(c->in, &h) != 0 || over_limit(c, &h))
         return c->in_len;
     size_t end = NRS_PROTO_HDR + (size_t)h.length;
     return end > IN_INITIAL ? end : IN_INITIAL;
@@ -125,6 +131,8 @@ int nrs_conn_frame(nrs_conn_t *c, nrs_hdr_t *h, const uint8_t **payload)
     int rc = nrs_proto_hdr_decode(c->in, h);
     if (rc != 0)
         return rc;
+    if (over_limit(c, h))
+        return -NRS_PERR_LENGTH;
     if (c->in_len < NRS_PROTO_HDR + (size_t)h->length)
         return 0;
     *payload = c->in + NRS_PROTO_HDR;

@@ -59,6 +59,11 @@ typedef struct nrs_conn {
     size_t out_shared;       /* shared bytes still to send */
     unsigned long long out_sent, out_put; /* private bytes ever sent, queued */
     double t_open, t_partial, t_closing; /* monotonic seconds */
+    /* > 0: while NEW, a frame whose payload is longer is refused (LENGTH)
+     * and its bytes are never buffered: the controller's peers before HELLO
+     * (a HELLO is short), so an unauthenticated peer cannot pin a whole
+     * frame's buffer. 0: no bound but the protocol's (clients). */
+    size_t in_limit;
     /* Identity, after HELLO. */
     int role; /* nrs_peer_role_t, 0 before HELLO */
     int rank;
@@ -72,6 +77,7 @@ typedef struct nrs_conn {
     unsigned long stale_n;     /* REPORTs of steps not above last_step, this run of them */
     uint32_t stale_lo, stale_hi; /* their steps */
     int tr_state;    /* transition participation (ctl.c) */
+    int tr_gpu;      /* participant: its GPU in the announced plan, -1 none (ctl.c) */
     int joiner;      /* 1: a joining rank without a GPU yet; 2: its world is connected */
     double tr_seconds;
     bool dirty;      /* queued output not yet handed to the socket (loop.c) */

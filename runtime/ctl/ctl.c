@@ -227,10 +227,31 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
 /* GPUs a plan may use: the allocation's, but only those with a rank: the
  * committed plan's that are not lost, and the joiners whose world is
  * connected (an expansion's GPUs count once its join step's ranks are in). */
+/* Joiners whose world gather completed and that are still connected, not yet
+ * placed: counted when needed, never kept, so that one that leaves (or is
+ * placed) is never counted as a GPU. */
+static int joiners_ready(const nrs_ctl_t *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->nconns; i++) {
+        const nrs_conn_t *k = c->conns[i];
+        n += k->role == NRS_ROLE_WORKER && k->joiner == 2 && k->state == NRS_CONN_READY;
+    }
+    return n;
+}
+
 static int plan_gpus(const nrs_ctl_t *c)
 {
-    int usable = committed(c)->total_gpus - c->rz_nlost + c->join_ready;
-    return c->alloc_gpus < usable ? c->alloc_gpus : usable;
+    int usable = committed(c)->total_gpus - c->rz_nlost + joiners_ready(c);
+    int gpn = c->o.spec->cluster.gpus_per_node;
+    if (c->alloc_gpus < usable)
+        usable = c->alloc_gpus;
+    /* above a node, plans take whole nodes (plan/search.c): a node with a GPU
+     * gone (its rank gave up, a LOST of one GPU) is left out, not a reason to
+     * plan nothing while the plan holds a GPU without a rank */
+    if (gpn > 0 && usable > gpn)
+        usable -= usable % gpn;
+    return usable;
 }
 
 /* One decision point: conditions now (allocation, reported workload, GPUs
@@ -287,6 +308,53 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
 
 static void finish_commit(nrs_ctl_t *c);
 static void run_queued_deltas(nrs_ctl_t *c);
+static void abort_transition(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* New GPU index of a survivor: lost GPUs leave, the others keep their order. */
+static int renumber(const int *lost, int nlost, int gpu)
+{
+    int below = 0;
+    for (int i = 0; i < nlost; i++) {
+        if (lost[i] == gpu)
+            return -1;
+        below += lost[i] < gpu;
+    }
+    return gpu - below;
+}
+
+static int cmp_conn_rank(const void *a, const void *b)
+{
+    int x = (*(nrs_conn_t *const *)a)->rank, y = (*(nrs_conn_t *const *)b)->rank;
+    return (x > y) - (x < y);
+}
+
+/* Each participant's GPU in the announced plan, fixed now, as the ranks fix
+ * it (nrs_adapt_gpu_map): a survivor's old index less the lost GPUs below it;
+ * then the joiners taking part, in world-rank order, on the GPUs after the
+ * survivors, as many as the plan has room for (the others wait for a later
+ * plan). Counted over the joiners placed, never from a joiner's step rank:
+ * the step's ranks that were refused or are still waiting take no GPU.
+ * -1: out of memory. */
+static int place_participants(nrs_ctl_t *c, int old_total)
+{
+    nrs_conn_t **j = malloc(sizeof(*j) * ((size_t)c->nconns + 1));
+    int nj = 0;
+    if (!j)
+        return -1;
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->tr_state != TRP_WAIT)
+            continue;
+        k->tr_gpu = k->gpu >= 0 ? renumber(c->tr_lost, c->tr_nlost, k->gpu) : -1;
+        if (k->gpu < 0)
+            j[nj++] = k;
+    }
+    qsort(j, (size_t)nj, sizeof(*j), cmp_conn_rank);
+    for (int i = 0, g = old_total - c->tr_nlost; i < nj && g < c->a.plan.total_gpus; i++)
+        j[i]->tr_gpu = g++;
+    free(j);
+    return 0;
+}
 
 static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved)
 {
@@ -303,6 +371,7 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     c->tr_deadline = c->now + c->o.transition_timeout_s;
     c->tr_makespan = out->makespan_s;
     c->tr_waiting = c->tr_parts = 0;
+    c->ngu = 0;
     c->tr_started++;
     int n = plan ? enc_plan_msg(c, plan, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &c->a.plan,
                                 NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
@@ -320,22 +389,32 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     }
     logf_(c, "epoch %u: announcing to %d workers (%s%d GPUs lost), prepare", c->tr_epoch,
           c->tr_parts, c->tr_forced ? "forced, " : "", c->tr_nlost);
-    for (int i = 0; i < c->nconns; i++) {
+    if (place_participants(c, saved->plan.total_gpus) != 0) {
+        free(plan);
+        return abort_transition(c, "out of memory");
+    }
+    /* A send that fails retires its rank, which aborts this transition, and
+     * the abort may apply a queued delta that announces the next one: the
+     * rest of this loop must not send this one's PLAN, or a PREPARE of that
+     * next epoch, to its participants. */
+    unsigned epoch = c->tr_epoch;
+    for (int i = 0; i < c->nconns && c->tr == TR_PREPARE && c->tr_epoch == epoch; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->tr_state != TRP_WAIT)
             continue;
         send_frame(c, k, plan, n);
-        if (c->tr == TR_PREPARE && k->tr_state == TRP_WAIT)
+        if (c->tr == TR_PREPARE && c->tr_epoch == epoch && k->tr_state == TRP_WAIT)
             send_epoch(c, k, NRS_MSG_PREPARE, c->tr_epoch, NULL);
     }
     free(plan);
+    if (c->tr_epoch != epoch)
+        return;
     if (c->tr == TR_PREPARE && c->tr_waiting == 0) {
         c->tr = TR_COMMIT;
         finish_commit(c);
     }
 }
 
-static void abort_transition(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
 {
     char why[NRS_PROTO_TEXT_MAX];
@@ -382,23 +461,31 @@ static void enter_commit(nrs_ctl_t *c)
         k->tr_state = TRP_WAIT;
         c->tr_waiting++;
     }
-    for (int i = 0; i < c->nconns; i++)
+    /* (as in start_transition: a failed send that completes the commit may
+     * start the next transition, whose participants must not get this COMMIT) */
+    unsigned epoch = c->tr_epoch;
+    for (int i = 0; i < c->nconns && c->tr == TR_COMMIT && c->tr_epoch == epoch; i++)
         if (c->conns[i]->tr_state == TRP_WAIT)
             send_epoch(c, c->conns[i], NRS_MSG_COMMIT, c->tr_epoch, NULL);
-    if (c->tr == TR_COMMIT && c->tr_waiting == 0)
+    if (c->tr == TR_COMMIT && c->tr_epoch == epoch && c->tr_waiting == 0)
         finish_commit(c);
 }
 
-/* New GPU index of a survivor: lost GPUs leave, the others keep their order. */
-static int renumber(const int *lost, int nlost, int gpu)
+static void lose_gave_up(nrs_ctl_t *c);
+
+/* No rank of the join step is left (each placed, refused or gone; leaving:
+ * one about to be): no join is pending, and the next join step starts anew
+ * instead of being refused as "in progress". */
+static void join_settle(nrs_ctl_t *c, const nrs_conn_t *leaving)
 {
-    int below = 0;
-    for (int i = 0; i < nlost; i++) {
-        if (lost[i] == gpu)
-            return -1;
-        below += lost[i] < gpu;
+    if (!c->join_m)
+        return;
+    for (int i = 0; i < c->nconns; i++) {
+        const nrs_conn_t *k = c->conns[i];
+        if (k != leaving && k->joiner && k->state < NRS_CONN_CLOSING)
+            return;
     }
-    return gpu - below;
+    c->join_m = c->join_have = 0;
 }
 
 static void finish_commit(nrs_ctl_t *c)
@@ -418,52 +505,42 @@ static void finish_commit(nrs_ctl_t *c)
             memcpy(c->gpu_host[o], c->gpu_host[g], sizeof(c->gpu_host[0]));
         o++;
     }
-    for (; o < old_total && o < NRS_PROTO_MAX_GPUS; o++)
+    /* (the GPUs after the survivors: names of an earlier, larger plan's) */
+    int top = old_total > p->total_gpus ? old_total : p->total_gpus;
+    for (; o < top && o < NRS_PROTO_MAX_GPUS; o++)
         c->gpu_host[o][0] = 0;
     memset(c->by_gpu, 0, sizeof(c->by_gpu[0]) * NRS_PROTO_MAX_GPUS);
     c->nworkers = 0;
-    for (int i = 0; i < c->nconns; i++) { /* joiners: the GPUs after the survivors */
-        nrs_conn_t *k = c->conns[i];
-        if (k->role != NRS_ROLE_WORKER || k->joiner != 2 || k->tr_state == TRP_NONE)
-            continue;
-        int g = old_total + (k->rank - c->join_base) - c->tr_nlost;
-        if (g < p->total_gpus) {
-            k->gpu = g + c->tr_nlost; /* renumbered below like the others */
-            k->joiner = 0;
-        }
-    }
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
-        if (k->role != NRS_ROLE_WORKER || k->gpu < 0)
+        if (k->role != NRS_ROLE_WORKER || (k->gpu < 0 && k->joiner != 2))
             continue;
         if (k->tr_seconds > worst)
             worst = k->tr_seconds;
         bool part = k->tr_state != TRP_NONE;
+        int g = part ? k->tr_gpu : renumber(c->tr_lost, c->tr_nlost, k->gpu);
         k->tr_state = TRP_NONE;
-        int g = renumber(c->tr_lost, c->tr_nlost, k->gpu);
+        k->tr_gpu = -1;
+        if (k->joiner == 2 && (!part || g < 0))
+            continue; /* no room for it in this plan (or its world came meanwhile): it waits */
         if (g < 0 || g >= p->total_gpus || c->by_gpu[g]) {
             k->gpu = -1;
             drop(c, k, NRS_PERR_REFUSED, "no place in epoch %u", p->epoch);
             continue;
         }
         k->gpu = g;
+        k->joiner = 0;
         c->by_gpu[g] = k;
         c->nworkers++;
-        if (!c->gpu_host[g][0])
-            snprintf(c->gpu_host[g], sizeof(c->gpu_host[0]), "%s", k->host);
+        snprintf(c->gpu_host[g], sizeof(c->gpu_host[0]), "%s", k->host);
         if (!part) /* joined while the transition ran: take the new plan as it is */
             send_plan(c, k, p);
     }
-    bool joined = false;
-    for (int i = 0; i < c->nconns; i++)
-        joined |= c->conns[i]->joiner != 0;
-    if (!joined && c->join_m) { /* every joiner has its GPU: the join is done */
-        c->join_m = c->join_have = c->join_ready = 0;
-    }
+    join_settle(c, NULL); /* every joiner has its GPU: the join is done */
     c->rz_nlost = 0;
     c->retry = false;
     c->retry_backoff_s = 0;
-    if (c->join_ready > 0 && plan_gpus(c) > p->total_gpus) { /* joined during it: grow next */
+    if (joiners_ready(c) > 0 && plan_gpus(c) > p->total_gpus) { /* joined during it: grow next */
         c->retry = true;
         c->retry_at = c->now;
     }
@@ -473,6 +550,7 @@ static void finish_commit(nrs_ctl_t *c)
         nrs_adapt_measure_transition(&c->a, worst, c->tr_makespan);
     logf_(c, "epoch %u committed in %.3f s (ranks: %.3f s measured, %.3f s makespan predicted)",
           p->epoch, c->tr_last_s, worst, c->tr_makespan);
+    lose_gave_up(c);
     run_queued_deltas(c);
 }
 
@@ -553,6 +631,7 @@ int nrs_ctl_attach(nrs_ctl_t *c, nrs_conn_t *k, double now)
         c->cap_conns = cap;
     }
     k->serial = ++c->serial;
+    k->in_limit = NRS_PROTO_HELLO_MAX; /* before HELLO: nothing longer is buffered */
     k->slot = c->nconns;
     c->conns[c->nconns++] = k;
     return 0;
@@ -565,13 +644,18 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
         return;
     retire_worker(c, k, "disconnected");
     stale_end(c, k, "disconnected");
+    if (k->role == NRS_ROLE_WORKER && k->rank >= 0 && k->rank < NRS_PROTO_MAX_RANKS &&
+        c->by_rank[k->rank] == k)
+        c->by_rank[k->rank] = NULL;
     if (k->role == NRS_ROLE_WORKER)
         nrs_ctl_gather_gone(c, k->rank);
     /* a joiner gone before its step's world was complete: its place is free
-     * again (the step, restarted, takes it); none left: no join is pending */
-    if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->join_have < c->join_m &&
-        --c->join_have == 0)
-        c->join_m = 0;
+     * again (the step, restarted, takes it); none left, also after WORLD (the
+     * whole step died): no join is pending */
+    if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->join_have < c->join_m)
+        c->join_have--;
+    if (k->role == NRS_ROLE_WORKER && k->joiner)
+        join_settle(c, k);
     for (int i = 0; i < c->ndq; i++)
         if (c->dq[i].from == k)
             c->dq[i].from = NULL;
@@ -635,11 +719,11 @@ static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
         c->join_have = 0;
     }
     int r = c->join_base + m->rank;
-    for (int i = 0; i < c->nconns; i++)
-        if (c->conns[i] != k && c->conns[i]->role == NRS_ROLE_WORKER && c->conns[i]->rank == r)
-            return drop(c, k, NRS_PERR_REFUSED, "join rank %d is already connected", m->rank);
+    if (c->by_rank[r])
+        return drop(c, k, NRS_PERR_REFUSED, "join rank %d is already connected", m->rank);
     k->role = NRS_ROLE_WORKER;
     k->rank = r;
+    c->by_rank[r] = k;
     k->gpu = -1;
     k->joiner = 1;
     snprintf(k->host, sizeof(k->host), "%s", m->host);
@@ -657,9 +741,10 @@ void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, in
 {
     nrs_adapt_out_t out;
     char err[NRS_ERR_MAX];
-    if (gen != c->world_gen || !c->join_m)
+    /* (a join not yet complete: the gather is of the world before it) */
+    if (gen != c->world_gen || !c->join_m || c->join_have < c->join_m)
         return;
-    c->join_ready = 0;
+    int ready = 0;
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (!k->joiner || k->state != NRS_CONN_READY)
@@ -671,10 +756,11 @@ void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, in
             continue;
         }
         k->joiner = 2;
-        c->join_ready++;
+        ready++;
     }
     logf_(c, "world %u connected: %d joined rank(s) can take GPUs (allocation %d GPUs)", gen,
-          c->join_ready, c->alloc_gpus);
+          ready, c->alloc_gpus);
+    join_settle(c, NULL); /* none took part: the join step is over */
     if (c->tr == TR_IDLE)
         decide(c, "join", c->step_closed, false, &out, err, sizeof(err));
 }
@@ -701,6 +787,12 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
                         committed(c)->epoch);
         if (c->by_gpu[m.rank])
             return drop(c, k, NRS_PERR_REFUSED, "rank %d is already connected", m.rank);
+        /* Its world rank, the one it gathers as, is its HELLO rank: after a
+         * commit that renumbered the GPUs a survivor may hold that rank on
+         * another GPU, and two ranks must never gather as one. */
+        if (c->by_rank[m.rank])
+            return drop(c, k, NRS_PERR_REFUSED, "world rank %d is already connected (on GPU %d)",
+                        m.rank, c->by_rank[m.rank]->gpu);
         k->gpu = m.rank;
         c->by_gpu[m.rank] = k;
         c->nworkers++;
@@ -712,8 +804,11 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     k->rank = m.rank;
     snprintf(k->host, sizeof(k->host), "%s", m.host);
     k->state = NRS_CONN_READY;
-    if (m.role == NRS_ROLE_WORKER)
+    if (m.role == NRS_ROLE_WORKER) {
+        c->by_rank[m.rank] = k;
+        c->rank_gone[m.rank] = 0; /* back: the gathers wait for it again */
         send_plan(c, k, committed(c));
+    }
 }
 
 /* Close the gathered step: measurements into the calibration, then a decision. */
@@ -796,9 +891,18 @@ static void gave_up(nrs_ctl_t *c, nrs_conn_t *k, unsigned epoch)
     if (c->tr == TR_PREPARE && epoch == c->tr_epoch)
         return abort_transition(c, "%s gave up waiting for COMMIT of epoch %u",
                                 peer_name(k, nm, sizeof(nm)), epoch);
-    if (epoch == c->tr_epoch && (c->tr == TR_COMMIT || committed(c)->epoch == epoch))
-        return drop(c, k, NRS_PERR_REFUSED, "rank retired: it gave up on epoch %u, which the "
-                    "others committed", epoch);
+    bool committing = c->tr == TR_COMMIT && epoch == c->tr_epoch;
+    if (!committing && (c->tr == TR_COMMIT || committed(c)->epoch != epoch))
+        return;
+    /* its GPU in that epoch: the announced plan's while it commits (lost once
+     * the commit completes), else the committed plan's (lost now) */
+    int g = committing ? (k->tr_state != TRP_NONE ? k->tr_gpu : -1) : k->gpu;
+    if (g >= 0 && c->ngu < NRS_PROTO_MAX_LOST)
+        c->gu_gpu[c->ngu++] = g;
+    drop(c, k, NRS_PERR_REFUSED, "rank retired: it gave up on epoch %u, which the others "
+         "committed", epoch);
+    if (!committing)
+        lose_gave_up(c);
 }
 
 static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
@@ -978,6 +1082,40 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
     send_delta_reply(c, from, gen, true, out.changed ? c->a.plan.epoch : 0, text);
 }
 
+/* The GPUs of ranks that gave up on the committed epoch (gave_up): their
+ * nodes are fine, so no watcher will report them, yet the rank is retired
+ * and its state is not the others'; they are lost like a LOST delta's GPUs
+ * (out of the allocation, planned away), without a generation of the
+ * watcher's numbering. */
+static void lose_gave_up(nrs_ctl_t *c)
+{
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX], src[48];
+    const nrs_plan_t *cur = committed(c);
+    int n = 0;
+    if (c->tr == TR_COMMIT)
+        return; /* at the commit's end (finish_commit) */
+    for (int i = 0; i < c->ngu; i++) {
+        int g = c->gu_gpu[i];
+        if (g < 0 || g >= cur->total_gpus || c->by_gpu[g] || in_list(c->rz_lost, c->rz_nlost, g) ||
+            c->rz_nlost == NRS_PROTO_MAX_LOST || c->alloc_gpus <= 1)
+            continue;
+        c->rz_lost[c->rz_nlost++] = g;
+        c->alloc_gpus--;
+        n++;
+        logf_(c, "GPU %d of epoch %u lost: its rank gave up on the epoch", g, cur->epoch);
+    }
+    c->ngu = 0;
+    if (n == 0)
+        return;
+    qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
+    if (c->tr == TR_PREPARE)
+        abort_transition(c, "%d GPU(s) lost: ranks gave up on epoch %u", n, cur->epoch);
+    snprintf(src, sizeof(src), "gave up at step %ld", c->step_closed);
+    c->retry = false;
+    decide(c, src, c->step_closed, false, &out, err, sizeof(err));
+}
+
 static void run_queued_deltas(nrs_ctl_t *c)
 {
     while (c->ndq > 0 && c->tr != TR_COMMIT) {
@@ -1130,10 +1268,12 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
     *out = NULL;
     if (!c || !(c->by_gpu = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->by_gpu[0]))) ||
         !(c->gpu_host = calloc(NRS_PROTO_MAX_GPUS, sizeof(c->gpu_host[0]))) ||
-        !(c->rank_gone = calloc(NRS_PROTO_MAX_RANKS, 1))) {
+        !(c->rank_gone = calloc(NRS_PROTO_MAX_RANKS, 1)) ||
+        !(c->by_rank = calloc(NRS_PROTO_MAX_RANKS, sizeof(c->by_rank[0])))) {
         if (c) {
             free(c->by_gpu);
             free(c->gpu_host);
+            free(c->rank_gone);
         }
         free(c);
         snprintf(err, errlen, "out of memory");
@@ -1166,6 +1306,7 @@ fail:
     free(c->by_gpu);
     free(c->gpu_host);
     free(c->rank_gone);
+    free(c->by_rank);
     free(c);
     return -1;
 }
@@ -1181,6 +1322,7 @@ void nrs_ctl_free(nrs_ctl_t *c)
     free(c->by_gpu);
     free(c->gpu_host);
     free(c->rank_gone);
+    free(c->by_rank);
     free(c);
 }
 

@@ -9,6 +9,9 @@ enum { DEC_MAX = 16, DQ_MAX = 16, CONNS_MAX = 65536 };
 enum { TR_IDLE, TR_PREPARE, TR_COMMIT };
 enum { TRP_NONE, TRP_WAIT, TRP_DONE }; /* nrs_conn_t.tr_state */
 enum { NRS_CTL_GATHER_MAX = 32, NRS_CTL_GATHER_BYTES = 64 << 20 }; /* open at once, held */
+/* gathers one rank may have contributed to and not had answered: a rank waits
+ * for each answer, so a few; more is a rank filling the slots of the others */
+enum { NRS_CTL_GATHER_PER_RANK = 4 };
 
 typedef struct nrs_gather nrs_gather_t;
 
@@ -71,6 +74,10 @@ struct nrs_ctl {
     int tr_lost[NRS_PROTO_MAX_LOST];
     int tr_nlost;
     int tr_waiting, tr_parts;
+    /* GPUs of the announced plan whose ranks gave up after COMMIT: lost once
+     * the commit completes (their nodes are fine: no watcher reports them) */
+    int gu_gpu[NRS_PROTO_MAX_LOST];
+    int ngu;
     double tr_t0, tr_deadline, tr_makespan;
 
     queued_delta_t dq[DQ_MAX];
@@ -88,7 +95,7 @@ struct nrs_ctl {
     int world;
     unsigned world_gen;
     int join_base, join_m, join_have;
-    int join_ready; /* joiners whose world gather completed: GPUs to plan with */
+    nrs_conn_t **by_rank; /* [NRS_PROTO_MAX_RANKS]: the connection of each world rank */
 
     /* The ranks' all-gathers in progress (gather.c). */
     nrs_gather_t *gather[NRS_CTL_GATHER_MAX];

@@ -181,6 +181,15 @@ static int find(const nrs_ctl_t *c, uint64_t key, const char *name)
     return -1;
 }
 
+/* Open gathers rank r contributed to, still unanswered. */
+static int open_of(const nrs_ctl_t *c, int r)
+{
+    int n = 0;
+    for (int i = 0; i < c->ngather; i++)
+        n += r < c->gather[i]->nranks && c->gather[i]->state[r] == GS_GOT;
+    return n;
+}
+
 static nrs_gather_t *open_gather(nrs_ctl_t *c, const nrs_msg_gather_t *m, const char **why)
 {
     size_t bytes = (size_t)m->nranks * m->len;
@@ -258,6 +267,11 @@ void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     nrs_gather_t *g = at >= 0 ? c->gather[at] : NULL;
     if (r < 0 || r >= m->nranks) {
         no = "GATHER: this rank is not one of the gather's ranks";
+    } else if (m->nranks > c->world) { /* ranks that do not exist would hold it to its time-out */
+        snprintf(text, sizeof(text), "GATHER: %d ranks, the world has %d", m->nranks, c->world);
+        no = text;
+    } else if (open_of(c, r) >= NRS_CTL_GATHER_PER_RANK) {
+        no = "GATHER: this rank has too many gathers open";
     } else if (late(c, m, r)) { /* refused: an answer of its own would differ from theirs */
         snprintf(text, sizeof(text), "GATHER: gather %s/%llu already completed without this rank",
                  printable(m->name, nm, sizeof(nm)), (unsigned long long)m->key);

@@ -22,7 +22,12 @@ enum {
     NRS_PROTO_MAX_GPUS = 65536,
     NRS_PROTO_MAX_LOST = 4096,   /* GPU indices in one PLAN or DELTA */
     NRS_PROTO_MAX_HOSTS = 256,   /* host names in one DELTA */
-    NRS_PROTO_MAX_STEP = 100000000
+    NRS_PROTO_MAX_STEP = 100000000,
+    /* the longest HELLO payload: role, job, rank, nranks, host, token (strings
+     * as u16 length + bytes below their bound); before HELLO nothing longer
+     * is read (conn.h in_limit) */
+    NRS_PROTO_HELLO_MAX = 4 + 2 + (NRS_PROTO_STR_MAX - 1) + 4 + 4 + 2 + (NRS_PROTO_STR_MAX - 1) +
+                          2 + (NRS_PROTO_TOKEN_MAX - 1)
 };
 
 typedef enum {

@@ -9,9 +9,18 @@ nodes of 4 GPUs), over its unix socket, with tests/ctl/nc.py:
       and the others go on;
   join_cases.py SOCKET restarted-join  a 2-rank join step whose rank 0 says
       HELLO and dies: a later 4-rank join step must be accepted (no stale
-      join pending), and so must the 2-rank step restarted, both ranks.
+      join pending), and so must the 2-rank step restarted, both ranks;
+  join_cases.py SOCKET join-hole  8 joiners for 4 added GPUs, joiner 0 silent
+      in the world gather: the committed 12-GPU plan has a rank on every GPU
+      (joiners are placed by count, not by their step rank);
+  join_cases.py SOCKET join-leftover  8 joiners for 4 GPUs (4 wait), then a
+      second ADD: the 4 waiting joiners take GPUs 12..15;
+  join_cases.py SOCKET gone-ready-joiner  4 joiners complete the world gather,
+      one dies in the transition: the retry never plans its GPU;
+  join_cases.py SOCKET join-stuck  a 4-rank join step dies whole after WORLD:
+      the relaunched step is accepted, not "a join ... is in progress".
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
-import sys, time
+import struct, sys, time
 import nc
 
 path, case = sys.argv[1], sys.argv[2]
@@ -23,6 +32,47 @@ def refused(peer):
         if t == 'ERROR':
             return nc.errtext(pl)[1]
     return None
+
+
+
+def find(peer, typ, timeout=5.0):
+    """The next frame of type typ (or EOF) peer gets within timeout, or None."""
+    end = time.time() + timeout
+    while time.time() < end:
+        x = peer.recv(max(0.01, end - time.time()))
+        if x is None or x[0] in (typ, 'EOF'):
+            return x
+    return None
+
+
+def transition(peers):
+    """Each peer ACKs PREPARE, then COMMIT."""
+    ep = None
+    for p in peers:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            print('FAIL: no PREPARE:', x and x[0]); sys.exit(1)
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in peers:
+        x = find(p, 'COMMIT')
+        if not x or x[0] != 'COMMIT':
+            print('FAIL: no COMMIT:', x and x[0]); sys.exit(1)
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    time.sleep(0.3)
+
+
+def holes(want_total):
+    """Exit unless the committed plan has want_total GPUs, each with a rank."""
+    st = nc.status(path)
+    total = st['plan']['total_gpus']
+    held = set(w['rank'] for w in st['workers'])
+    empty = sorted(set(range(total)) - held)
+    if total != want_total or empty or st['nworkers'] != total:
+        print('FAIL: epoch %s plan of %d GPUs (want %d), %d workers, GPUs without a rank: %s'
+              % (st['epoch'], total, want_total, st['nworkers'], empty)); sys.exit(1)
+    return st
+
 
 W = [nc.Peer(path) for r in range(8)]
 for r, p in enumerate(W):
@@ -56,6 +106,47 @@ if case == 'restarted-join':
     if why:
         print('FAIL: the restarted step\'s rank 1 was refused:', why); sys.exit(1)
     print('ok: a later join and the restarted step were both accepted'); sys.exit(0)
+if case == 'join-stuck':
+    J = [nc.Peer(path) for r in range(4)]
+    for r, p in enumerate(J):
+        p.send(nc.hello(4, r, 4, host='n1'))
+    time.sleep(0.5)
+    for p in J:  # the join step dies whole, after WORLD
+        p.s.close()
+    time.sleep(0.3)
+    for p in W:
+        p.drain(0.05)
+        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    time.sleep(0.5)
+    K = [nc.Peer(path) for r in range(4)]
+    for r, p in enumerate(K):
+        p.send(nc.hello(4, r, 4, host='n1'))
+    for r, p in enumerate(K):
+        why = refused(p)
+        if why:
+            print('FAIL: relaunched joiner %d refused: %s' % (r, why)); sys.exit(1)
+    print('ok: the join step relaunched after its whole first run died is accepted'); sys.exit(0)
+if case == 'gone-ready-joiner':
+    J = [nc.Peer(path) for r in range(4)]
+    for r, p in enumerate(J):
+        p.send(nc.hello(4, r, 4, host='n1'))
+    time.sleep(0.5)
+    for p in W + J:
+        p.drain(0.05)
+        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    x = find(W[0], 'PREPARE')
+    if not x or x[0] != 'PREPARE':
+        print('FAIL: no PREPARE for the join'); sys.exit(1)
+    J[0].s.close()
+    x = find(W[0], 'ABORT')
+    if not x or x[0] != 'ABORT':
+        print('FAIL: no ABORT after the joiner died'); sys.exit(1)
+    time.sleep(2.5)  # past the retry (1 s back-off): 11 ranks for 12 GPUs
+    prep = [t for t, f, pl in W[0].drain(0.3)]
+    st = holes(8)
+    if 'PREPARE' in prep or st['pending_epoch']:
+        print('FAIL: the retry announced a plan with the gone joiner\'s GPU:', prep); sys.exit(1)
+    print('ok: the gone joiner is not planned; epoch', st['epoch'], 'kept'); sys.exit(0)
 J = [nc.Peer(path) for r in range(8)]
 for r, p in enumerate(J):
     p.send(nc.hello(4, r, 8, host='n1'))
@@ -91,4 +182,28 @@ if case == 'silent-joiner':
     if 'PREPARE' not in others:
         print('FAIL: the others got no PREPARE:', others); sys.exit(1)
     print('ok: the silent joiner was refused, the others prepare'); sys.exit(0)
+if case == 'join-hole':
+    for p in W + J[1:]:  # joiner 0 stays silent: refused
+        p.send(nc.gather(key, 'world1', 16, b'ab', timeout_ms=1000))
+    time.sleep(1.6)
+    J[0].drain(0.05)
+    transition(W + J[1:])
+    holes(12)
+    print('ok: every GPU of the 12-GPU plan has a rank'); sys.exit(0)
+if case == 'join-leftover':
+    for p in W + J:
+        p.send(nc.gather(key, 'world1', 16, b'ab'))
+    transition(W + J)
+    st = holes(12)
+    for p in W + J:
+        p.drain(0.05)
+    for step in range(1, 4):
+        for p in W + J[:4]:
+            p.send(nc.report(st['epoch'], step, stages=((0, 0.01),)))
+        time.sleep(0.1)
+    cli.send(nc.delta(1, add=1))
+    cli.recv(10)
+    transition(W + J)
+    holes(16)
+    print('ok: the joiners left waiting take GPUs 12..15 of the next plan'); sys.exit(0)
 print('FAIL: unknown case', case); sys.exit(1)

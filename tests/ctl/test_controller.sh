@@ -231,7 +231,10 @@ fi
 # Join steps (tests/ctl/join_cases.py): a joiner that dies in the join's
 # transition aborts it at once; one that never joins the world gather gets no GPU;
 # a join step whose rank died after HELLO leaves no stale join behind.
-for case in dead-joiner silent-joiner restarted-join; do
+# Joiners take GPUs by count (a refused or waiting one leaves no hole), one gone
+# is not planned, a join step that died whole does not block the next.
+for case in dead-joiner silent-joiner restarted-join join-hole join-leftover gone-ready-joiner \
+    join-stuck; do
     DJ="$tmp/sj-$case"
     "$CTL" --socket-dir "$DJ" --transition-timeout 15 --hello-timeout 5 --log "$tmp/cj-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
@@ -241,6 +244,26 @@ for case in dead-joiner silent-joiner restarted-join; do
         check "join: $case" python3 "$S/tests/ctl/join_cases.py" "$DJ/ctl.sock" "$case"
     else
         ko "join: $case" "no controller socket"
+    fi
+    CURLOG=""
+    term_ctl "$jpid"
+    wait "$jpid" 2>/dev/null
+done
+
+# Worker cases (tests/ctl/ctl_cases.py, 12 GPUs): a rank back after a disconnect
+# gathers again; a HELLO as a survivor's world rank is refused; a rank that gives
+# up after COMMIT loses its GPU; gathers beyond the world or a rank's share are
+# refused; a long frame before HELLO is refused at once.
+for case in rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length; do
+    DJ="$tmp/sw-$case"
+    "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout 15 --log "$tmp/cw-$case.log" \
+        "$S/tests/mp/e2e.yaml" 2>/dev/null &
+    jpid=$!
+    CURLOG="$tmp/cw-$case.log"
+    if wait_for 10 test -S "$DJ/ctl.sock"; then
+        check "worker: $case" python3 "$S/tests/ctl/ctl_cases.py" "$DJ/ctl.sock" "$case"
+    else
+        ko "worker: $case" "no controller socket"
     fi
     CURLOG=""
     term_ctl "$jpid"

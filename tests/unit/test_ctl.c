@@ -609,6 +609,62 @@ static void test_status_chunks(void **st)
     assert_memory_equal(p, "{\"job\":\"77\"", 11);
 }
 
+/* GPUs lost end the plan even when as many GPUs remain as it has (joiners
+ * not yet planned make up the count): never "the best plan is the one we
+ * run" with dead GPUs in it (runtime/adapt, as the controller calls it). */
+static void test_lost_replans_same_count(void **st)
+{
+    (void)st;
+    nrs_adapt_t a;
+    nrs_adapt_out_t out;
+    nrs_work_t work;
+    char err[NRS_ERR_MAX];
+    int lost[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+    nrs_work_from_spec(&spec, &work);
+    nrs_cond_t cond = {N, work};
+    nrs_resize_t rz = {lost, 8};
+    assert_int_equal(nrs_adapt_init(&a, &spec, &cond, err, sizeof(err)), 0);
+    assert_int_equal(nrs_adapt_step(&a, 10, &cond, &rz, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_RESOURCES);
+    assert_true(out.changed);
+    assert_int_equal(a.plan.epoch, 2);
+    assert_int_equal(a.plan.total_gpus, N);
+}
+
+/* Before HELLO a peer cannot make the controller buffer a frame longer
+ * than a HELLO: the header alone is refused with ERROR(LENGTH). */
+static void test_prehello_length(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_error_t e;
+    uint8_t b[NRS_PROTO_HDR + 64];
+    nrs_conn_t *k = peer(true);
+    nrs_proto_hdr_encode(b, NRS_MSG_HELLO, 0, NRS_PROTO_MAX_PAYLOAD);
+    memset(b + NRS_PROTO_HDR, 0, 64);
+    feed(k, b, sizeof(b));
+    expect(k, NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_LENGTH);
+    assert_true(k->in_cap <= 4096);
+    /* the longest HELLO still fits */
+    nrs_conn_t *k2 = peer(true);
+    nrs_msg_hello_t m;
+    uint8_t hb[1024];
+    memset(&m, 0, sizeof(m));
+    m.role = NRS_ROLE_CLI;
+    memset(m.job, 'j', sizeof(m.job) - 1);
+    memset(m.host, 'h', sizeof(m.host) - 1);
+    memset(m.token, 't', sizeof(m.token) - 1);
+    int n = nrs_enc_hello(hb, sizeof(hb), &m);
+    assert_int_equal(n, NRS_PROTO_HDR + NRS_PROTO_HELLO_MAX);
+    feed(k2, hb, n);
+    expect(k2, NRS_MSG_ERROR, &p, &h); /* a bad token (AUTH), not a LENGTH */
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_AUTH);
+}
+
 /* ---- the ranks' all-gather (GATHER -> GATHERED) ---------------------------- */
 
 static void gather(nrs_conn_t *k, uint64_t key, const char *name, uint32_t val, const int *out,
@@ -824,6 +880,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_too_many_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gave_up_before_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gave_up_after_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_replans_same_count, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prehello_length, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

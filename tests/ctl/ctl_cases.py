@@ -1,0 +1,158 @@
+"""Worker cases against a running nereus-controller started with --gpus 12
+(tests/mp/e2e.yaml: nodes of 4 GPUs, hosts n0..n2), over its unix socket,
+with tests/ctl/nc.py:
+
+  ctl_cases.py SOCKET rejoin-gone   rank 1 disconnects and a new rank 1 says
+      HELLO: the next gather waits for it and answers it, it is not "gone";
+  ctl_cases.py SOCKET dup-world-rank  after a commit that renumbered GPUs, a
+      HELLO for free GPU 7 as rank 7 (the world rank of the survivor now on
+      GPU 3) is refused, and that survivor's gathers go on;
+  ctl_cases.py SOCKET gaveup-lost   a rank that gives up after COMMIT is
+      retired and its GPU lost once the commit completes: a new plan without
+      it is announced to the others;
+  ctl_cases.py SOCKET gather-slots  a gather of more ranks than the world is
+      refused, and so is a rank's fifth open gather: the others' gathers go on;
+  ctl_cases.py SOCKET prehello-length  a HELLO header announcing 64 KiB is
+      refused at once with ERROR(LENGTH), before its payload.
+Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
+import socket, struct, sys, time
+import nc
+
+path, case = sys.argv[1], sys.argv[2]
+N = 12
+
+
+def fail(*a):
+    print('FAIL:', *a)
+    sys.exit(1)
+
+
+def got(peer, t=0.5):
+    return [(x, nc.errtext(pl)[1] if x == 'ERROR' else '') for x, f, pl in peer.drain(t)]
+
+
+def find(peer, typ, timeout=5.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        x = peer.recv(max(0.01, end - time.time()))
+        if x is None or x[0] in (typ, 'EOF'):
+            return x
+    return None
+
+
+if case == 'prehello-length':
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(struct.pack('<IHHII', nc.MAGIC, 1, 1, 0, 65536) + b'\0' * 1000)
+    s.settimeout(2)
+    try:
+        b = s.recv(4096)
+    except socket.timeout:
+        fail('no answer to a 64 KiB HELLO header within 2 s')
+    if len(b) < 20 or struct.unpack_from('<H', b, 6)[0] != 12 or struct.unpack_from('<I', b, 16)[0] != 3:
+        fail('not ERROR(LENGTH):', b[:24])
+    print('ok: a long frame before HELLO is refused with ERROR(LENGTH)'); sys.exit(0)
+
+W = [nc.Peer(path) for r in range(N)]
+for r, p in enumerate(W):
+    p.send(nc.hello(1, r, N, host='n%d' % (r // 4)))
+for p in W:
+    x = p.recv(5)
+    if not x or x[0] != 'PLAN':
+        fail('worker got', x and x[0])
+
+if case == 'rejoin-gone':
+    W[1].s.close()
+    time.sleep(0.3)
+    W[1] = nc.Peer(path)
+    W[1].send(nc.hello(1, 1, N, host='n0'))
+    if find(W[1], 'PLAN', 3)[0] != 'PLAN':
+        fail('the new rank 1 got no PLAN')
+    W[0].send(nc.gather(77, 'ag1', N, b'x0', out=tuple(range(2, N))))
+    early = got(W[0], 0.3)
+    if early:
+        fail('rank 0 answered without rank 1:', early)
+    W[1].send(nc.gather(77, 'ag1', N, b'x1', out=tuple(range(2, N))))
+    a, b = got(W[0]), got(W[1])
+    if [t for t, _ in a] != ['GATHERED'] or [t for t, _ in b] != ['GATHERED']:
+        fail('rank 0 got', a, 'rank 1 got', b)
+    print('ok: a rank back after a disconnect takes part in gathers'); sys.exit(0)
+
+cli = nc.Peer(path)
+cli.send(nc.hello(2, 0, 0))
+
+if case == 'dup-world-rank':
+    cli.send(nc.delta(3, hosts=('n0',)))
+    cli.recv(10)
+    S = W[4:]
+    for p in S:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            fail('no PREPARE')
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            fail('no COMMIT')
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    time.sleep(0.3)
+    W[11].s.close()  # old rank 11, now GPU 7
+    time.sleep(0.3)
+    new = nc.Peer(path)
+    new.send(nc.hello(1, 7, 8, host='n2'))
+    g = got(new)
+    if not g or g[0][0] != 'ERROR' or 'already connected' not in g[0][1]:
+        fail('a HELLO as world rank 7 (held on GPU 3) got', g)
+    for p in S[:7]:
+        p.drain(0.05)
+        p.send(nc.gather(9, 'ag9', N, b'a', out=(0, 1, 2, 3)))
+    g = got(W[7])
+    if [t for t, _ in g] != ['GATHERED']:
+        fail('the survivor of world rank 7 got', g)
+    print('ok: a HELLO as a survivor\'s world rank is refused'); sys.exit(0)
+
+if case == 'gaveup-lost':
+    cli.send(nc.delta(3, hosts=('n2',)))
+    cli.recv(10)
+    S = W[:8]
+    for p in S:
+        x = find(p, 'PREPARE')
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            fail('no COMMIT')
+    S[3].send(nc.ack(ep, 8, 4))  # rank 3 gives up after all
+    g = got(S[3])
+    if not g or g[0][0] != 'ERROR' or 'retired' not in g[0][1]:
+        fail('the rank that gave up got', g)
+    for i, p in enumerate(S):
+        if i != 3:
+            p.send(nc.ack(ep, 10, 0, 0.1))
+    x = find(S[0], 'PREPARE', 4)
+    if not x or x[0] != 'PREPARE':
+        fail('no new plan after the commit without the rank that gave up')
+    st = nc.status(path)
+    if st['pending_plan']['total_gpus'] != 4 or st['gpus'] != 7:
+        fail('pending plan of %s GPUs, allocation %s' % (st['pending_plan']['total_gpus'], st['gpus']))
+    print('ok: the GPU of the rank that gave up is lost; epoch', st['pending_epoch'], 'announced')
+    sys.exit(0)
+
+if case == 'gather-slots':
+    W[0].send(nc.gather(1000, 'big', 65536, b'', timeout_ms=3600000))
+    g = got(W[0])
+    if not g or g[0][0] != 'ERROR' or 'the world has' not in g[0][1]:
+        fail('a gather of 65536 ranks got', g)
+    for i in range(5):
+        W[1].send(nc.gather(1000 + i, 'junk%d' % i, N, b'', timeout_ms=3600000))
+    g = got(W[1])
+    if not g or g[0][0] != 'ERROR' or 'too many gathers' not in g[0][1]:
+        fail('a fifth open gather got', g)
+    for p in W[2:]:
+        p.send(nc.gather(5, 'ag5', N, b'x', out=(0, 1)))
+    g = got(W[2])
+    if [t for t, _ in g] != ['GATHERED']:
+        fail('an ordinary gather after them got', g)
+    print('ok: a gather beyond the world and a rank\'s fifth are refused, the others go on')
+    sys.exit(0)
+fail('unknown case', case)
