@@ -273,11 +273,12 @@ static int push_box(nrs_emu_state_t *st, nrs_emu_buf_t *tmpl, int tensor, int ki
     return tmpl->bytes > 0 ? state_push(st, tmpl) : 0;
 }
 
-/* The ZeRO-1 shard of replica d: elements [a, b) of the rank's flat weight
+/* The ZeRO shard of replica d: elements [a, b) of the rank's flat weight
  * buffer (its boxes concatenated in canonical order, each row-major), as
- * boxes: a partial first row, full rows, a partial last row per box. */
+ * boxes: a partial first row, full rows, a partial last row per box, of
+ * esize bytes per element. */
 static int push_flat_range(nrs_emu_state_t *st, nrs_emu_buf_t *tmpl, const nrs_emu_tbox_t *bx,
-                           int nb, int64_t a, int64_t b, int kind)
+                           int nb, int64_t a, int64_t b, int kind, int esize)
 {
     int64_t f = 0;
     for (int i = 0; i < nb; i++) {
@@ -292,24 +293,39 @@ static int push_flat_range(nrs_emu_state_t *st, nrs_emu_buf_t *tmpl, const nrs_e
         nrs_emu_rect_t p;
         if (ra == rb) {
             p = (nrs_emu_rect_t){r->r0 + ra, r->r0 + ra + 1, r->c0 + ca, r->c0 + cb};
-            if (push_box(st, tmpl, bx[i].tensor, kind, 4, &p))
+            if (push_box(st, tmpl, bx[i].tensor, kind, esize, &p))
                 return -1;
             continue;
         }
         if (ca > 0) {
             p = (nrs_emu_rect_t){r->r0 + ra, r->r0 + ra + 1, r->c0 + ca, r->c1};
-            if (push_box(st, tmpl, bx[i].tensor, kind, 4, &p))
+            if (push_box(st, tmpl, bx[i].tensor, kind, esize, &p))
                 return -1;
             ra++;
         }
         p = (nrs_emu_rect_t){r->r0 + ra, r->r0 + rb, r->c0, r->c1};
-        if (push_box(st, tmpl, bx[i].tensor, kind, 4, &p))
+        if (push_box(st, tmpl, bx[i].tensor, kind, esize, &p))
             return -1;
         p = (nrs_emu_rect_t){r->r0 + rb, r->r0 + rb + 1, r->c0, r->c0 + cb};
-        if (push_box(st, tmpl, bx[i].tensor, kind, 4, &p))
+        if (push_box(st, tmpl, bx[i].tensor, kind, esize, &p))
             return -1;
     }
     return 0;
+}
+
+/* Kind k of an engine under the runtime's ZeRO options, as model/memory.c
+ * counts it (docs/cost-model.md §3.1): 0 not on the GPU (offloaded
+ * optimizer state lives in host memory), 1 whole on every replica, 2 split
+ * over the dp replicas. ZeRO-3 splits weights and gradients of every engine
+ * DeepSpeed runs; generation weights (actor.generate) stay whole. */
+static int kind_mode(const nrs_runtime_t *rt, const nrs_emu_engine_t *e, int k)
+{
+    if (k >= NRS_EMU_MASTER) {
+        if (rt->offload_optimizer)
+            return 0;
+        return rt->zero1 || rt->zero3 ? 2 : 1;
+    }
+    return rt->zero3 && e->ms != NRS_MS_ACTOR_GENERATE ? 2 : 1;
 }
 
 static int push_rank(nrs_emu_state_t *st, const nrs_spec_t *s, const nrs_emu_engine_t *e,
@@ -320,20 +336,23 @@ static int push_rank(nrs_emu_state_t *st, const nrs_spec_t *s, const nrs_emu_eng
     int kinds = e->trained && sel == NRS_EMU_SEL_PERSISTENT ? NRS_EMU_KIND_COUNT : 1;
 
     for (int k = 0; k < kinds; k++) {
-        if (k >= NRS_EMU_MASTER && s->runtime.zero1) {
+        int mode = kind_mode(&s->runtime, e, k), ke = k >= NRS_EMU_MASTER ? 4 : es;
+        if (mode == 0)
+            continue;
+        if (mode == 2) {
             int64_t total = 0, a, b;
             for (int i = 0; i < nb; i++)
                 total += nrs_emu_rect_area(&bx[i].box);
             a = total * tmpl->replica / e->lay.dp;
             b = total * (tmpl->replica + 1) / e->lay.dp;
             tmpl->set = -1;
-            if (push_flat_range(st, tmpl, bx, nb, a, b, k))
+            if (push_flat_range(st, tmpl, bx, nb, a, b, k, ke))
                 return -1;
             continue;
         }
         tmpl->set = tmpl->replica;
         for (int i = 0; i < nb; i++)
-            if (push_box(st, tmpl, bx[i].tensor, k, k >= NRS_EMU_MASTER ? 4 : es, &bx[i].box))
+            if (push_box(st, tmpl, bx[i].tensor, k, ke, &bx[i].box))
                 return -1;
     }
     return 0;

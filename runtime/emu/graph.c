@@ -105,6 +105,22 @@ static void src_key(const nrs_emu_buf_t *b, int32_t id, skey_t *k)
                   id}};
 }
 
+/* Old actor.generate weights (a pool of their own) are one optimizer step
+ * behind actor.train's: transitions run at the step boundary, after the train
+ * phase and before the weight sync. They are valid state only for generation
+ * destinations (which the sync overwrites anyway); trained and inference
+ * engines take their weights from the trained engine's buffers. The weight
+ * sync graph's sources are actor.train's, so this never restricts it. */
+static int old_is_gen(const nrs_emu_graph_t *g, int32_t old)
+{
+    return g->from.eng[g->buf[old].b.engine].ms == NRS_MS_ACTOR_GENERATE;
+}
+
+static int new_is_gen(const nrs_emu_graph_t *g, int32_t dst)
+{
+    return g->to.eng[g->buf[dst].b.engine].ms == NRS_MS_ACTOR_GENERATE;
+}
+
 /* --- uncovered regions ----------------------------------------------------- */
 
 typedef struct {
@@ -428,12 +444,17 @@ static int select_sources(sel_t *S, int32_t dst)
     }
     S->noffs = 0;
     int32_t stamp = dst + 1;
-    int dnode = nrs_emu_node_of(g, D->gpu);
+    int dnode = nrs_emu_node_of(g, D->gpu), dgen = new_is_gen(g, dst);
     for (size_t l = lo; l < S->nruns;) {
         const run_t *L = &S->runs[l];
         if (L->role != D->role || L->tensor != D->tensor || L->kind != D->kind)
             break;
         size_t n = L->ncls, o0 = S->noffs, no;
+        /* a class is one engine: stale generation weights feed only generation */
+        if (!dgen && old_is_gen(g, S->keys[L->start].k[8])) {
+            l += n;
+            continue;
+        }
         if (run_meets(S, L, &D->box))
             return -1;
         no = S->noffs - o0;
@@ -612,7 +633,8 @@ static skey_t *src_keys(const nrs_emu_graph_t *g, size_t *n)
 }
 
 /* A new buffer identical to an old one on the same GPU (same role, tensor,
- * kind, box) is the old one: the lowest-id such old buffer not yet taken.
+ * kind, box) is the old one: the lowest-id such old buffer not yet taken,
+ * and never an old generation buffer for a non-generation one (old_is_gen).
  * Buffers are matched GPU by GPU through a small open-addressing table of
  * that GPU's old buffers, inserted in id order, so equal keys lie along a
  * probe sequence in id order and the first untaken one found is the lowest.
@@ -694,7 +716,8 @@ static int find_keeps(nrs_emu_graph_t *g)
             int32_t j = ids[k];
             const nrs_emu_buf_t *b = &g->buf[j].b;
             for (size_t h = keep_hash(b) & (cap - 1); tab[h] != 0; h = (h + 1) & (cap - 1))
-                if (tab[h] > 0 && keep_same(&g->buf[tab[h] - 1].b, b)) {
+                if (tab[h] > 0 && keep_same(&g->buf[tab[h] - 1].b, b) &&
+                    (!old_is_gen(g, tab[h] - 1) || new_is_gen(g, j))) {
                     g->buf[j].alias = tab[h] - 1;
                     tab[h] = -tab[h];
                     break;

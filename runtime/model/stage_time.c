@@ -2,6 +2,7 @@
  * docs/cost-model.md §4 (train, infer), §5 (generate), §6 (communication).
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "model/model_int.h"
@@ -25,9 +26,10 @@ typedef struct {
     double compute, memory, comm, bubble;
 } parts_t;
 
+/* In int64: a + b - 1 overflows int for a near INT_MAX (samples may be). */
 static int ceil_div(int a, int b)
 {
-    return (a + b - 1) / b;
+    return (int)(((int64_t)a + b - 1) / b);
 }
 
 static double link_Bps(const nrs_cluster_t *c, int span)

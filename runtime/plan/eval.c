@@ -98,6 +98,24 @@ static double gen_extra(const nrs_spec_t *s, const nrs_plan_t *p, bool *separate
     return nrs_cost_gen_weight_bytes(s, g);
 }
 
+int nrs_plan_calib_check(const nrs_calib_t *c, char *err, size_t errlen)
+{
+    if (!c)
+        return 0;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (!isfinite(c->stage[ms]) || !(c->stage[ms] > 0)) {
+            snprintf(err, errlen, "invalid calibration factor for %s: %g (must be finite and > 0)",
+                     nrs_ms_name((nrs_ms_t)ms), c->stage[ms]);
+            return -1;
+        }
+    if (!isfinite(c->sync) || !(c->sync > 0)) {
+        snprintf(err, errlen, "invalid calibration factor for the weight sync: %g "
+                              "(must be finite and > 0)", c->sync);
+        return -1;
+    }
+    return 0;
+}
+
 int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *calib,
                   nrs_plan_t *p, char *err, size_t errlen)
 {
@@ -109,7 +127,7 @@ int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *c
         nrs_calib_init(&defc);
         calib = &defc;
     }
-    if (check_shape(s, p, err, errlen) != 0)
+    if (nrs_plan_calib_check(calib, err, errlen) != 0 || check_shape(s, p, err, errlen) != 0)
         return -1;
     p->capacity_bytes = nrs_cost_capacity_bytes(s);
     for (int r = 0; r < NRS_ROLE_COUNT; r++) {

@@ -81,4 +81,9 @@ int nrs_pp_max(const nrs_planner_t *pl, nrs_unit_t u, int tp, int gpus);
 /* explain.c */
 void nrs_plan_explain_infeasible(nrs_planner_t *pl, int gpus, char *err, size_t errlen);
 
+/* 0 when every calibration factor is finite and > 0 (NULL: the defaults);
+ * else -1 with err naming the factor: a NaN or infinite factor would make
+ * every plan "infeasible" and blame memory. */
+int nrs_plan_calib_check(const nrs_calib_t *c, char *err, size_t errlen);
+
 #endif

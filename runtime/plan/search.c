@@ -177,7 +177,7 @@ static int check_req(const nrs_spec_t *s, const nrs_plan_req_t *req, char *err, 
         snprintf(err, errlen, "the spec has no actor model");
         return -1;
     }
-    return 0;
+    return nrs_plan_calib_check(req->calib, err, errlen);
 }
 
 static int run_search(nrs_planner_t *pl, search_t *S, int gpus, nrs_plan_t *out, char *err,

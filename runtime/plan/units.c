@@ -1,6 +1,7 @@
 /* Placement units and their candidate tables: every (tp, pp) a unit can take on
  * a pool of a given size, with the micro-batch staircase of each of its stages.
  * Tables are filled from the cost model once per (unit, pool size) and cached. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,7 +82,8 @@ void nrs_planner_free(nrs_planner_t *pl)
 /* Micro-batch candidates: powers of two up to the cap, and the cap itself. */
 int nrs_mb_options(const nrs_planner_t *pl, nrs_unit_t u, int dp, int *out, int max)
 {
-    int per_rep = (pl->work.samples + dp - 1) / dp;
+    /* int64: samples may be up to INT_MAX (the validator's bound) */
+    int per_rep = (int)(((int64_t)pl->work.samples + dp - 1) / dp);
     int cap = u == U_GEN ? NRS_PLAN_GEN_MB_MAX : pl->spec->workload.micro_batch_max;
     if (cap > per_rep)
         cap = per_rep;

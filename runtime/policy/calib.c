@@ -15,6 +15,14 @@
 enum { CALIB_WARMUP = 5 };
 #define CALIB_CLIP 3.0
 #define CALIB_DEV0 0.1 /* initial robust scale: 10% */
+/* |log factor| at most this: e^20 ~ 5e8, far beyond any real misprediction,
+ * and small enough that exp() and every later sum stay finite. */
+#define CALIB_LOG_MAX 20.0
+
+static double clamp_log(double x)
+{
+    return x > CALIB_LOG_MAX ? CALIB_LOG_MAX : x < -CALIB_LOG_MAX ? -CALIB_LOG_MAX : x;
+}
 
 void nrs_calibrator_init(nrs_calibrator_t *c, double alpha)
 {
@@ -31,7 +39,12 @@ static void update(double alpha, double *log_f, double *dev, double *err, int *n
 {
     if (!(measured > 0) || !(predicted > 0) || !isfinite(measured) || !isfinite(predicted))
         return; /* garbage in: ignored, never propagated */
-    double x = log(measured / predicted), r = x - *log_f;
+    /* the ratio of two finite positives can still over- or underflow */
+    double x = log(measured / predicted);
+    if (!isfinite(x))
+        return;
+    x = clamp_log(x);
+    double r = x - *log_f;
     double calibrated_err = fabs(r);
     if (*n >= CALIB_WARMUP) {
         double lim = CALIB_CLIP * *dev;
@@ -40,7 +53,7 @@ static void update(double alpha, double *log_f, double *dev, double *err, int *n
     double w = 1.0 / (*n + 1), floor = alpha / 6;
     if (w < floor)
         w = floor;
-    *log_f += w * r;
+    *log_f = clamp_log(*log_f + w * r);
     *dev = (1 - w) * *dev + w * fabs(r) * 1.2533; /* mean |r| -> sigma for a normal */
     if (*dev < 1e-3)
         *dev = 1e-3;

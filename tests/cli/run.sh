@@ -66,6 +66,13 @@ check "transition after a loss (zero1: optimizer shards lost)" 1 "restore from a
     "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 1
 check "transition bad node" 2 "--lost-nodes: '7' is not an integer in 0..1" \
     "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 7
+# ZeRO-3 + optimizer offload: the transition state has the bytes the planner
+# counts, so the transitions fit and adaptation goes on (it stopped at step 5).
+sed -e 's/^  zero1: true .*/  zero1: false\n  zero3: true\n  offload_optimizer: true/' "$ex" >"$tmp/z3.yaml"
+check "transition zero3+offload fits the planner's memory" 0 "makespan [0-9.]+ s" \
+    "$bin" transition "$tmp/z3.yaml" --from-gpus 16 --to-gpus 32
+check "simulate zero3+offload adapts (transitions, no STOP)" 0 "^nereus +[0-9.]+ +[0-9.]+ +[0-9.]+ +[1-9][0-9]* \(" \
+    "$bin" simulate "$tmp/z3.yaml" --trace "$top/examples/traces/ppo-8b-grow.trace" --policy nereus --quiet
 check "transition needs both sizes" 2 "expected FILE, --from-gpus and --to-gpus" "$bin" transition "$tiny" --to-gpus 4
 
 # nereus simulate: every policy on a short trace; bad traces are FILE:LINE:COL.

@@ -1,5 +1,6 @@
 /* Unit tests of runtime/emu: shard geometry, graph cases, scheduler limits,
  * executor checks. Property tests over random plans: test_emu_prop.c. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,8 @@
 #include "emu/exec.h"
 #include "emu/geometry.h"
 #include "emu/testutil.h"
+#include "fixtures.h"
+#include "nereus/cost.h"
 
 static void test_split_balanced(void **state)
 {
@@ -271,6 +274,168 @@ static void test_weight_sync(void **state)
     nrs_emu_graph_free(g);
 }
 
+
+/* Non-generation (actor.train) weight buffers of g kept in place as, or moved
+ * from, OLD actor.generate buffers; *ntrain: actor.train weight buffers. */
+static int64_t stale_gen_uses(const nrs_emu_graph_t *g, int *ntrain)
+{
+    int64_t bad = 0;
+    *ntrain = 0;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        const nrs_emu_gbuf_t *B = &g->buf[j];
+        if (g->to.eng[B->b.engine].ms != NRS_MS_ACTOR_TRAIN || B->b.kind != NRS_EMU_WEIGHT)
+            continue;
+        (*ntrain)++;
+        if (B->alias >= 0 &&
+            g->from.eng[g->buf[B->alias].b.engine].ms == NRS_MS_ACTOR_GENERATE)
+            bad += B->b.bytes;
+    }
+    for (size_t i = 0; i < g->nmoves; i++) {
+        const nrs_emu_gbuf_t *S = &g->buf[g->moves[i].src], *D = &g->buf[g->moves[i].dst];
+        if (g->to.eng[D->b.engine].ms != NRS_MS_ACTOR_GENERATE &&
+            S->origin == NRS_EMU_ORIGIN_OLD &&
+            g->from.eng[S->b.engine].ms == NRS_MS_ACTOR_GENERATE)
+            bad += nrs_emu_rect_area(&g->moves[i].box) * D->b.esize;
+    }
+    return bad;
+}
+
+/* At the step boundary (where transitions run, before the weight sync) the
+ * separate-pool actor.generate weights are one optimizer step behind
+ * actor.train's: they must never become, or feed, the new actor.train
+ * weights (reviewer's stale_gen). Old: generate tp4 on GPUs 0-3, the rest
+ * tp4 on GPUs 4-7; new: one pool of 8, tp4 dp2 (replica 0 on GPUs 0-3, where
+ * the old generation buffers have the same boxes). */
+static void test_stale_generation_weights(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t l4 = {4, 1, 1, 1}, l42 = {4, 1, 2, 1};
+    nrs_emu_graph_t *g = NULL;
+    nrs_emu_stats_t st;
+    char err[512];
+    int ntrain;
+    (void)state;
+    tu_model(&m, 2, 8, 12, 4, 2, 10);
+    tu_spec_fixed(&s, &m, 8);
+    tu_plan_single(&s, 8, &l4, &a);
+    a.npools = 2;
+    a.pools[0] = (nrs_pool_t){0, 4};
+    a.pools[1] = (nrs_pool_t){4, 4};
+    a.pool_of[NRS_MS_ACTOR_TRAIN] = a.pool_of[NRS_MS_ACTOR_INFER] = 1;
+    a.has[NRS_MS_ACTOR_GENERATE] = true;
+    a.layout[NRS_MS_ACTOR_GENERATE] = l4;
+    a.pool_of[NRS_MS_ACTOR_GENERATE] = 0;
+    tu_plan_single(&s, 8, &l42, &b);
+    b.has[NRS_MS_ACTOR_GENERATE] = true;
+    b.layout[NRS_MS_ACTOR_GENERATE] = l42;
+    if (nrs_emu_transition(&s, &a, &b, NULL, &g, err, sizeof(err)))
+        fail_msg("%s", err);
+    assert_int_equal(stale_gen_uses(g, &ntrain), 0);
+    assert_true(ntrain > 0);
+    nrs_emu_graph_free(g);
+    /* every byte still has a (fresh) source: it executes and verifies */
+    nrs_emu_opts_t o = {.chunk_bytes = 64};
+    if (tu_run(&s, &a, &b, &o, -1, err, sizeof(err)))
+        fail_msg("%s", err);
+    /* generation weights staying on their own pool are still kept in place */
+    assert_int_equal(nrs_emu_transition(&s, &a, &a, NULL, &g, err, sizeof(err)), 0);
+    nrs_emu_graph_stats(g, &st);
+    assert_int_equal(st.ntransfers, 0);
+    nrs_emu_graph_free(g);
+    /* the train pool (GPUs 4-7) is lost: only stale generation copies of the
+     * weights survive, which is lost state, not a silent one-step rollback */
+    int lost[] = {4, 5, 6, 7}, map[] = {0, 1, 2, 3};
+    nrs_plan_t c;
+    tu_plan_single(&s, 4, &l4, &c);
+    nrs_emu_opts_t ol = {.gpu_map = map, .ngpu_map = 4, .lost = lost, .nlost = 4};
+    assert_int_equal(nrs_emu_transition(&s, &a, &c, &ol, &g, err, sizeof(err)), NRS_EMU_ELOST);
+    int weights = 0;
+    for (size_t i = 0; i < g->nlost; i++)
+        weights += g->lost[i].kind == NRS_EMU_WEIGHT;
+    assert_true(weights > 0);
+    nrs_emu_graph_free(g);
+}
+
+/* The EMU state on the most loaded GPU of each role is what the planner's
+ * memory model (nrs_cost_persist_bytes) counts, under every combination of
+ * ZeRO-1, ZeRO-3 and optimizer offload: otherwise transitions reject plans
+ * the planner accepted (check_caps) and adaptation stops (reviewer's z3). */
+static void test_state_matches_memory_model(void **state)
+{
+    static const nrs_layout_t ls[] = {{2, 2, 4, 1}, {4, 1, 8, 1}, {1, 4, 2, 1}, {8, 1, 1, 1}};
+    nrs_spec_t s;
+    char err[256];
+    (void)state;
+    spec_8b(&s, 4);
+    for (int z = 0; z < 8; z++) {
+        s.runtime.zero1 = z & 1;
+        s.runtime.zero3 = (z >> 1) & 1;
+        s.runtime.offload_optimizer = (z >> 2) & 1;
+        for (size_t li = 0; li < sizeof(ls) / sizeof(ls[0]); li++) {
+            nrs_plan_t p = {.total_gpus = 32, .npools = 1, .pools = {{0, 32}}};
+            nrs_emu_state_t st;
+            for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+                p.has[ms] = nrs_spec_has_ms(&s, (nrs_ms_t)ms);
+                p.layout[ms] = ls[li];
+            }
+            if (nrs_emu_state_build(&s, &p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err,
+                                    sizeof(err)))
+                fail_msg("%s", err);
+            double per[32][NRS_ROLE_COUNT] = {{0}};
+            for (size_t i = 0; i < st.nbuf; i++)
+                per[st.buf[i].gpu][st.buf[i].role] += (double)st.buf[i].bytes;
+            for (int r = 0; r < NRS_ROLE_COUNT; r++) {
+                double most = 0, want = nrs_cost_persist_bytes(&s, (nrs_role_t)r, &ls[li]);
+                for (int g = 0; g < 32; g++)
+                    most = per[g][r] > most ? per[g][r] : most;
+                if (fabs(most - want) > 1e-6 * want)
+                    fail_msg("zero1 %d zero3 %d offload %d layout %zu role %d: EMU %.0f, "
+                             "memory model %.0f bytes",
+                             s.runtime.zero1, s.runtime.zero3, s.runtime.offload_optimizer, li,
+                             r, most, want);
+            }
+            nrs_emu_state_free(&st);
+        }
+    }
+}
+
+/* ZeRO-3 state (weights and grads in flat dp shards, no replica) re-shards
+ * and executes, and the weight sync gathers the shards into whole
+ * generation weights. */
+static void test_zero3_transitions_execute(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {2, 1, 2, 1}, lb = {1, 2, 4, 1}, gen = {4, 1, 2, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_exec_result_t res;
+    nrs_xport_t x;
+    char err[512];
+    (void)state;
+    tu_model(&m, 3, 8, 9, 4, 2, 10);
+    tu_spec_fixed(&s, &m, 4);
+    for (int off = 0; off < 2; off++) {
+        s.runtime.zero1 = false;
+        s.runtime.zero3 = true;
+        s.runtime.offload_optimizer = off;
+        tu_plan_single(&s, 8, &la, &a);
+        tu_plan_single(&s, 8, &lb, &b);
+        nrs_emu_opts_t o = {.chunk_bytes = 64};
+        if (tu_run(&s, &a, &b, &o, -1, err, sizeof(err)))
+            fail_msg("offload %d: %s", off, err);
+        b.has[NRS_MS_ACTOR_GENERATE] = true;
+        b.layout[NRS_MS_ACTOR_GENERATE] = gen;
+        assert_int_equal(nrs_emu_weight_sync(&s, &b, NULL, &g, err, sizeof(err)), 0);
+        assert_int_equal(nrs_xport_local_open(&x), 0);
+        assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), 0);
+        assert_true(res.verified > 0);
+        nrs_xport_close(&x);
+        nrs_emu_graph_free(g);
+    }
+}
 
 /* Two inference models of the same size swap pools under a cap that holds
  * one model's weights per GPU: neither side can receive before it sends, so
@@ -618,6 +783,9 @@ int main(void)
         cmocka_unit_test(test_reshard_cases),
         cmocka_unit_test(test_migrate_to_other_gpus),
         cmocka_unit_test(test_weight_sync),
+        cmocka_unit_test(test_stale_generation_weights),
+        cmocka_unit_test(test_state_matches_memory_model),
+        cmocka_unit_test(test_zero3_transitions_execute),
         cmocka_unit_test(test_swap_stages_through_host),
         cmocka_unit_test(test_executor_catches_bad_graphs),
         cmocka_unit_test(test_recover),

@@ -164,6 +164,30 @@ static void test_infeasible_reason(void **st)
     assert_non_null(strstr(err, "out of range"));
 }
 
+/* samples = global_batch * samples_per_prompt may be up to INT_MAX (the
+ * validator's bound): the per-replica ceil-divisions must not overflow int
+ * (it was UB, and wrapped negative: no micro-batch options, no plan). */
+static void test_samples_near_int_max(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t p;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 32);
+    s.workload.global_batch = 16777215;
+    s.workload.samples_per_prompt = 128; /* 2147483520 samples */
+    nrs_plan_req_init(&req, &s);
+    req.gpus = 256;
+    int rc = nrs_plan_best(&s, &req, &p, err, sizeof(err));
+    if (rc)
+        fail_msg("%s", err);
+    assert_true(isfinite(p.step_s) && p.step_s > 0);
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (p.has[ms])
+            assert_true(p.layout[ms].mb >= 1);
+}
+
 static void test_tight_memory_names_stage(void **st)
 {
     (void)st;
@@ -361,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_template),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_eval_rejects_bad_plans),
+        cmocka_unit_test(test_samples_near_int_max),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "fixtures.h"
+#include "nereus/plan.h"
 #include "nereus/policy.h"
 
 static uint64_t rng;
@@ -105,6 +106,53 @@ static void test_calibration_follows_drift(void **st)
     nrs_calibrator_factors(&c, &f);
     assert_true(fabs(f.stage[NRS_MS_REF_INFER] / 2.0 - 1) < 0.05);
     assert_true(nrs_calibrator_error(&c, NRS_MS_REF_INFER) < 0.15);
+}
+
+/* Finite inputs whose ratio overflows (1e308 / 1e-3 = inf) or underflows to
+ * 0 are dropped, and extreme but finite ones saturate: the factor never
+ * becomes inf, then NaN for ever (reviewer's calib_nan). The planner refuses
+ * a non-finite factor with its own message instead of "no feasible plan". */
+static void test_calibration_stays_finite(void **st)
+{
+    (void)st;
+    nrs_calibrator_t c;
+    nrs_calib_t f;
+    nrs_calibrator_init(&c, 0.3);
+    nrs_calibrator_add(&c, NRS_MS_ACTOR_TRAIN, 1e308, 1e-3);
+    nrs_calibrator_add(&c, NRS_MS_ACTOR_TRAIN, 1e-300, 1e300);
+    nrs_calibrator_add_sync(&c, 1e308, 1e-300);
+    nrs_calibrator_factors(&c, &f);
+    assert_true(isfinite(f.stage[NRS_MS_ACTOR_TRAIN]) && f.stage[NRS_MS_ACTOR_TRAIN] > 0);
+    assert_true(isfinite(f.sync) && f.sync > 0);
+    for (int i = 0; i < 200; i++) {
+        nrs_calibrator_add(&c, NRS_MS_ACTOR_TRAIN, 1.0, 1.0);
+        nrs_calibrator_add_sync(&c, 1.0, 1.0);
+    }
+    nrs_calibrator_factors(&c, &f);
+    assert_true(fabs(f.stage[NRS_MS_ACTOR_TRAIN] - 1) < 0.05);
+    assert_true(fabs(f.sync - 1) < 0.05);
+    assert_true(isfinite(nrs_calibrator_error(&c, NRS_MS_ACTOR_TRAIN)));
+
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t p;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    nrs_plan_req_init(&req, &s);
+    req.calib = &f;
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), 0);
+    double bad[] = {NAN, INFINITY, 0, -1};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        f.stage[NRS_MS_CRITIC_TRAIN] = bad[i];
+        assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+        assert_non_null(strstr(err, "invalid calibration factor for critic.train"));
+        assert_int_equal(nrs_plan_eval(&s, &req.work, &f, &p, err, sizeof(err)), -1);
+        assert_non_null(strstr(err, "invalid calibration factor"));
+    }
+    f.stage[NRS_MS_CRITIC_TRAIN] = 1;
+    f.sync = NAN;
+    assert_int_equal(nrs_plan_best(&s, &req, &p, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "weight sync"));
 }
 
 static void test_admission_pays_for_itself(void **st)
@@ -226,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_calibration_converges),
         cmocka_unit_test(test_calibration_robust_to_outliers),
         cmocka_unit_test(test_calibration_follows_drift),
+        cmocka_unit_test(test_calibration_stays_finite),
         cmocka_unit_test(test_admission_pays_for_itself),
         cmocka_unit_test(test_admission_hysteresis_and_forced),
         cmocka_unit_test(test_horizon_from_history),
