@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <poll.h>
 #include <signal.h>
@@ -130,12 +131,13 @@ static bool nrs_pid_is_watcher(pid_t pid, const char *dir)
     return false;
 }
 
-/* The last non-empty line of a log file, for NEREUS_ERROR. */
-static void nrs_remote_log_tail(const char *path, char *out, size_t n)
+/* The last non-empty line of a log file of uid's, for NEREUS_ERROR ("" if
+ * it is anything else: a FIFO there would block us in open() for good). */
+static void nrs_remote_log_tail(const char *path, uid_t uid, char *out, size_t n)
 {
-    char buf[2048];
+    char buf[2048], why[128];
     ssize_t k = -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = nrs_open_user_file(path, O_RDONLY, 0, uid, why, sizeof(why));
 
     out[0] = '\0';
     if (fd < 0)
@@ -415,11 +417,38 @@ static void nrs_ctl_unlock(nrs_remote_t *r, const char *state, const char *why)
  * blocks longer. */
 enum { NRS_SOCK_GONE_MS = 500 };
 
+/* For at most NRS_SOCK_GONE_MS, until DIR/ctl.sock refuses. We are root
+ * here (task_exit, exit) and DIR is the user's: ctl.sock may be a link to,
+ * or a hard link of, a socket the user cannot reach. So it is opened
+ * O_PATH | O_NOFOLLOW, must be a socket of the job's user, and is reached
+ * through /proc/self/fd/N, that very inode, never by its name again. */
+static void nrs_sock_wait_gone(const nrs_remote_t *r)
+{
+    char path[NRS_SPANK_PATH_MAX + 32];
+    double gone = nrs_now_ms() + NRS_SOCK_GONE_MS;
+    struct sockaddr_un sa;
+    struct stat st;
+    int fd;
+
+    if (nrs_remote_path(path, sizeof(path), r->job_dir, "ctl.sock") < 0)
+        return;
+    fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return; /* none: nothing answers there */
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_uid == r->uid) {
+        memset(&sa, 0, sizeof(sa));
+        sa.sun_family = AF_UNIX;
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d", fd);
+        while (nrs_now_ms() < gone && nrs_remote_try_connect(&sa, gone))
+            poll(NULL, 0, 20);
+    }
+    close(fd);
+}
+
 void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
 {
     double deadline = nrs_now_ms() + wait_ms;
     pid_t pid = r->watcher;
-    struct sockaddr_un sa;
 
     if (pid <= 0) {
         nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
@@ -441,14 +470,8 @@ void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
         }
     }
     r->watcher = 0;
-    memset(&sa, 0, sizeof(sa));
-    sa.sun_family = AF_UNIX;
-    if (r->locked && nrs_remote_path(sa.sun_path, sizeof(sa.sun_path), r->job_dir, "ctl.sock") == 0) {
-        double gone = nrs_now_ms() + NRS_SOCK_GONE_MS;
-
-        while (nrs_now_ms() < gone && nrs_remote_try_connect(&sa, gone))
-            poll(NULL, 0, 20);
-    }
+    if (r->locked)
+        nrs_sock_wait_gone(r);
     nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
     nrs_debug("job %u step %u: watcher and controller stopped", r->job_id, r->step_id);
 }
@@ -457,10 +480,10 @@ void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
 static void nrs_remote_why_gone(const nrs_remote_t *r, char *why, size_t n, char *log, size_t ln)
 {
     nrs_remote_path(log, ln, r->ctl_dir, "controller.log");
-    nrs_remote_log_tail(log, why, n);
+    nrs_remote_log_tail(log, r->uid, why, n);
     if (why[0] == '\0') {
         nrs_remote_path(log, ln, r->ctl_dir, "watcher.log");
-        nrs_remote_log_tail(log, why, n);
+        nrs_remote_log_tail(log, r->uid, why, n);
     }
 }
 
@@ -849,17 +872,27 @@ void nrs_remote_controller_find(nrs_remote_t *r)
 }
 
 /* The job's first node is one of this step's nodes (SLURM_STEP_NODELIST, as
- * srun sets it; without one: assume so, as before). */
-bool nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r)
+ * srun sets it, however long; without one: assume so, as before). A list
+ * that is set but cannot be read or parsed: -1, the step runs without
+ * Nereus rather than guess. */
+int nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r)
 {
-    char list[8192];
-    hostlist_t hl;
-    bool has;
+    spank_err_t rc;
+    char *list = nrs_remote_getenv_dup(sp, "SLURM_STEP_NODELIST", &rc);
+    hostlist_t hl = NULL;
+    int has;
 
-    if (spank_getenv(sp, "SLURM_STEP_NODELIST", list, sizeof(list)) != ESPANK_SUCCESS ||
-        (hl = slurm_hostlist_create(list)) == NULL)
-        return true;
-    has = slurm_hostlist_find(hl, r->first) >= 0;
+    if (list == NULL && rc == ESPANK_ENV_NOEXIST)
+        return 1;
+    if (list == NULL || (hl = slurm_hostlist_create(list)) == NULL) {
+        nrs_err("SLURM_STEP_NODELIST %s: cannot tell whether the step runs on the job's first "
+                "node: refusing Nereus for this step",
+                list == NULL ? spank_strerror(rc) : "is not a node list");
+        free(list);
+        return -1;
+    }
+    has = slurm_hostlist_find(hl, r->first) >= 0 ? 1 : 0;
     slurm_hostlist_destroy(hl);
+    free(list);
     return has;
 }

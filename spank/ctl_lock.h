@@ -45,6 +45,15 @@ enum { NRS_CTL_WAIT_MS = 10000, NRS_INIT_WAIT_MS = 20000, NRS_STOP_WAIT_MS = 300
 int nrs_remote_path(char *out, size_t n, const char *dir, const char *name);
 /* The host name ("unknown" without one), when no node list says more. */
 void nrs_remote_host_name(char *buf, size_t n);
+/* The job's environment variable name, however long: malloc'd, or NULL
+ * with *rc (ESPANK_ENV_NOEXIST: not set; else why it cannot be read). */
+char *nrs_remote_getenv_dup(spank_t sp, const char *name, spank_err_t *rc);
+/* Open path, in a directory the job's user controls (the job directory),
+ * with flags (O_RDONLY; O_WRONLY | O_CREAT | O_APPEND, mode): never blocking
+ * in open() (a FIFO the user made there would hang slurmstepd for good),
+ * never through a link, and only a regular file owned by uid; blocking again
+ * on return. fd, or -1 with why[n]. */
+int nrs_open_user_file(const char *path, int flags, mode_t mode, uid_t uid, char *why, size_t n);
 /* Fork and exec the watcher prog for this step, as the job's user: its pid,
  * or -1 with the reason logged. */
 pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog);
@@ -71,8 +80,9 @@ int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r);
 /* On another node: wait for the first node's controller where its job
  * directory is seen; never fails the step (what it finds is logged). */
 void nrs_remote_controller_find(nrs_remote_t *r);
-/* The job's first node is one of this step's nodes. */
-bool nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r);
+/* The job's first node is one of this step's nodes: 1 yes (or no step node
+ * list), 0 no, -1 the step's node list is set but unreadable (logged). */
+int nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r);
 /* Stop the watcher this step started (TERM, up to wait_ms, then KILL) and
  * let go of the lock, leaving the record "failed WHY" (why) or "stopped".
  * Bounded. */

@@ -65,6 +65,7 @@ typedef struct {
     bool given;                     /* --nereus seen (with or without FILE) */
     bool bare;                      /* ... without FILE (remote context) */
     char arg[NRS_SPANK_PATH_MAX];   /* FILE as given, or default_spec */
+    bool too_long;                  /* ... FILE did not fit arg (remote context) */
     char checked[NRS_SPANK_PATH_MAX]; /* last arg validated successfully */
 } nrs_spank_opt_t;
 

@@ -161,7 +161,9 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
     if (remote) {
         o->bare = optarg == NULL || optarg[0] == '\0';
         path = !o->bare ? optarg : nrs_spank_config.default_spec;
-        if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0)
+        /* post_opt says so: not "no FILE" (which it would look like). */
+        o->too_long = nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0;
+        if (o->too_long)
             o->arg[0] = '\0';
         return 0;
     }

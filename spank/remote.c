@@ -64,34 +64,78 @@ static int nrs_remote_ids(spank_t sp, nrs_remote_t *r)
     return 0;
 }
 
-/* Host number idx of the first of these node lists found in the job's
- * environment (the user's to set: callers check the name): the list's
- * name, or NULL when none is there. *fits: the host fitted buf ("" else). */
-static const char *nrs_remote_list_host(spank_t sp, const char *const *lists, size_t nlists,
-                                        uint32_t idx, char *buf, size_t n, bool *fits)
+/* The job's environment variable name, whatever its length (a node list of
+ * a few thousand nodes is longer than any fixed buffer): malloc'd, or NULL
+ * with *rc = ESPANK_ENV_NOEXIST (not set) or why it cannot be read.
+ * spank_getenv only says ESPANK_NOSPACE, not the length: grow until it
+ * fits, up to NRS_ENV_MAX. */
+enum { NRS_ENV_MAX = 4 << 20 };
+
+char *nrs_remote_getenv_dup(spank_t sp, const char *name, spank_err_t *rc)
 {
-    char nodelist[8192];
-    const char *from = NULL;
+    for (size_t n = 8192; n <= NRS_ENV_MAX; n *= 2) {
+        char *buf = malloc(n);
+
+        if (buf == NULL) {
+            *rc = ESPANK_ERROR;
+            return NULL;
+        }
+        *rc = spank_getenv(sp, name, buf, (int)n);
+        if (*rc == ESPANK_SUCCESS)
+            return buf;
+        free(buf);
+        if (*rc != ESPANK_NOSPACE)
+            return NULL;
+    }
+    return NULL; /* still ESPANK_NOSPACE */
+}
+
+/* Host number idx of the first of these node lists set in the job's
+ * environment (the user's to set: callers check the name) into buf (*fits:
+ * it fitted; "" else), *from: the list's name. 1: found; 0: none of them is
+ * set; -1: the first one set cannot be read, parsed, or has no host idx
+ * (why[wn] says so): never guess from another list or the host name
+ * then, which could make a node that is not the job's first start a second
+ * controller. */
+static int nrs_remote_list_host(spank_t sp, const char *const *lists, size_t nlists,
+                                uint32_t idx, char *buf, size_t n, const char **from, bool *fits,
+                                char *why, size_t wn)
+{
+    spank_err_t rc = ESPANK_ENV_NOEXIST;
+    char *nodelist = NULL, *host = NULL;
     hostlist_t hl = NULL;
-    char *host = NULL;
+    bool found;
 
     buf[0] = '\0';
     *fits = true;
-    for (size_t i = 0; i < nlists && hl == NULL; i++)
-        if (spank_getenv(sp, lists[i], nodelist, sizeof(nodelist)) == ESPANK_SUCCESS &&
-            (hl = slurm_hostlist_create(nodelist)) != NULL)
-            from = lists[i];
-    for (uint32_t i = 0; hl != NULL && i <= idx; i++) {
+    *from = NULL;
+    for (size_t i = 0; i < nlists && *from == NULL; i++)
+        if ((nodelist = nrs_remote_getenv_dup(sp, lists[i], &rc)) != NULL ||
+            rc != ESPANK_ENV_NOEXIST)
+            *from = lists[i];
+    if (*from == NULL)
+        return 0;
+    if (nodelist == NULL) {
+        snprintf(why, wn, "%s is set but cannot be read (%s)", *from, spank_strerror(rc));
+        return -1;
+    }
+    hl = slurm_hostlist_create(nodelist);
+    for (uint32_t k = 0; hl != NULL && k <= idx; k++) {
         free(host);
         host = slurm_hostlist_shift(hl);
     }
-    if (host != NULL && nrs_spank_strlcpy(buf, host, n) < 0)
+    found = host != NULL;
+    if (!found)
+        snprintf(why, wn, "%s (%zu bytes) %s", *from, strlen(nodelist),
+                 hl == NULL ? "is not a node list" : "has too few hosts");
+    else if (nrs_spank_strlcpy(buf, host, n) < 0)
         *fits = false;
     free(host);
+    free(nodelist);
     if (hl != NULL)
         slurm_hostlist_destroy(hl);
     buf[n - 1] = '\0';
-    return from;
+    return found ? 1 : -1;
 }
 
 /* A node name goes into root's paths (state_dir's "%n", mkdir, chown) and
@@ -135,14 +179,20 @@ static int nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t 
     static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
                                         "SLURM_NODELIST"};
     const char *e = getenv("SLURMD_NODENAME"), *from = "SLURMD_NODENAME";
+    char why[256];
     bool fits = true;
 
     if (e != NULL && e[0] != '\0') {
         fits = nrs_spank_strlcpy(buf, e, n) == 0;
     } else {
-        from = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), node_id, buf, n,
-                                    &fits);
-        if (from == NULL || (fits && buf[0] == '\0')) {
+        int k = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), node_id, buf,
+                                     n, &from, &fits, why, sizeof(why));
+
+        if (k < 0) {
+            nrs_err("cannot tell this node's name: %s: refusing Nereus for this step", why);
+            return -1;
+        }
+        if (k == 0) {
             from = "the host name";
             nrs_remote_host_name(buf, n);
         }
@@ -154,18 +204,26 @@ static int nrs_remote_node_name(spank_t sp, uint32_t node_id, char *buf, size_t 
  * script, or a step on a subset of the nodes) comes first. Only the job's
  * environment says (the user's: a wrong name only points this job's
  * NEREUS_SOCKET_DIR elsewhere, but it goes into a path, so it is checked).
- * No job node list: our own step's first node. 0, or -1 (logged). */
+ * No job node list: our own step's first node. One that is set but cannot
+ * be read or parsed refuses Nereus for the step rather than guess. 0, or -1
+ * (logged). */
 static int nrs_remote_first_node(spank_t sp, char *buf, size_t n)
 {
     static const char *const lists[] = {"SLURM_JOB_NODELIST", "SLURM_NODELIST"};
     static const char *const step[] = {"SLURM_STEP_NODELIST"};
     bool fits = true;
-    const char *from = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), 0, buf, n,
-                                            &fits);
+    const char *from = NULL;
+    char why[256];
+    int k = nrs_remote_list_host(sp, lists, sizeof(lists) / sizeof(lists[0]), 0, buf, n, &from,
+                                 &fits, why, sizeof(why));
 
-    if (from == NULL || (fits && buf[0] == '\0'))
-        from = nrs_remote_list_host(sp, step, 1, 0, buf, n, &fits);
-    if (from == NULL || (fits && buf[0] == '\0')) {
+    if (k == 0)
+        k = nrs_remote_list_host(sp, step, 1, 0, buf, n, &from, &fits, why, sizeof(why));
+    if (k < 0) {
+        nrs_err("cannot tell the job's first node: %s: refusing Nereus for this step", why);
+        return -1;
+    }
+    if (k == 0) {
         from = "the host name";
         nrs_remote_host_name(buf, n);
     }
@@ -614,6 +672,10 @@ int nrs_remote_post_opt(spank_t sp, int ac, char **av)
         nrs_err("plugstack.conf: %s (on this node)", nrs_spank_config.error);
         goto fail;
     }
+    if (nrs_spank_opt.too_long) {
+        nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
+        goto fail;
+    }
     if (nrs_spank_opt.arg[0] == '\0') {
         nrs_err("--nereus without FILE and no default_spec on this node");
         goto fail;
@@ -656,6 +718,31 @@ double nrs_now_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int nrs_open_user_file(const char *path, int flags, mode_t mode, uid_t uid, char *why, size_t n)
+{
+    struct stat st;
+    int fd = open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, mode), fl;
+
+    /* ENXIO: a FIFO without a reader (O_WRONLY) or a socket: neither is one. */
+    if (fd < 0 && errno == ENXIO)
+        snprintf(why, n, "not a regular file of the job's user (uid %u)", (unsigned)uid);
+    else if (fd < 0)
+        snprintf(why, n, "%s", strerror(errno));
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, n, "cannot stat: %s", strerror(errno));
+    } else if (!S_ISREG(st.st_mode) || st.st_uid != uid) {
+        snprintf(why, n, "not a regular file of the job's user (uid %u)", (unsigned)uid);
+    } else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        snprintf(why, n, "fcntl: %s", strerror(errno));
+    } else {
+        return fd;
+    }
+    close(fd);
+    return -1;
 }
 
 /* The forked child of slurmstepd: only async-signal-safe calls from here.
@@ -745,6 +832,7 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
 {
     char job[16], interval[32], conf[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX + 32];
     char env_conf[NRS_SPANK_PATH_MAX + 16], env_job[32], env_dir[NRS_SPANK_PATH_MAX + 32];
+    char why[128];
     const char *sc = getenv("SLURM_CONF"); /* this node's, else the job's */
     gid_t *groups = NULL;
     int ngroups = 0, pfd[2], e = 0, logfd = -1;
@@ -787,9 +875,11 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
     if (nrs_remote_groups(&groups, &ngroups) < 0 ||
         nrs_remote_path(log, sizeof(log), r->job_dir, "watcher.log") < 0)
         goto fail;
-    logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* The job directory is the user's: watcher.log may be anything they made. */
+    logfd = nrs_open_user_file(log, O_WRONLY | O_CREAT | O_APPEND, 0600, r->uid, why,
+                               sizeof(why));
     if (logfd < 0) {
-        nrs_err("%s: %s", log, strerror(errno));
+        nrs_err("%s: %s", log, why);
         goto fail;
     }
     if (pipe2(pfd, O_CLOEXEC) != 0) {
@@ -906,8 +996,14 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av)
         r->tasks = 0;
     if (r->ctl_here && nrs_remote_controller_start(sp, r) < 0)
         goto fail;
-    if (!r->ctl_here && !nrs_remote_step_has_first(sp, r))
-        nrs_remote_controller_find(r);
+    if (!r->ctl_here) {
+        int has = nrs_remote_step_has_first(sp, r);
+
+        if (has < 0)
+            goto fail;
+        if (has == 0)
+            nrs_remote_controller_find(r);
+    }
     return 0;
 fail:
     nrs_remote_disable(r);

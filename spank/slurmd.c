@@ -16,7 +16,8 @@
  *
  * Both log their failures and never fail the epilog (that would drain the
  * node). A job without --nereus returns at once, unless one of its steps
- * had it (a job directory is here): one lstat. */
+ * had it (a job directory of its user is here, with ctl_node): an lstat or
+ * two. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -147,8 +148,19 @@ static bool nrs_keep(int dfd, const char *name, int depth)
            fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Shared with remote.c (an earlier job's directory at a reused job id). */
-int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept)
+/* A subdirectory (sub: its fd) root's clean-up may go into: one of the
+ * owner of the directory it started from (the job's user) on the same
+ * filesystem. Whatever else the user put in their job directory (another
+ * user's directory they may rename, a mount point) is left alone: root
+ * must not remove what the user could not, nor wait for a FUSE mount. */
+static bool nrs_rm_may_enter(int sub, const struct stat *top)
+{
+    struct stat st;
+
+    return fstat(sub, &st) == 0 && st.st_uid == top->st_uid && st.st_dev == top->st_dev;
+}
+
+static int nrs_rm_walk(int dfd, int depth, const struct stat *top, bool keep_logs, bool *kept)
 {
     int fd = dup(dfd), rc = 0;
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -177,14 +189,28 @@ int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept)
             rc = -1;
             continue;
         }
-        if (nrs_rm_below(sub, depth + 1, keep_logs, kept) != 0)
+        /* The check is on the directory opened, so a swap after it is moot. */
+        if (!nrs_rm_may_enter(sub, top) || nrs_rm_walk(sub, depth + 1, top, keep_logs, kept) != 0) {
+            close(sub);
             rc = -1;
+            continue;
+        }
         close(sub);
         if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) != 0)
             rc = -1;
     }
     closedir(d);
     return rc;
+}
+
+/* Shared with remote.c (an earlier job's directory at a reused job id). */
+int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept)
+{
+    struct stat top;
+
+    if (fstat(dfd, &top) != 0)
+        return -1;
+    return nrs_rm_walk(dfd, depth, &top, keep_logs, kept);
 }
 
 /* <state>/<job id> (jfd: opened in the checked state dir sfd, no link
@@ -218,9 +244,14 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int
         nrs_verbose("job %u: cleaned %s (its *.log kept)", job_id, dir);
         return;
     }
-    if (rc != 0 || unlinkat(sfd, id, AT_REMOVEDIR) != 0) {
-        slurm_error(NRS_SPANK_PREFIX "job %u: cannot remove all of %s: %s", job_id, dir,
-                    strerror(errno));
+    if (rc != 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: cannot remove all of %s (left: what could not be "
+                    "removed, and any directory in it not of uid %u or on another filesystem)",
+                    job_id, dir, (unsigned)uid);
+        return;
+    }
+    if (unlinkat(sfd, id, AT_REMOVEDIR) != 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: cannot remove %s: %s", job_id, dir, strerror(errno));
         return;
     }
     nrs_verbose("job %u: removed %s", job_id, dir);
@@ -274,12 +305,18 @@ static int nrs_epilog_node_name(uint32_t job_id, char *node, size_t n, bool quie
 }
 
 /* A job whose allocation had no --nereus may still have run steps with it
- * (sbatch job.sh, whose sruns say --nereus): those left a job directory here.
- * For the others this costs one lstat and says nothing. */
+ * (sbatch job.sh, whose sruns say --nereus): those left a job directory here,
+ * the job's user's, with ctl_node in it (remote.c nrs_job_dir_make). Anything
+ * else at <state>/<job id> is not this job's: the logs an earlier job of
+ * that id left on its first node (a job-id wrap; its epilog removed
+ * ctl_node), another user's. For the others this costs an lstat or two and
+ * says nothing. */
 static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
 {
     char node[256], state[NRS_SPANK_PATH_MAX], dir[NRS_SPANK_PATH_MAX];
-    uint32_t job_id = 0;
+    char mark[NRS_SPANK_PATH_MAX + 16];
+    uint32_t job_id = 0, u32;
+    uid_t uid;
     struct stat st;
     int k;
 
@@ -291,8 +328,17 @@ static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
     if (nrs_epilog_node_name(job_id, node, sizeof(node), true) < 0 ||
         nrs_state_dir_expand(node, state, sizeof(state)) < 0)
         return false;
+    if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+        if (!nrs_env_u32("SLURM_JOB_UID", &u32))
+            return false;
+        uid = (uid_t)u32;
+    }
     k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
-    return k > 0 && (size_t)k < sizeof(dir) && lstat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+    if (k <= 0 || (size_t)k >= sizeof(dir) || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != uid)
+        return false;
+    snprintf(mark, sizeof(mark), "%s/ctl_node", dir);
+    return lstat(mark, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void nrs_epilog(spank_t sp, int ac, char **av)

@@ -73,8 +73,11 @@ typedef struct {
     nrw_hosts_t order;   /* node order after every delta sent so far */
     nrw_hosts_t next;    /* the order of epoch next_epoch, announced, */
     unsigned next_epoch; /* not yet committed (0: none) */
-    nrw_hosts_t current; /* the allocation as last seen */
+    nrw_hosts_t current; /* the allocation as the controller counts it */
     time_t resize_time;
+    nrw_hosts_t tried;     /* the allocation of a change not all applied, */
+    int retries;           /* ... sent that many times (0: none pending) */
+    double retry_at;       /* ... to be sent again then (nrw_now_ms) */
     double recv_timeout;   /* seconds to wait for a DELTA_REPLY */
     const char *hint_node; /* --hint NODE: a released node's hint, not the watcher */
 } nrw_t;
@@ -183,6 +186,38 @@ out:
     return rc;
 }
 
+/* Open path in the job directory (the user's own, but a step's tasks may have
+ * put anything there): never blocking in open() on a FIFO, never through a
+ * link, only a regular file of ours; blocking again on return. fd, or -1
+ * with errno (EINVAL: not a regular file of ours). */
+static int nrw_open_file(const char *path, int flags, mode_t mode)
+{
+    struct stat st;
+    int fd = open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, mode), fl, e;
+
+    if (fd < 0) {
+        if (errno == ENXIO) /* a FIFO without a reader (O_WRONLY), a socket */
+            errno = EINVAL;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0)
+        e = errno;
+    else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        e = EINVAL;
+    else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        e = errno;
+    else
+        return fd;
+    close(fd);
+    errno = e;
+    return -1;
+}
+
+static const char *nrw_open_err(int e)
+{
+    return e == EINVAL ? "not a regular file of this user's" : strerror(e);
+}
+
 /* ---- the controller --------------------------------------------------------- */
 
 /* The job's secret for ranks that reach the controller over TCP: DIR/secret,
@@ -241,10 +276,10 @@ static int nrw_spawn_controller(nrw_t *w, int gpus)
     }
     argv[a++] = (char *)w->spec_path;
     argv[a] = NULL;
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = nrw_open_file(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
 
     if (fd < 0) {
-        nrw_log("%s: %s", log, strerror(errno));
+        nrw_log("%s: %s", log, nrw_open_err(errno));
         return -1;
     }
     pid_t parent = getpid();
@@ -487,7 +522,8 @@ static void nrw_delta_remove(nrw_t *w, const nrw_hosts_t *gone, int off, uint32_
     free(m);
 }
 
-static void nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
+/* 0 when the controller applied the ADD (the new hosts are then in order). */
+static int nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
 {
     nrs_msg_delta_t m;
     nrs_msg_delta_reply_t r;
@@ -499,14 +535,17 @@ static void nrw_delta_add(nrw_t *w, const nrw_hosts_t *added)
     int rc = nrw_send_delta(w, &m, text, sizeof(text), &r);
     nrw_log("delta ADD %d node(s) (%s%s): %s", added->n, added->names[0],
             added->n > 1 ? ", ..." : "", text);
+    if (rc != 0) { /* not counted: sent again at a later poll (nrw_on_change) */
+        if (r.epoch != 0)
+            nrw_sync_epoch(w, r.epoch);
+        return -1;
+    }
     /* New GPUs come after the survivors' in the next epoch's numbering. */
     for (int i = 0; i < added->n && w->order.n < NRW_MAX_NODES; i++)
         if (nrw_hosts_find(&w->order, added->names[i]) < 0)
             snprintf(w->order.names[w->order.n++], NRW_HOST_MAX, "%s", added->names[i]);
-    if (rc == 0)
-        nrw_applied(w, r.epoch, r.new_epoch);
-    else if (r.epoch != 0)
-        nrw_sync_epoch(w, r.epoch);
+    nrw_applied(w, r.epoch, r.new_epoch);
+    return 0;
 }
 
 /* ---- the node order, shared with hints ------------------------------------
@@ -540,9 +579,9 @@ static int nrw_state_lock(const nrw_t *w, double wait_ms)
     int fd;
 
     nrw_path(path, sizeof(path), w, "watcher.nodes.lock");
-    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = nrw_open_file(path, O_RDWR | O_CREAT, 0600);
     if (fd < 0) {
-        nrw_log("%s: %s", path, strerror(errno));
+        nrw_log("%s: %s", path, nrw_open_err(errno));
         return -1;
     }
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -636,7 +675,7 @@ static int nrw_state_load(nrw_t *w)
     FILE *f;
 
     nrw_path(path, sizeof(path), w, "watcher.nodes");
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = nrw_open_file(path, O_RDONLY, 0);
     if (fd < 0 || (f = fdopen(fd, "r")) == NULL) {
         if (fd >= 0)
             close(fd);
@@ -644,6 +683,7 @@ static int nrw_state_load(nrw_t *w)
     }
     if (getline(&line, &cap, f) < 0 || strcmp(line, "nereus-watcher-nodes 1\n") != 0 ||
         getline(&line, &cap, f) < 0 || sscanf(line, "gpus_per_node %d", &gpn) != 1 ||
+        gpn < 0 || gpn > NRS_PROTO_MAX_GPUS || /* a file of the user's: indices from it */
         getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "base", &be, &base) != 0 ||
         getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "next", &ne, &next) != 0 ||
         getline(&line, &cap, f) < 0 || nrw_hosts_read(line, "order", NULL, &order) != 0)
@@ -661,10 +701,18 @@ out:
     return rc;
 }
 
-/* The allocation changed from w->current to now: tell the controller. */
-static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
+/* The allocation changed from w->current (what the controller counts) to
+ * now: tell the controller. w->current then has what it took: a host whose
+ * REMOVE or LOST was applied (it left `order`: by us or by a hint) goes, the
+ * hosts of an applied ADD come in; the rest stay as they were, so the next
+ * poll sees them differ again and sends them again (a delta that failed,
+ * "busy", no answer, is never lost; the controller takes a repeated REMOVE or
+ * LOST as a no-op). 0: everything was applied. */
+static int nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
 {
     static nrw_hosts_t gone, lost, added, hinted[2]; /* [0] released, [1] failed */
+    static nrw_hosts_t applied;
+    bool all = true;
     int lock = nrw_state_lock(w, NRW_LOCK_WAIT_MS);
 
     if (lock >= 0 && nrw_state_load(w) != 0)
@@ -703,12 +751,62 @@ static void nrw_on_change(nrw_t *w, const nrw_hosts_t *now)
         nrw_delta_remove(w, &lost, off, NRS_DELTA_LOST);
     for (int off = 0; off < gone.n; off += NRS_PROTO_MAX_HOSTS)
         nrw_delta_remove(w, &gone, off, NRS_DELTA_REMOVE);
-    if (added.n > 0)
-        nrw_delta_add(w, &added);
-    w->current = *now;
+    applied.n = 0;
+    for (int i = 0; i < w->current.n; i++) {
+        const char *h = w->current.names[i];
+        bool stays = nrw_hosts_find(now, h) >= 0;
+
+        if (!stays && nrw_hosts_find(&w->order, h) < 0)
+            continue; /* its REMOVE or LOST was applied */
+        snprintf(applied.names[applied.n++], NRW_HOST_MAX, "%s", h);
+        all = all && stays;
+    }
+    if (added.n > 0 && nrw_delta_add(w, &added) == 0)
+        for (int i = 0; i < added.n && applied.n < NRW_MAX_NODES; i++)
+            snprintf(applied.names[applied.n++], NRW_HOST_MAX, "%s", added.names[i]);
+    else if (added.n > 0)
+        all = false;
+    w->current = applied;
     if (lock >= 0)
         nrw_state_save(w);
     nrw_state_unlock(lock);
+    return all ? 0 : -1;
+}
+
+static bool nrw_hosts_same(const nrw_hosts_t *a, const nrw_hosts_t *b)
+{
+    bool same = a->n == b->n;
+
+    for (int i = 0; same && i < a->n; i++)
+        same = nrw_hosts_find(b, a->names[i]) >= 0;
+    return same;
+}
+
+/* A change the controller did not take all of (nrw_on_change) is sent again
+ * at the next poll, then 2, 4, ... polls later, at most NRW_RETRY_MAX_S
+ * apart, as long as it is not taken; a new change of the allocation is sent
+ * at once. */
+enum { NRW_RETRY_MAX_S = 60 };
+
+static void nrw_change(nrw_t *w, const nrw_hosts_t *now)
+{
+    double delay;
+
+    if (w->retries > 0 && nrw_hosts_same(now, &w->tried) && nrw_now_ms() < w->retry_at)
+        return;
+    if (nrw_on_change(w, now) == 0) {
+        w->retries = 0;
+        return;
+    }
+    w->tried = *now;
+    delay = w->interval * (double)(1 << (w->retries < 16 ? w->retries : 16));
+    if (delay > NRW_RETRY_MAX_S)
+        delay = w->interval > NRW_RETRY_MAX_S ? w->interval : NRW_RETRY_MAX_S;
+    w->retries++;
+    /* Half a poll early: the poll that comes on time is not skipped. */
+    w->retry_at = nrw_now_ms() + (delay - w->interval / 2) * 1e3;
+    nrw_log("job %u: the controller did not take every change (attempt %d): sent again in "
+            "%.0f s", w->job_id, w->retries, delay);
 }
 
 static void nrw_sleep(double s)
@@ -776,16 +874,14 @@ static int nrw_run(nrw_t *w)
             nrw_state_unlock(lock);
             continue;
         }
-        bool same = now.n == w->current.n;
-        for (int i = 0; same && i < now.n; i++)
-            same = nrw_hosts_find(&w->current, now.names[i]) >= 0;
-        if (!same || rt != w->resize_time) {
-            if (rt != w->resize_time)
-                nrw_log("job %u: resize_time %ld -> %ld", w->job_id, (long)w->resize_time, (long)rt);
-            w->resize_time = rt;
-            if (!same)
-                nrw_on_change(w, &now);
-        }
+        bool same = nrw_hosts_same(&now, &w->current);
+        if (rt != w->resize_time)
+            nrw_log("job %u: resize_time %ld -> %ld", w->job_id, (long)w->resize_time, (long)rt);
+        w->resize_time = rt;
+        if (!same)
+            nrw_change(w, &now);
+        else
+            w->retries = 0; /* what was pending is moot: the allocation is back */
     }
     if (nrw_stop)
         nrw_log("signal %d: stopping", (int)nrw_stop);
@@ -833,7 +929,7 @@ static int nrw_hint(nrw_t *w, const char *list, const char *from, double timeout
     } else {
         close(fd);
         nrw_path(log, sizeof(log), w, "watcher.log");
-        int lfd = open(log, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        int lfd = nrw_open_file(log, O_WRONLY | O_APPEND, 0);
         if (lfd >= 0 && (nrw_also = fdopen(lfd, "a")) == NULL)
             close(lfd);
     }

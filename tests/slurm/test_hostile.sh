@@ -11,7 +11,12 @@
 #  - a FIFO as the spec: refused at once, by srun at submission and by
 #    slurmstepd on the node (a relative spec resolves in --chdir there when
 #    the job lacks srun's NEREUS_SPEC_PATH),
-#    instead of blocking in open() for good.
+#    instead of blocking in open() for good;
+#  - FIFOs the job's tasks made in their job directory: watcher.log, which
+#    the next step's slurmstepd opens to start the watcher, and
+#    controller.log, whose last line a step joining a controller that died
+#    reads: refused at once (the step runs without Nereus) instead of
+#    blocking that slurmstepd, and with it the node, for good.
 . "$(dirname "$0")/lib.sh"
 sl_need_plugin "hostile inputs"
 cd "$sl_tmp" || exit 1
@@ -79,7 +84,44 @@ if [ "$sl_rc" -eq 0 ] && [ "$took" -le 15 ] &&
     grep -q "^spec=unset err=job spec $sl_tmp/fifodir/spec.yaml is a FIFO, not a regular file$" "$sl_out"; then
     sl_ok "spec a FIFO on the node: the step starts at once (${took} s) without Nereus, NEREUS_ERROR says why"
 else sl_fail "spec a FIFO on the node: the step starts at once without Nereus, NEREUS_ERROR says why" "rc $sl_rc after ${took} s"; fi
-sl_check "every node idle again" sl_wait_until 20 sl_all_idle
+# ---- 4. a FIFO as watcher.log: the next step does not hang -------------------
+# A stepd blocked in open() of a FIFO: open it from here to let it go.
+fifo_release() { for f in "$@"; do [ -p "$f" ] && timeout 3 sh -c ': <>"$1"' _ "$f" 2>/dev/null; done; }
+sl_run 30 salloc -N 1 -w n3 --no-shell -J nrs-fifolog
+jl=$(sl_granted_job)
+jd="$state/n3/$jl"
+sl_run 40 srun --jobid="$jl" --nereus=good.yaml bash -c \
+    'rm -f "$NEREUS_JOB_DIR/watcher.log" && mkfifo "$NEREUS_JOB_DIR/watcher.log"'
+t0=$SECONDS
+sl_run 40 srun --jobid="$jl" --nereus=good.yaml bash -c 'echo "err=${NEREUS_ERROR-unset}"'
+took=$((SECONDS - t0))
+[ "$sl_rc" -ne 124 ] || fifo_release "$jd/watcher.log"
+if [ "$sl_rc" -eq 0 ] && [ "$took" -le 20 ] &&
+    grep -q "^err=$jd/watcher.log: not a regular file of the job's user" "$sl_out"; then
+    sl_ok "watcher.log a FIFO: the next step starts at once (${took} s) without Nereus, NEREUS_ERROR says why"
+else sl_fail "watcher.log a FIFO: the next step starts at once without Nereus, NEREUS_ERROR says why" "rc $sl_rc after ${took} s"; fi
+[ -z "$jl" ] || timeout 10 scancel "$jl" 2>/dev/null
+
+# ---- 5. a dead controller's logs are FIFOs: a step joining it does not hang ----
+sl_run 30 salloc -N 1 -w n3 --no-shell -J nrs-fifojoin
+jj=$(sl_granted_job)
+jd="$state/n3/$jj"
+timeout 60 srun --overlap --jobid="$jj" --nereus=good.yaml bash -c 'cd "$NEREUS_JOB_DIR" &&
+    pkill -KILL -f "nereus-watcher --socket-dir $PWD " ; sleep 0.5;
+    rm -f controller.log watcher.log; mkfifo controller.log watcher.log; echo ready; sleep 50' \
+    >"$sl_tmp/fifojoin1.out" 2>&1 &
+sl_wait_until 30 grep -q ready "$sl_tmp/fifojoin1.out"
+t0=$SECONDS
+sl_run 40 srun --overlap --jobid="$jj" --nereus=good.yaml bash -c 'echo "err=${NEREUS_ERROR-unset}"'
+took=$((SECONDS - t0))
+[ "$sl_rc" -ne 124 ] || fifo_release "$jd/controller.log" "$jd/watcher.log"
+if [ "$sl_rc" -eq 0 ] && [ "$took" -le 20 ] &&
+    grep -q "^err=the job's controller, started by step 0, is no longer running" "$sl_out"; then
+    sl_ok "a dead controller's logs FIFOs: the joining step starts at once (${took} s) without Nereus, NEREUS_ERROR says why"
+else sl_fail "a dead controller's logs FIFOs: the joining step starts at once without Nereus, NEREUS_ERROR says why" "rc $sl_rc after ${took} s"; fi
+[ -z "$jj" ] || timeout 10 scancel "$jj" 2>/dev/null
+wait
+sl_check "every node idle again" sl_wait_until 30 sl_all_idle
 
 sl_check_slurmds
 sl_done

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The plugin's own code outside Slurm (spank_harness.c on the fake SPANK API
+# of fake_spank.c, compiled here from the plugin's sources as the build tree
+# $NRS_BUILDDIR configured them): what a job's user can stage but a live
+# cluster cannot cheaply show, each case a regression test:
+#  - FIFOs in the job directory (watcher.log, controller.log): slurmstepd
+#    refuses them at once instead of blocking in open() for good;
+#  - a node list over 8 KiB still names the job's first node; one that does
+#    not parse refuses Nereus for the step instead of guessing;
+#  - root's epilog clean-up leaves alone another user's directory the user
+#    moved into their job dir, and says nothing for a job without --nereus
+#    whose id an earlier job's kept logs have;
+#  - task_exit (root) never connects through a ctl.sock link;
+#  - a --nereus=FILE over 4095 bytes says so.
+# Needs root, a C compiler and the Slurm and libyaml headers (as the build).
+. "$(dirname "$0")/lib.sh"
+name="SPANK harness"
+[ "$(id -u)" -eq 0 ] || { sl_skip "$name" "needs root"; sl_done; }
+[ -n "$NRS_BUILDDIR" ] && [ -f "$NRS_BUILDDIR/config.h" ] && [ -x "$NRS_BUILDDIR/nereus-watcher" ] ||
+    { sl_skip "$name" "no build tree with nereus-watcher (set NRS_BUILDDIR)"; sl_done; }
+command -v setpriv >/dev/null || { sl_skip "$name" "no setpriv"; sl_done; }
+
+# The plugin's sources and flags, from the build tree's Makefile.
+vars=$(printf 'nrs-print:\n\t@echo $(spank_nereus_la_SOURCES)\n\t@echo $(SLURM_CPPFLAGS) $(YAML_CFLAGS)\n\t@echo $(YAML_LIBS) $(SLURM_LDFLAGS) $(SLURM_LIBS)\n\t@echo $(CC)\n' |
+    make -s --no-print-directory -C "$NRS_BUILDDIR" -f Makefile -f - nrs-print 2>/dev/null)
+srcs=() cppflags=$(sed -n 2p <<<"$vars") libs=$(sed -n 3p <<<"$vars") cc=$(sed -n 4p <<<"$vars")
+for f in $(sed -n 1p <<<"$vars"); do case $f in *.c) srcs+=("$NRS_SRCDIR/$f") ;; esac; done
+[ "${#srcs[@]}" -gt 0 ] || { sl_fail "$name: build" "no sources from $NRS_BUILDDIR/Makefile"; sl_done; }
+grep -q -- -lslurm <<<"$libs" || libs="$libs -lslurm"
+h="$sl_tmp/spank_harness"
+build() { # extra cflags...
+    # shellcheck disable=SC2086 # word lists
+    ${cc:-cc} -std=gnu11 -g -O1 "$@" -DHAVE_CONFIG_H \
+        -DNRS_SPANK_DEFAULT_RUNTIME_DIR="\"$NRS_BUILDDIR\"" \
+        -DNRS_SPANK_DEFAULT_STATE_DIR="\"$sl_tmp/state\"" \
+        -I"$NRS_BUILDDIR" -I"$NRS_SRCDIR/include" -I"$NRS_SRCDIR/runtime" -I"$NRS_SRCDIR/spank" $cppflags \
+        -o "$h" "$NRS_SRCDIR/tests/slurm/spank_harness.c" "$NRS_SRCDIR/tests/slurm/fake_spank.c" \
+        "${srcs[@]}" $libs -lm >"$sl_out" 2>&1
+}
+# With AddressSanitizer where the compiler has it (catches what a case only
+# corrupts), else plain.
+build -fsanitize=address,undefined -fno-omit-frame-pointer || build ||
+    { sl_fail "$name: build" "see the compiler's output"; sl_done; }
+export ASAN_OPTIONS=detect_leaks=0
+for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreign \
+    epilog-not-ours sock-link long-arg; do
+    b="$sl_tmp/$c"
+    mkdir -m 755 "$b"
+    sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
+    what=$(grep -E '^(PASS|FAIL): ' "$sl_out" | tail -1)
+    if [ "$sl_rc" -eq 0 ] && [ "${what#PASS: }" != "$what" ]; then sl_ok "$c: ${what#PASS: }"
+    else sl_fail "$c: ${what#*: }" "exit $sl_rc"; fi
+done
+# shellcheck disable=SC2115 # $sl_tmp is set by lib.sh
+rm -rf "$sl_tmp"/*/home # other users' files
+sl_done

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# nereus-watcher on its own (as the plugin starts it, here by hand), against
+# a fake controller in a runtime dir of its own:
+#  - a delta the controller did not take (here: it closes every connection
+#    unanswered; also "busy", or no answer) is sent again at the next poll,
+#    then with a growing interval (bounded), instead of being dropped: the
+#    controller would go on counting a released node;
+#  - a FIFO as controller.log in its socket dir: it refuses it at once
+#    instead of blocking in open().
+. "$(dirname "$0")/lib.sh"
+sl_need_bins "nereus-watcher" nereus-watcher
+command -v python3 >/dev/null || { sl_skip "nereus-watcher" "no python3"; sl_done; }
+fake="$sl_tmp/fakert"
+w="$sl_tmp/w"
+mkdir -m 755 "$fake" && mkdir -m 700 "$w"
+cat >"$fake/nereus-controller" <<'PY'
+#!/usr/bin/env python3
+# A controller that cannot answer: accepts on ctl.sock, closes at once.
+import os, socket, sys
+p = os.path.join(sys.argv[sys.argv.index("--socket-dir") + 1], "ctl.sock")
+try: os.unlink(p)
+except FileNotFoundError: pass
+s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(16)
+while True:
+    c, _ = s.accept(); c.close()
+    sys.stderr.write("fake controller: a connection closed unanswered\n"); sys.stderr.flush()
+PY
+chmod 755 "$fake/nereus-controller"
+wpid=
+job=
+cleanup() {
+    [ -z "$wpid" ] || { kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null; }
+    [ -z "$job" ] || timeout 10 scancel "$job" 2>/dev/null
+}
+sl_at_exit cleanup
+watcher() { # socket dir: the command line (in $cmd)
+    cmd=("$NRS_BUILDDIR/nereus-watcher" --socket-dir "$1" --job "$job" --runtime-dir "$fake"
+        --interval 1 --tcp none --slurm-conf "$SLURM_CONF" "$sl_good")
+}
+
+# ---- 1. a delta that failed is sent again, with a bounded backoff ---------------
+sl_run 30 salloc -N 2 --no-shell -J nrs-watcher
+job=$(sl_granted_job)
+watcher "$w"
+"${cmd[@]}" >"$w/watcher.log" 2>&1 &
+wpid=$!
+sl_wait_until 10 test -S "$w/ctl.sock"
+sleep 1
+sl_run 20 scontrol update JobId="$job" NumNodes=1
+keep=$(sl_job_field "$job" NodeList)
+sl_wait_until 10 grep -q 'delta REMOVE' "$w/watcher.log"
+sleep 10
+tries=$(grep -c 'delta REMOVE hosts' "$w/watcher.log")
+cp "$w/watcher.log" "$sl_out"
+# Every poll would be about 10 in 10 s; sent again after 1, 2, 4, 8 s: 4-5.
+if [ "$tries" -ge 3 ] && [ "$tries" -le 6 ] && grep -q 'sent again in' "$w/watcher.log"; then
+    sl_ok "a REMOVE the controller did not take is sent again, backing off ($tries times in ~10 s; job now on $keep)"
+else sl_fail "a REMOVE the controller did not take is sent again, backing off" "$tries attempt(s) in ~10 s"; fi
+kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null; wpid=
+
+# ---- 2. controller.log a FIFO: refused at once ---------------------------------
+w2="$sl_tmp/w2"
+mkdir -m 700 "$w2" && mkfifo "$w2/controller.log"
+t0=$SECONDS
+watcher "$w2"
+sl_run 20 "${cmd[@]}"
+took=$((SECONDS - t0))
+if [ "$sl_rc" -ne 0 ] && [ "$sl_rc" -ne 124 ] && [ "$took" -le 10 ] &&
+    grep -q "controller.log: not a regular file" "$sl_out"; then
+    sl_ok "controller.log a FIFO: the watcher refuses it at once (${took} s) and says why"
+else
+    [ "$sl_rc" -ne 124 ] || timeout 3 sh -c ': <>"$1"' _ "$w2/controller.log"
+    sl_fail "controller.log a FIFO: the watcher refuses it at once and says why" "rc $sl_rc after ${took} s"
+fi
+timeout 10 scancel "$job" 2>/dev/null
+job=
+sl_check "every node idle again" sl_wait_until 30 sl_all_idle
+sl_done
