@@ -43,7 +43,8 @@ typedef enum {
     NRS_TRIGGER_RESOURCES,   /* nodes added, removed or lost */
     NRS_TRIGGER_WORKLOAD,    /* response length or batch changed */
     NRS_TRIGGER_MEMORY,      /* a stage near its cap or failed to allocate */
-    NRS_TRIGGER_CALIBRATION  /* prediction error beyond policy.drift_threshold */
+    NRS_TRIGGER_CALIBRATION, /* prediction error beyond policy.drift_threshold */
+    NRS_TRIGGER_RECHECK      /* a move refused for hysteresis may be reconsidered */
 } nrs_trigger_t;
 
 typedef struct {

@@ -45,6 +45,16 @@ void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespa
     nrs_calibrator_add_sync(&a->cal, seconds, makespan_s + a->setup_s);
 }
 
+/* The workload moved since the last planning (response or prompt length by
+ * NRS_ADAPT_WORKLOAD_DELTA, or the batch). */
+static bool workload_moved(const nrs_adapt_t *a, const nrs_cond_t *now)
+{
+    return now->work.samples != a->planned.work.samples ||
+           fabs(now->work.response_len / a->planned.work.response_len - 1) >=
+               NRS_ADAPT_WORKLOAD_DELTA ||
+           fabs(now->work.prompt_len / a->planned.work.prompt_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA;
+}
+
 static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *now,
                              const nrs_resize_t *rz, bool memory_failed)
 {
@@ -58,9 +68,7 @@ static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *n
     nrs_calibrator_factors(&a->cal, &f);
     if (nrs_plan_eval(a->spec, &now->work, &f, &p, err, sizeof(err)) != 0)
         return NRS_TRIGGER_MEMORY;
-    if (now->work.samples != a->planned.work.samples ||
-        fabs(now->work.response_len / a->planned.work.response_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA ||
-        fabs(now->work.prompt_len / a->planned.work.prompt_len - 1) >= NRS_ADAPT_WORKLOAD_DELTA)
+    if (workload_moved(a, now))
         return NRS_TRIGGER_WORKLOAD;
     double drift = log1p(a->spec->policy.drift_threshold);
     for (int ms = 0; ms < NRS_MS_COUNT; ms++)
@@ -69,7 +77,7 @@ static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *n
     if (fabs(log(f.sync / a->planned_f.sync)) > drift)
         return NRS_TRIGGER_CALIBRATION;
     if (a->recheck_step >= 0 && step >= a->recheck_step)
-        return NRS_TRIGGER_WORKLOAD;
+        return NRS_TRIGGER_RECHECK;
     return NRS_TRIGGER_NONE;
 }
 
@@ -171,7 +179,11 @@ int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_re
     out->trigger = trigger(a, step, now, rz, memory_failed);
     if (out->trigger == NRS_TRIGGER_NONE)
         return 0;
-    if (out->trigger == NRS_TRIGGER_RESOURCES || out->trigger == NRS_TRIGGER_WORKLOAD)
+    /* A change of resources or workload (also one the memory trigger caught
+     * first) feeds the horizon; a recheck or a drift is no change of the job */
+    if (out->trigger == NRS_TRIGGER_RESOURCES ||
+        ((out->trigger == NRS_TRIGGER_WORKLOAD || out->trigger == NRS_TRIGGER_MEMORY) &&
+         workload_moved(a, now)))
         nrs_admission_note_change(&a->adm, step);
     bool resources = out->trigger == NRS_TRIGGER_RESOURCES;
     bool lost = rz && rz->nlost > 0;

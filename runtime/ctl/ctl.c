@@ -10,8 +10,8 @@
 #include "ctl/ctl_int.h"
 #include "util/util.h"
 
-const char *const nrs_ctl_trigger_names[] = {"none", "resources", "workload", "memory",
-                                           "calibration"};
+const char *const nrs_ctl_trigger_names[] = {"none",   "resources",   "workload",
+                                           "memory", "calibration", "recheck"};
 #define trigger_names nrs_ctl_trigger_names
 
 static void logf_(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

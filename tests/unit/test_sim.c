@@ -208,6 +208,45 @@ static void test_adapt_forced_on_loss(void **st)
     assert_true(out.lost_boxes > 0);
 }
 
+/* The horizon is the mean interval between changes of the job: a hysteresis
+ * recheck (nothing changed) is not one, and a workload change the memory
+ * trigger caught first is. */
+static void test_adapt_records_changes(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c = {.gpus = 32};
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 16);
+    s.policy.hysteresis = 5;
+    nrs_work_from_spec(&s, &c.work);
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    c.gpus = 64;
+    assert_int_equal(nrs_adapt_step(&a, 100, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_RESOURCES);
+    assert_true(out.changed);
+    c.gpus = 128; /* one step later: refused for hysteresis, rechecked later */
+    assert_int_equal(nrs_adapt_step(&a, 101, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_false(out.changed);
+    assert_non_null(strstr(out.decision.why, "hysteresis"));
+    long changes = a.adm.nchanges;
+    bool rechecked = false;
+    for (int step = 102; step <= 110; step++) {
+        assert_int_equal(nrs_adapt_step(&a, step, &c, NULL, false, &out, err, sizeof(err)), 0);
+        rechecked |= out.trigger == NRS_TRIGGER_RECHECK;
+    }
+    assert_true(rechecked);
+    assert_int_equal(a.adm.nchanges, changes); /* a recheck is no change */
+    /* a response length the current plan cannot hold: memory, and a change */
+    changes = a.adm.nchanges;
+    c.work.response_len *= 8;
+    assert_int_equal(nrs_adapt_step(&a, 200, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_MEMORY);
+    assert_int_equal(a.adm.nchanges, changes + 1);
+}
+
 /* A candidate rejected, then asked about again under the same layouts: its
  * transition is priced from the first graph, not built again, with the same
  * makespan. */
@@ -266,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_adapt_forced_on_loss),
         cmocka_unit_test(test_adapt_prices_once),
+        cmocka_unit_test(test_adapt_records_changes),
     };
     return cmocka_run_group_tests_name("sim", tests, setup, teardown);
 }
