@@ -373,7 +373,8 @@ static int init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
     if (!rc && (!(w->perm = calloc((size_t)w->n + 1, sizeof(int))) ||
                 !(w->leaving = calloc((size_t)w->n + 1, 1)) ||
                 !(w->gone = calloc((size_t)w->n + 1, 1)) ||
-                !(w->dead = calloc((size_t)w->n + 1, 1))))
+                !(w->dead = calloc((size_t)w->n + 1, 1)) ||
+                !(w->waiting = calloc((size_t)w->n + 1, 1))))
         rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     nrs_wk_perm_identity(w);
     if (!rc)
@@ -539,6 +540,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->leaving);
     free(w->gone);
     free(w->dead);
+    free(w->waiting);
     free(w->cbuf);
     free(w->pend);
     free(w->ckpt_dir);

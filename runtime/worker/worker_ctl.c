@@ -504,8 +504,8 @@ static int grow_arrays(nrs_worker_t *w, int size)
     int *perm = realloc(w->perm, sizeof(int) * ((size_t)size + 1));
     if (perm)
         w->perm = perm;
-    unsigned char **a[3] = {&w->leaving, &w->gone, &w->dead};
-    for (int k = 0; perm && k < 3; k++) {
+    unsigned char **a[4] = {&w->leaving, &w->gone, &w->dead, &w->waiting};
+    for (int k = 0; perm && k < 4; k++) {
         unsigned char *q = realloc(*a[k], (size_t)size + 1);
         if (!q)
             return -1;
@@ -602,7 +602,9 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     put_u32(mine + 8, w->attempt);
     put_u32(mine + 12, (uint32_t)(w->last_step + 1));
     put_u32(mine + 16, w->have_plan ? w->plan.epoch : 0);
-    put_u32(mine + 20, w->joiner && w->join_step < 0 ? 1 : 0);
+    /* 1: a joiner new to the world; 2: one of an earlier join still in line
+     * for a GPU (a rank new to the world learns it from this) */
+    put_u32(mine + 20, !w->joiner ? 0 : w->join_step < 0 ? 1 : w->my_gpu < 0 ? 2 : 0);
     memcpy(mine + WORLD_HDR, addr, alen);
     all = calloc((size_t)size, blob);
     got = calloc((size_t)size + 1, 1);
@@ -653,8 +655,10 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         if (g1) {
             w->perm[g1 - 1] = r;
             placed[r] = 1;
+        } else if (get_u32(b + 20)) {
+            w->waiting[r] = 1; /* a joiner in line for a GPU */
         }
-        if (!get_u32(b + 20)) { /* a rank already in the world: its counters */
+        if (get_u32(b + 20) != 1) { /* a rank already in the world: its counters */
             attempt = get_u32(b + 8) > attempt ? get_u32(b + 8) : attempt;
             step = (int)get_u32(b + 12) > step ? (int)get_u32(b + 12) : step;
             epoch = get_u32(b + 16);
@@ -670,8 +674,8 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
             goto out;
         }
     np = total;
-    for (int r = m->base; r < size; r++)
-        if (!placed[r])
+    for (int r = m->base; r < size; r++) /* the joiners that came, then the others */
+        if (!placed[r] && got[r])
             w->perm[np++] = r, placed[r] = 1;
     for (int r = 0; r < size; r++)
         if (!placed[r])

@@ -73,6 +73,9 @@ struct nrs_worker {
     int running;            /* a controller-driven transition runs (nrs_wk_ctl_prepare) */
     unsigned char *leaving; /* [n]: ranks that said at a step boundary they are retired */
     unsigned char *gone;    /* [n]: ranks of the plan whose agreement value never came (dead) */
+    unsigned char *waiting; /* [n]: joiners of the world without a GPU yet: the GPUs a
+                             * plan adds go to them, in world-rank order, as the
+                             * controller places them (docs/protocol.md §Joins) */
     unsigned char *dead;    /* [n]: ranks out of the job for good (lost GPUs of a committed
                              * epoch, or gone): never waited for again */
     int coll_ctl;           /* collectives through the controller's GATHER, not PMIx fences */

@@ -36,6 +36,14 @@ static int64_t kill_hook(const nrs_worker_t *w)
 static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
                    int nout);
 
+/* Ranks holding a GPU of the committed plan are no longer in line. */
+static void placed_out_of_line(nrs_worker_t *w, const nrs_plan_t *next)
+{
+    for (int i = 0; w->waiting && w->n > 1 && i < next->total_gpus && i < w->n; i++)
+        if (w->perm[i] >= 0 && w->perm[i] < w->n)
+            w->waiting[w->perm[i]] = 0;
+}
+
 /* A transition to next. gpu_map/lost: the controller's resize (survivors first,
  * adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
  * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
@@ -113,9 +121,18 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         if (!dup && nout < NRS_PROTO_MAX_LOST)
             out_ranks[nout++] = r;
     }
-    for (int r = 0; used && r < w->n && w->n > 1; r++)
-        if (!used[r])
-            nperm[np++] = r;
+    /* The ranks without a GPU of next: first the joiners in line that are not
+     * out of the job, in world-rank order, then the others. A GPU a later
+     * plan adds is the next place of this order (perm[phys]), so it goes to
+     * the joiner the controller places there (docs/protocol.md §Joins), not
+     * to a dead rank of lower rank. What decides it every rank knows alike:
+     * the world gather, the step agreements, the committed plans. */
+    for (int pass = 0; used && w->n > 1 && pass < 2; pass++)
+        for (int r = 0; r < w->n; r++) {
+            bool line = w->waiting && w->waiting[r] && !w->dead[r] && !w->gone[r] && !w->leaving[r];
+            if (!used[r] && line == (pass == 0))
+                nperm[np++] = r, used[r] = 1;
+        }
     if (!used) {
         free(nperm);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
@@ -229,6 +246,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     w->rep.epoch = next->epoch;
     memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
     free(nperm);
+    placed_out_of_line(w, next);
     w->my_gpu = -1;
     for (int i = 0; i < next->total_gpus; i++)
         if (w->n == 1 || w->perm[i] == w->me)
@@ -480,6 +498,7 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     w->plan = *next;
     w->rep.epoch = next->epoch;
     memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    placed_out_of_line(w, next);
     w->my_gpu = g2;
     if ((rc = nrs_wk_index_state(w)))
         goto out;
