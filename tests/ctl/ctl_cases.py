@@ -31,13 +31,7 @@ def got(peer, t=0.5):
     return [(x, nc.errtext(pl)[1] if x == 'ERROR' else '') for x, f, pl in peer.drain(t)]
 
 
-def find(peer, typ, timeout=5.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        x = peer.recv(max(0.01, end - time.time()))
-        if x is None or x[0] in (typ, 'EOF'):
-            return x
-    return None
+find = nc.find
 
 
 if case == 'prehello-length':
@@ -85,17 +79,7 @@ if case == 'dup-world-rank':
     cli.send(nc.delta(3, hosts=('n0',)))
     cli.recv(10)
     S = W[4:]
-    for p in S:
-        x = find(p, 'PREPARE')
-        if not x or x[0] != 'PREPARE':
-            fail('no PREPARE')
-        ep = struct.unpack_from('<I', x[2])[0]
-        p.send(nc.ack(ep, 8))
-    for p in S:
-        if find(p, 'COMMIT')[0] != 'COMMIT':
-            fail('no COMMIT')
-        p.send(nc.ack(ep, 10, 0, 0.1))
-    time.sleep(0.3)
+    nc.transition(S)
     W[11].s.close()  # old rank 11, now GPU 7
     time.sleep(0.3)
     new = nc.Peer(path)

@@ -35,31 +35,7 @@ def refused(peer):
 
 
 
-def find(peer, typ, timeout=5.0):
-    """The next frame of type typ (or EOF) peer gets within timeout, or None."""
-    end = time.time() + timeout
-    while time.time() < end:
-        x = peer.recv(max(0.01, end - time.time()))
-        if x is None or x[0] in (typ, 'EOF'):
-            return x
-    return None
-
-
-def transition(peers):
-    """Each peer ACKs PREPARE, then COMMIT."""
-    ep = None
-    for p in peers:
-        x = find(p, 'PREPARE')
-        if not x or x[0] != 'PREPARE':
-            print('FAIL: no PREPARE:', x and x[0]); sys.exit(1)
-        ep = struct.unpack_from('<I', x[2])[0]
-        p.send(nc.ack(ep, 8))
-    for p in peers:
-        x = find(p, 'COMMIT')
-        if not x or x[0] != 'COMMIT':
-            print('FAIL: no COMMIT:', x and x[0]); sys.exit(1)
-        p.send(nc.ack(ep, 10, 0, 0.1))
-    time.sleep(0.3)
+find, transition = nc.find, nc.transition
 
 
 def holes(want_total):

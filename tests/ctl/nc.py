@@ -1,7 +1,7 @@
 """nc: a minimal client of the controller's protocol (docs/protocol.md) for
 tests/ctl/join_cases.py: frame encoders and a peer that reads frames with a
 time-out. Test code only: the runtime's encoders are runtime/ctl/proto.c."""
-import socket, struct, time, select, os
+import socket, struct, sys, time, select, os
 MAGIC=0x4353524e
 T={'HELLO':1,'PLAN':2,'REPORT':3,'DELTA':4,'DELTA_REPLY':5,'STATUS_REQ':6,'STATUS':7,'PREPARE':8,'ACK':9,'COMMIT':10,'ABORT':11,'ERROR':12,'GATHER':13,'GATHERED':14,'WORLD':15}
 N={v:k for k,v in T.items()}
@@ -50,6 +50,28 @@ class Peer:
             if x is None: return out
             out.append(x)
             if x[0]=='EOF': return out
+def find(peer,typ,timeout=5.0):
+    """The next frame of type typ (or EOF) peer gets within timeout, or None."""
+    end=time.time()+timeout
+    while time.time()<end:
+        x=peer.recv(max(0.01,end-time.time()))
+        if x is None or x[0] in (typ,'EOF'): return x
+    return None
+def transition(peers):
+    """Each peer ACKs PREPARE, then COMMIT (exit 1 if one lacks either)."""
+    ep=None
+    for p in peers:
+        x=find(p,'PREPARE')
+        if not x or x[0]!='PREPARE':
+            print('FAIL: no PREPARE:',x and x[0]); sys.exit(1)
+        ep=struct.unpack_from('<I',x[2])[0]
+        p.send(ack(ep,8))
+    for p in peers:
+        x=find(p,'COMMIT')
+        if not x or x[0]!='COMMIT':
+            print('FAIL: no COMMIT:',x and x[0]); sys.exit(1)
+        p.send(ack(ep,10,0,0.1))
+    time.sleep(0.3)
 def errtext(p):
     code,=struct.unpack('<I',p[:4]); l,=struct.unpack('<H',p[4:6]); return code,p[6:6+l].decode(errors='replace')
 def status(path):

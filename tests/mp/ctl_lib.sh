@@ -10,6 +10,10 @@
 #   status_json DIR           its status, as JSON
 #   jq_ok DIR FILTER          it answers and FILTER holds on its status
 #   show FILE [N]             FILE's last N (25) lines, indented
+#   wait_steps TENTHS         wait for the job's two PMIx servers, $spid and
+#                             $jpid (a join step): their exit statuses in rc
+#                             and jrc, 124 (and SIGKILL) for one still running
+#                             after TENTHS tenths of a second
 S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
 CTL="$B/nereus-controller"
 NRS="$B/nereus"
@@ -51,3 +55,15 @@ jq_ok() { # dir filter: the controller answers and the filter holds
     j=$(status_json "$1") && [ -n "$j" ] && echo "$j" | jq -e "$2" >/dev/null
 }
 show() { sed 's/^/    | /' "$1" | tail -n "${2:-25}"; }
+wait_steps() {
+    rc=124 jrc=124
+    for _ in $(seq "$1"); do
+        if [ "$rc" -eq 124 ] && ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; fi
+        if [ "$jrc" -eq 124 ] && ! kill -0 "$jpid" 2>/dev/null; then wait "$jpid"; jrc=$?; fi
+        [ "$rc" -ne 124 ] && [ "$jrc" -ne 124 ] && break
+        sleep 0.1
+    done
+    [ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+    [ "$jrc" -eq 124 ] && kill -KILL "$jpid" 2>/dev/null
+    spid="" jpid=""
+}

@@ -319,16 +319,7 @@ wait_for 40 jq_ok "$D" '.nworkers == 8 and .plan.total_gpus == 8'
 check "expansion: 8 workers on an 8-GPU plan while the job runs" \
     "jq_ok '$D' '.nworkers == 8 and .plan.total_gpus == 8' || ! kill -0 $spid 2>/dev/null" \
     "$(status_json "$D" | jq -c '{nworkers, gpus, epoch}')"
-rc=124 jrc=124
-for _ in $(seq 650); do
-    if [ "$rc" -eq 124 ] && ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; fi
-    if [ "$jrc" -eq 124 ] && ! kill -0 "$jpid" 2>/dev/null; then wait "$jpid"; jrc=$?; fi
-    [ "$rc" -ne 124 ] && [ "$jrc" -ne 124 ] && break
-    sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-[ "$jrc" -eq 124 ] && kill -KILL "$jpid" 2>/dev/null
-spid=""
+wait_steps 650
 check "expansion: both steps ended cleanly" "[ $rc -eq 0 ] && [ $jrc -eq 0 ]" "first step $rc, join step $jrc"
 check "expansion: the controller connected the world (8 ranks) and grew the plan" \
     "grep -q 'world 1: 4 rank(s) joined as 4..7' '$tmp/c8.log' && grep -q 'decision \[join\] trigger resources: ADMITTED' '$tmp/c8.log'"

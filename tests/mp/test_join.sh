@@ -49,16 +49,7 @@ wait_for 60 jq_ok "$D" '.plan.total_gpus == 12 and .nworkers == 12 and .pending_
 check "joins: the 4 that waited placed on a 12-GPU plan" \
     "jq_ok '$D' '.plan.total_gpus == 12 and .nworkers == 12 and .transitions.aborted == 0'" \
     "$(status_json "$D" | jq -c '{epoch, nworkers, gpus, transitions}')"
-rc=124 jrc=124
-for _ in $(seq 1500); do
-    if [ "$rc" -eq 124 ] && ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; fi
-    if [ "$jrc" -eq 124 ] && ! kill -0 "$jpid" 2>/dev/null; then wait "$jpid"; jrc=$?; fi
-    [ "$rc" -ne 124 ] && [ "$jrc" -ne 124 ] && break
-    sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-[ "$jrc" -eq 124 ] && kill -KILL "$jpid" 2>/dev/null
-spid="" jpid=""
+wait_steps 1500
 check "joins: the first step ended (137: its 4 killed ranks)" "[ $rc -eq 137 ]" "first step $rc"
 # (The join step's ranks 0-3, world 8-11, may end with 1: their finalize
 # barrier can come after the others' completed without them, an end-of-run
