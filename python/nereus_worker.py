@@ -42,8 +42,10 @@ step boundary), weight_sync (the actor's train -> generate weights),
 sync_stat and verify_generation. API 5 added buffer_layer: one layer's part
 of a buffer of a stacked layer tensor (NRS_TENSOR_*), as a framework's
 per-layer parameter sees it. API 6 and 7 added the figures of what
-runtime.verify hashed (NRS_TS_BYTES_VERIFIED, NRS_SS_BYTES_VERIFIED). This
-binding is written against API 7; load() refuses an older library unless
+runtime.verify hashed (NRS_TS_BYTES_VERIFIED, NRS_SS_BYTES_VERIFIED). API 8
+added job_step: the job's step at the last commit, where a joiner that
+waited in line for GPUs continues its step loop. This binding is written
+against API 8; load() refuses an older library unless
 asked for less (want=).
 """
 
@@ -57,7 +59,7 @@ __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "Buf
            "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 7
+API_VERSION = 8
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -239,6 +241,7 @@ _PUBLIC = {
     "nrs_worker_set_checkpoint_dir": (_I, [_P, _S]),
     "nrs_worker_checkpoint": (_I, [_P, ctypes.c_long]),
     "nrs_worker_joined_at": (_I, [_P]),
+    "nrs_worker_job_step": (_I, [_P]),
     "nrs_worker_control_plan": (_I, [_P, _D]),
     "nrs_worker_control_poll": (_I, [_P, _D]),
     "nrs_worker_gpu": (_I, [_P]),
@@ -434,6 +437,13 @@ class Worker:
     def joined_at(self):
         """The step the job was at when this rank joined it; -1 if it started with the job."""
         return self._get("joined_at")
+
+    @property
+    def job_step(self):
+        """The job's step at the last committed transition of the controller (the
+        ranks that held GPUs before it); -1 before the first. A rank that held no
+        GPU and got one there continues its step loop after this step."""
+        return self._get("job_step")
 
     # -- the plan and this rank's place in it
 

@@ -420,7 +420,8 @@ class Singleton(unittest.TestCase):
         w = self.w
         self.assertEqual((w.rank, w.size, w.is_singleton), (0, 1, True))
         self.assertEqual((w.transport, w.control), ("local", "none"))
-        self.assertEqual((w.epoch, w.gpu, w.nroles, w.nbuffers, w.joined_at), (-1, -1, 0, 0, -1))
+        self.assertEqual((w.epoch, w.gpu, w.nroles, w.nbuffers, w.joined_at, w.job_step),
+                         (-1, -1, 0, 0, -1, -1))
         self.assertEqual(w.roles(), [])
         self.assertEqual(w.sync_stat(nw.NRS_SS_STEPS), 0)
 

@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 7
+#define NRS_WORKER_API_VERSION 8
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -251,6 +251,13 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step);
  * (start the step loop there), -1 for a rank that started with the job
  * (and for NULL). */
 int nrs_worker_joined_at(const nrs_worker_t *w);
+
+/* (API 8) The job's step at the last transition of the controller this rank
+ * committed: the last step (nrs_worker_report_step) of the ranks that held
+ * GPUs before it, which run their steps in lockstep; -1 before the first
+ * (and for NULL). A rank that held no GPU and got one (a joiner that waited
+ * in line) continues its step loop after this step, as the others do. */
+int nrs_worker_job_step(const nrs_worker_t *w);
 
 /* ---- the controller drives the epochs (API 2, docs/worker-api.md §3) --------- */
 

@@ -352,6 +352,7 @@ static nrs_worker_t *worker_new(void)
     w->restored_step = -1;
     w->join_step = -1;
     w->last_step = -1;
+    w->job_step = -1;
     w->my_gpu = -1;
     return w;
 }
@@ -486,9 +487,16 @@ const char *nrs_worker_ms_name(int ms)
 
 /* ---- finalize ----------------------------------------------------------------------- */
 
-/* Every rank still in the job (not retired, not known dead) is done. */
+/* Every rank still in the job (not retired, not known dead) is done. Through
+ * the controller it waits up to NRS_WORKER_FINI_TIMEOUT (s, default 300, never
+ * less than NRS_WORKER_TIMEOUT): ranks that end a while apart (a joiner that
+ * never got GPUs ends on its own count) must not find it completed without
+ * them, and a rank that dies cannot hold it, its connection closes. */
 static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
 {
+    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", 300);
+    tmo = tmo < w->timeout_s ? w->timeout_s : tmo;
+    tmo = tmo > 3600 ? 3600 : tmo; /* a gather's most (NRS_GATHER_TIMEOUT_MAX) */
     if (!w->coll_ctl)
         return nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, errlen);
     if (w->ctl_fd < 0)
@@ -500,8 +508,8 @@ static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
         for (int i = 0; i < w->n; i++)
             if (i != w->me && (w->leaving[i] || w->gone[i] || w->dead[i]))
                 out[nout++] = i;
-        rc = nrs_wk_ctl_gather(w, 3ULL << 32, "fini", &none, 0, out, nout, &none, got, w->timeout_s,
-                               err, errlen);
+        rc = nrs_wk_ctl_gather(w, 3ULL << 32, "fini", &none, 0, out, nout, &none, got,
+                               tmo, err, errlen);
     }
     free(out);
     free(got);

@@ -768,3 +768,8 @@ int nrs_worker_joined_at(const nrs_worker_t *w)
 {
     return w ? w->join_step : nrs_wk_nohandle(__func__);
 }
+
+int nrs_worker_job_step(const nrs_worker_t *w)
+{
+    return w ? w->job_step : nrs_wk_nohandle(__func__);
+}

@@ -86,6 +86,7 @@ struct nrs_worker {
     int join_step;          /* joiner: the job's step when it joined; -1 */
     unsigned agreed_world;  /* the newest world generation a rank of the plan has */
     int last_step;          /* the last step reported */
+    int job_step;           /* the job's step at the last commit (ranks holding GPUs); -1 */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
     unsigned char *present; /* broken: [st.nbuf] 1 = complete on some survivor (census) */
     struct nrs_wk_nccl *nccl; /* worker_nccl.c: the NCCL transport of GPU state, NULL */

@@ -254,6 +254,7 @@ int main(int argc, char **argv)
             if (p.has[ms])
                 nrs_worker_report_stage(w, ms, t[ms]);
         nrs_worker_report_step(w, s, rl);
+        int gpu0 = nrs_worker_gpu(w);
         rc = nrs_worker_control_step(w);
         if (rc == 1) {
             ntrans++;
@@ -261,6 +262,12 @@ int main(int argc, char **argv)
             printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
                    nrs_worker_epoch(w), nrs_worker_gpu(w), nrs_worker_nbuffers(w),
                    nrs_worker_transition_stat(w, NRS_TS_SECONDS));
+            /* a joiner in line counted steps of its own: placed, it takes the job's */
+            if (gpu0 < 0 && nrs_worker_gpu(w) >= 0 && nrs_worker_job_step(w) >= 0) {
+                printf("rank %d: step %d: placed at the job's step %d: continues from it\n", me,
+                       s, nrs_worker_job_step(w));
+                s = nrs_worker_job_step(w);
+            }
             if (nrs_worker_transition_stat(w, NRS_TS_RESTORED_STEP) >= 0)
                 printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_ABORTED) {

@@ -44,6 +44,29 @@ static void placed_out_of_line(nrs_worker_t *w, const nrs_plan_t *next)
             w->waiting[w->perm[i]] = 0;
 }
 
+/* The job's step at a controller's transition: every participant gives the
+ * last step it reported if it holds a GPU of the current plan (the ranks of
+ * the plan run their steps in lockstep), else -1 (a joiner in line counts
+ * steps of its own); the largest, known alike to all (-1: none came). A rank
+ * the transition places continues from it (nrs_worker_job_step). */
+static int job_step_of(nrs_worker_t *w, uint32_t epoch, const int *out, int nout)
+{
+    int32_t mine = w->my_gpu >= 0 ? w->last_step : -1, best = -1;
+    int32_t *all = calloc((size_t)w->n + 1, sizeof(*all));
+    unsigned char *got = calloc((size_t)w->n + 1, 1);
+    char name[48], err[384];
+    snprintf(name, sizeof name, "step.%u", w->attempt);
+    if (all && got &&
+        !nrs_wk_coll_gather(w, epoch, name, &mine, sizeof mine, out, nout, all, got, err,
+                            sizeof err))
+        for (int r = 0; r < w->n; r++)
+            if (got[r] && all[r] > best)
+                best = all[r];
+    free(all);
+    free(got);
+    return best >= 0 ? best : mine; /* a failed gather: the transition fails on its own */
+}
+
 /* A transition to next. gpu_map/lost: the controller's resize (survivors first,
  * adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
  * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
@@ -160,6 +183,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)",
                              g->nold, w->st.nbuf);
     }
+    int job_step = ctl && w->n > 1 ? job_step_of(w, next->epoch, out_ranks, nout) : w->last_step;
     /* GPU state: GPU to GPU over NCCL when every participant can, else
      * through the host copies over UCX (every participant votes, whatever
      * its memory: a rank without a GPU says no for all) */
@@ -230,6 +254,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */
         w->dead[out_ranks[i]] = 1;
+    w->job_step = job_step;
     /* committed or partial: the new state is what we hold now */
     for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
         if (old[i].ptr)

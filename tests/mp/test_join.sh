@@ -9,7 +9,8 @@
 # places joiners by count in world-rank order; the ranks must agree with it,
 # so the GPUs added go to the joiners in line (12-15), not to the dead ranks
 # 0-3 that stand before them in the ranks order. Every live rank verifies
-# every shard. Hard time-outs everywhere.
+# every shard; the 4 that waited take the job's step when placed, and every
+# rank of the join step ends 0. Hard time-outs everywhere.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ctl_lib.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-join.XXXXXX")
@@ -51,13 +52,22 @@ check "joins: the 4 that waited placed on a 12-GPU plan" \
     "$(status_json "$D" | jq -c '{epoch, nworkers, gpus, transitions}')"
 wait_steps 1500
 check "joins: the first step ended (137: its 4 killed ranks)" "[ $rc -eq 137 ]" "first step $rc"
-# The join step's own exit statuses are not checked: its ranks may end with
-# 1 when their finalize barrier comes after the first step's ranks completed
-# it without them (README: two steps ending; seen for 4 to 7 of its 8 ranks).
-# What is checked: none of them died by a signal.
-n=$(grep -acE 'pmix_srv: rank [0-7] ended: exit [0-9]+' "$tmp/j.log")
-check "joins: every rank of the join step exited, none died by a signal" "[ $n -eq 8 ]" \
+# Every rank of the join step ends 0: the 4 that waited counted steps of
+# their own while in line and take the job's step when placed
+# (nrs_worker_job_step), so all end together and meet in finalize.
+n=$(grep -acE 'pmix_srv: rank [0-7] ended: exit 0' "$tmp/j.log")
+check "joins: every rank of the join step exited 0" "[ $n -eq 8 ]" \
     "$(grep -ao 'pmix_srv: rank [0-9]* ended: [a-z]* [0-9]*' "$tmp/j.log" | tr '\n' ' ')"
+n=$(grep -acE "^rank (12|13|14|15): step [0-9]+: placed at the job's step [0-9]+" "$tmp/j.log")
+check "joins: the 4 that waited took the job's step when placed" "[ $n -eq 4 ]" "$n of 4"
+# ... the step at which the first step's ranks committed that epoch
+e=$(sed -n 's/^rank 12: step [0-9]*: epoch \([0-9]*\) committed (GPU [89],.*/\1/p' "$tmp/j.log" | head -1)
+js=$(sed -n "s/^rank 12: step [0-9]*: placed at the job's step \([0-9]*\):.*/\1/p" "$tmp/j.log" | tail -1)
+ws=$(sed -n "s/^rank 4: step \([0-9]*\): epoch ${e:-x} committed.*/\1/p" "$tmp/w.log" | head -1)
+check "joins: that step is the one the first step's ranks committed epoch ${e:-?} at" \
+    "[ -n '$js' ] && [ '$js' = '$ws' ]" "placed at ${js:-?}, rank 4 committed at ${ws:-?}"
+check "joins: no finalize barrier completed without a rank" \
+    "! grep -aq 'already completed without' '$tmp/w.log' '$tmp/j.log'"
 n=$(grep -E '^rank (8|9|10|11): step [0-9]+: epoch [0-9]+ committed \(GPU [4-7],' "$tmp/j.log" | cut -d: -f1 | sort -u | wc -l)
 check "joins: world ranks 8-11 took GPUs 4-7" "[ $n -eq 4 ]" "$n of 4"
 n=$(grep -E '^rank (12|13|14|15): step [0-9]+: epoch [0-9]+ committed \(GPU ([89]|1[01]),' "$tmp/j.log" | cut -d: -f1 | sort -u | wc -l)
