@@ -10,7 +10,8 @@
 # so the GPUs added go to the joiners in line (12-15), not to the dead ranks
 # 0-3 that stand before them in the ranks order. Every live rank verifies
 # every shard; the 4 that waited take the job's step when placed, and every
-# rank of the join step ends 0. Hard time-outs everywhere.
+# rank of the join step ends 0. Then a joiner killed at the start of the
+# growth transition: aborted once, not retried. Hard time-outs everywhere.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ctl_lib.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-join.XXXXXX")
@@ -77,4 +78,42 @@ check "joins: all 12 live ranks verified every shard" "[ $n -eq 12 ]" "$n of 12"
 check "joins: no sanitizer report" "! grep -q 'Sanitizer' '$tmp/w.log' '$tmp/j.log'"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/j.log" 30; grep -v report "$tmp/c.log" | show /dev/stdin 30; }
 stop_ctl "joins"
+
+# A joiner that dies after the world formed, at the start of the growth
+# transition (NRS_WORKER_KILL=6:0: world rank 6, before its first op): every
+# rank aborts it with its old state intact, and the controller does not try
+# the growth again: node1 has 3 live ranks for 4 GPUs and plans take whole
+# nodes. The job goes on on 4 GPUs; the 3 joiners left wait in line to the end.
+D="$tmp/s2"
+start_ctl "$D" "$tmp/c2.log" --gpus 4
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] joins: a joiner killed at the start of the growth transition"
+"$SRV" -q -n 4 -t 90 -- "$WK" --spec "$SPEC" --steps 300 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256 >"$tmp/w2.log" 2>&1 &
+spid=$!
+wait_for 20 jq_ok "$D" '.nworkers == 4'
+timeout 10 "$NRS" delta --add 1 --socket-dir "$D" >"$tmp/d4.out" 2>&1
+NRS_WORKER_KILL=6:0 NEREUS_HOSTNAME=node1 "$SRV" -q -n 4 -t 90 --exits -- "$WK" --join \
+    --spec "$SPEC" --steps 300 --step-ms 30 --response-len 32 --max-response-len 256 \
+    >"$tmp/j2.log" 2>&1 &
+jpid=$!
+wait_for 40 jq_ok "$D" '.transitions.aborted >= 1 and .pending_epoch == null'
+st=$(status_json "$D" | jq -c '{epoch, nworkers, gpus, plan: .plan.total_gpus, transitions}')
+wait_steps 900
+check "joins: the first step ended 0" "[ $rc -eq 0 ]" "first step $rc"
+check "joins: the killed joiner died by SIGKILL, its 3 peers exited 0" \
+    "grep -aq 'pmix_srv: rank 2 ended: signal 9' '$tmp/j2.log' && [ \$(grep -acE 'pmix_srv: rank [013] ended: exit 0' '$tmp/j2.log') -eq 3 ]" \
+    "$(grep -ao 'pmix_srv: rank [0-9]* ended: [a-z]* [0-9]*' "$tmp/j2.log" | tr '\n' ' ')"
+n=$(cat "$tmp/w2.log" "$tmp/j2.log" | grep -cE '^rank [0-57]: step [0-9]+: transition aborted, staying on epoch 1: transition 1 -> 2: rank 6 died .*old state intact')
+check "joins: all 7 live ranks aborted the growth, naming rank 6, old state intact" "[ $n -eq 7 ]" "$n of 7"
+check "joins: the growth aborted once and was not retried; 4 GPUs planned" \
+    "jq_ok '$D' '.transitions.started == 1 and .transitions.aborted == 1 and .plan.total_gpus == 4 and .epoch == 1'" \
+    "at the abort: $st; now: $(status_json "$D" | jq -c '{epoch, plan: .plan.total_gpus, transitions}')"
+n=$(grep -cE '^rank [0-3]: epoch 1, 0 transition\(s\): verified 139 shards, 0 mismatches' "$tmp/w2.log")
+check "joins: the first step's 4 ranks verified every shard of epoch 1" "[ $n -eq 4 ]" "$n of 4"
+check "joins: no finalize barrier completed without a rank" \
+    "! grep -aq 'already completed without' '$tmp/w2.log' '$tmp/j2.log'"
+check "joins: no sanitizer report" "! grep -q 'Sanitizer' '$tmp/w2.log' '$tmp/j2.log'"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/j2.log" 30; grep -v report "$tmp/c2.log" | show /dev/stdin 30; }
+stop_ctl "joins, one killed"
 mp_done
