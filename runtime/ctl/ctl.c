@@ -2,9 +2,11 @@
  * runtime/adapt, and the two-phase transition PLAN -> PREPARE -> (every rank
  * ACKs) -> COMMIT, or ABORT before the point of no return (COMMIT sent). */
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctl/auth.h"
 #include "ctl/ctl_int.h"
@@ -448,6 +450,21 @@ static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
     run_queued_deltas(c);
 }
 
+/* NRS_CTL_DIE_MID_COMMIT=N (tests): once N workers have their COMMIT written
+ * out, the controller dies by SIGKILL before the others get theirs. */
+static void die_mid_commit(nrs_ctl_t *c, int sent)
+{
+    const char *e = getenv("NRS_CTL_DIE_MID_COMMIT");
+    char *end;
+    if (!e || !*e || strtol(e, &end, 10) != sent || *end)
+        return;
+    logf_(c, "NRS_CTL_DIE_MID_COMMIT=%d: dying with COMMIT sent to %d worker(s)", sent, sent);
+    for (int i = 0; i < c->nconns; i++)
+        for (int t = 0; t < 100000 && nrs_conn_flush(c->conns[i]) == 1; t++)
+            ;
+    kill(getpid(), SIGKILL);
+}
+
 static void enter_commit(nrs_ctl_t *c)
 {
     c->tr = TR_COMMIT;
@@ -464,9 +481,13 @@ static void enter_commit(nrs_ctl_t *c)
     /* (as in start_transition: a failed send that completes the commit may
      * start the next transition, whose participants must not get this COMMIT) */
     unsigned epoch = c->tr_epoch;
+    int sent = 0;
+    die_mid_commit(c, 0);
     for (int i = 0; i < c->nconns && c->tr == TR_COMMIT && c->tr_epoch == epoch; i++)
-        if (c->conns[i]->tr_state == TRP_WAIT)
+        if (c->conns[i]->tr_state == TRP_WAIT) {
             send_epoch(c, c->conns[i], NRS_MSG_COMMIT, c->tr_epoch, NULL);
+            die_mid_commit(c, ++sent);
+        }
     if (c->tr == TR_COMMIT && c->tr_epoch == epoch && c->tr_waiting == 0)
         finish_commit(c);
 }

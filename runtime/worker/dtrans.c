@@ -492,6 +492,40 @@ out:
     return rc;
 }
 
+/* The decisions at_ponr brought (0 commit, 1 undecided, else abort), shared:
+ * an undecided rank takes the commit when some rank got it. A rank that got
+ * the commit goes on whatever the gather says (the decider decided); one
+ * that got an abort aborts. Its decision, why[] saying how it was reached. */
+static int settle(dt_t *D, uint64_t epoch, int mine, char *why, size_t whylen)
+{
+    char name[48], err[384] = "";
+    int n = D->o->nranks, from = -1;
+    int32_t v = mine == 0 ? 0 : mine == 1 ? 1 : 2, *all = calloc((size_t)n + 1, sizeof(*all));
+    unsigned char *got = calloc((size_t)n + 1, 1);
+    snprintf(name, sizeof name, "dt%u.settle", D->o->attempt);
+    if (all && got && !gather(D, epoch, name, &v, sizeof v, all, got, err, sizeof err)) {
+        for (int i = 0; i < n && from < 0; i++)
+            if (i != D->o->me && got[i] && !is_out(D, i) && all[i] == 0)
+                from = i;
+    } else if (mine == 1) {
+        size_t l = strlen(why);
+        snprintf(why + l, whylen - l, "; no word from the others either: %s",
+                 all && got ? err : "out of memory");
+    }
+    free(all);
+    free(got);
+    if (mine != 1)
+        return mine;
+    if (from < 0) {
+        size_t l = strlen(why);
+        if (all && got && !err[0])
+            snprintf(why + l, whylen - l, "; no other rank got the commit");
+        return 1;
+    }
+    snprintf(why, whylen, "rank %d got the commit: committed with it", from);
+    return 0;
+}
+
 /* ---- past the point of no return: who holds what ---------------------------------- */
 
 static int census_owner(const void *arg, int32_t id)
@@ -658,7 +692,10 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     res->vote_s = nrs_now_s() - t1;
     if (o->at_ponr) {
         char why[400] = "";
-        if (o->at_ponr(o->ponr_arg, why, sizeof why)) {
+        int d = o->at_ponr(o->ponr_arg, why, sizeof why);
+        if (o->settle && !o->gather)
+            d = settle(&D, epoch, d, why, sizeof why);
+        if (d) {
             snprintf(res->msg, sizeof res->msg, "at the point of no return: %s", why);
             res->outcome = NRS_DT_ABORTED;
             goto aborted;

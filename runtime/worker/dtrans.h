@@ -62,9 +62,17 @@ typedef struct {
     /* Called on every rank once the point-of-no-return vote has passed, before
      * any old buffer is freed: 0 goes on to the commit, anything else aborts
      * (old state intact; why[] says why). The control channel's PREPARE ACK and
-     * the controller's COMMIT or ABORT happen here. May be NULL. */
+     * the controller's COMMIT or ABORT happen here. May be NULL. With settle,
+     * 1 says "undecided": the one who decides is gone (the controller died,
+     * perhaps while it sent COMMIT). */
     int (*at_ponr)(void *arg, char *why, size_t whylen);
     void *ponr_arg;
+    /* After at_ponr, every rank says what it got (commit, abort, undecided) in
+     * one more gather: an undecided rank commits when some rank got the
+     * commit, else it aborts, so the ranks never split over a decider that
+     * died mid-way. Only for gathers that do not need the decider (gather
+     * NULL: the PMIx rendezvous). */
+    bool settle;
     /* The collective of the votes and the census (nrs_rdv_gather's contract):
      * NULL uses the PMIx rendezvous r; the worker passes the controller's
      * GATHER when it has a control channel. */

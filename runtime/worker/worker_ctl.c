@@ -176,10 +176,11 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
         snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
         return -1;
     }
-    if (w->ctl_fd >= 0)
-        ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
     snprintf(why, whylen, "no COMMIT from the controller for epoch %u (%s)", w->ctl_epoch,
              w->ctl_fd < 0 ? w->ctl_err : "timed out");
+    if (w->ctl_fd < 0) /* undecided: the others may have got it (dtrans settle) */
+        return 1;
+    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
     return -1;
 }
 

@@ -223,6 +223,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (ctl) {
         o.at_ponr = nrs_wk_ctl_ponr;
         o.ponr_arg = w;
+        o.settle = !w->coll_ctl; /* PMIx gathers outlive the controller */
     }
     nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
     if (!nm) {
