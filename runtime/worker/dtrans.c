@@ -509,7 +509,7 @@ static int settle(dt_t *D, uint64_t epoch, int mine, char *why, size_t whylen)
                 from = i;
     } else if (mine == 1) {
         size_t l = strlen(why);
-        snprintf(why + l, whylen - l, "; no word from the others either: %s",
+        snprintf(why + l, whylen - l, "; no word from the others either: %.200s",
                  all && got ? err : "out of memory");
     }
     free(all);
