@@ -658,6 +658,33 @@ int nrs_ctl_attach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     return 0;
 }
 
+/* A joiner waiting without a GPU: its world not complete yet, or in line for
+ * a later plan (docs/protocol.md §Joining). */
+static bool in_line(const nrs_conn_t *k)
+{
+    return k->role == NRS_ROLE_WORKER && k->joiner && k->gpu < 0 && k->state == NRS_CONN_READY;
+}
+
+static bool line_host_known(const nrs_ctl_t *c, const char *host)
+{
+    for (int i = 0; i < c->nline_host; i++)
+        if (!strcmp(c->line_host[i], host))
+            return true;
+    return false;
+}
+
+/* A joiner leaves the line without a GPU: its host stays known (the last
+ * NRS_CTL_LINE_HOSTS), for the LOST that may follow. */
+static void line_host_remember(nrs_ctl_t *c, const char *host)
+{
+    if (!host[0] || line_host_known(c, host))
+        return;
+    snprintf(c->line_host[c->line_host_next], sizeof(c->line_host[0]), "%s", host);
+    c->line_host_next = (c->line_host_next + 1) % NRS_CTL_LINE_HOSTS;
+    if (c->nline_host < NRS_CTL_LINE_HOSTS)
+        c->nline_host++;
+}
+
 void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
 {
     c->now = now;
@@ -675,8 +702,11 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
      * whole step died): no join is pending */
     if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->join_have < c->join_m)
         c->join_have--;
-    if (k->role == NRS_ROLE_WORKER && k->joiner)
+    if (k->role == NRS_ROLE_WORKER && k->joiner) {
         join_settle(c, k);
+        if (k->gpu < 0)
+            line_host_remember(c, k->host);
+    }
     for (int i = 0; i < c->ndq; i++)
         if (c->dq[i].from == k)
             c->dq[i].from = NULL;
@@ -693,23 +723,56 @@ static bool in_list(const int *v, int n, int x)
     return false;
 }
 
-/* Every world rank connected now hears of the world's new generation. */
-static void send_world(nrs_ctl_t *c)
+/* World ranks below end whose worker left, the ranks a WORLD lists as gone:
+ * how many; the first max of them into out (may be NULL). */
+static int gone_ranks(const nrs_ctl_t *c, int end, int32_t *out, int max)
+{
+    int n = 0;
+    for (int r = 0; r < end; r++) {
+        if (!c->rank_gone[r])
+            continue;
+        if (out && n < max)
+            out[n] = r;
+        n++;
+    }
+    return n;
+}
+
+/* A WORLD lists every rank gone, and the list becomes the out list of the
+ * ranks' world gathers, which holds NRS_GATHER_MAX_OUT ranks: with more gone
+ * no world can be built right, so no join is (false, why[] says so). Never
+ * a list cut short: the ranks missing from it the others would count as
+ * alive and wait for. */
+static bool gone_fit(int ngone, char *why, size_t wl)
+{
+    if (ngone <= NRS_GATHER_MAX_OUT)
+        return true;
+    snprintf(why, wl, "join refused: %d ranks of the world are gone, a WORLD lists at most %d",
+             ngone, NRS_GATHER_MAX_OUT);
+    return false;
+}
+
+/* The world grows by the join step's ranks, and every world rank connected
+ * hears of it: WORLD, with every rank gone listed. -1 with why[] said, the
+ * world as it was and nothing sent, when it cannot (gone_fit). */
+static int grow_world(nrs_ctl_t *c, char *why, size_t wl)
 {
     nrs_msg_world_t *w = calloc(1, sizeof(*w));
     uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
-    if (!w || !buf) {
+    if (!w || !buf || !gone_fit(gone_ranks(c, c->join_base, w->out, NRS_GATHER_MAX_OUT), why, wl)) {
+        if (!w || !buf)
+            snprintf(why, wl, "join refused: out of memory");
         free(w);
         free(buf);
-        return;
+        return -1;
     }
+    c->world = c->join_base + c->join_m;
+    c->world_gen++;
     w->gen = c->world_gen;
     w->size = c->world;
     w->base = c->join_base;
     w->count = c->join_m;
-    for (int r = 0; r < c->join_base && w->nout < NRS_GATHER_MAX_OUT; r++)
-        if (c->rank_gone[r])
-            w->out[w->nout++] = r;
+    w->nout = gone_ranks(c, c->join_base, NULL, 0);
     logf_(c, "world %u: %d rank(s) joined as %d..%d (%d gone before): %d ranks", w->gen,
           w->count, w->base, w->size - 1, w->nout, w->size);
     for (int i = 0; i < c->nconns; i++) {
@@ -722,6 +785,24 @@ static void send_world(nrs_ctl_t *c)
     }
     free(w);
     free(buf);
+    return 0;
+}
+
+/* A join the world could not take (grow_world): every rank of its step is
+ * refused, saying why, and leaves no trace (its world rank free, not a
+ * joiner when it disconnects), so the next join step starts anew. */
+static void refuse_join(nrs_ctl_t *c, const char *why)
+{
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (k->role != NRS_ROLE_WORKER || k->joiner != 1 || k->state != NRS_CONN_READY)
+            continue;
+        drop(c, k, NRS_PERR_REFUSED, "%s", why);
+        if (c->by_rank[k->rank] == k)
+            c->by_rank[k->rank] = NULL;
+        k->joiner = 0;
+    }
+    join_settle(c, NULL);
 }
 
 /* A rank of a join step: world rank join_base + its step rank. */
@@ -734,6 +815,10 @@ static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
                     c->join_m);
     if (c->world + m->nranks > NRS_PROTO_MAX_RANKS)
         return drop(c, k, NRS_PERR_REFUSED, "the world would exceed %d ranks", NRS_PROTO_MAX_RANKS);
+    char why[160];
+    /* said to the step's first rank rather than after its last has come */
+    if (!c->join_m && !gone_fit(gone_ranks(c, c->world, NULL, 0), why, sizeof(why)))
+        return drop(c, k, NRS_PERR_REFUSED, "%s", why);
     if (!c->join_m) {
         c->join_base = c->world;
         c->join_m = m->nranks;
@@ -751,11 +836,9 @@ static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
     k->state = NRS_CONN_READY;
     c->rank_gone[r] = 0;
     send_plan(c, k, committed(c));
-    if (++c->join_have == c->join_m) {
-        c->world = c->join_base + c->join_m;
-        c->world_gen++;
-        send_world(c);
-    }
+    /* (ranks may have gone since the first joiner: counted again) */
+    if (++c->join_have == c->join_m && grow_world(c, why, sizeof(why)) != 0)
+        refuse_join(c, why);
 }
 
 void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, int n)
@@ -979,11 +1062,94 @@ static const char *delta_source(const nrs_conn_t *k, char *buf, size_t n)
     return buf;
 }
 
+/* The plan's GPUs on the hosts of a REMOVE/LOST delta that are not out yet,
+ * into gone[] (*ngone), and the joiners in line there (*nline): 0; -1 with
+ * text[] said for a host where no GPU's rank of the plan, no joiner, nor
+ * one that left the line, ran; -2 when more GPUs than a PLAN carries. */
+static int delta_hosts(nrs_ctl_t *c, const nrs_msg_delta_t *m, int *gone, int *ngone, int *nline,
+                       char *text, size_t tl)
+{
+    const nrs_plan_t *cur = committed(c);
+    for (int h = 0; h < m->nhosts; h++) {
+        int found = 0;
+        for (int g = 0; g < cur->total_gpus; g++) {
+            nrs_conn_t *k = c->by_gpu[g];
+            const char *host = k ? k->host : c->gpu_host[g]; /* its rank may be gone */
+            if (!host[0] || strcmp(host, m->hosts[h]) != 0)
+                continue;
+            found++; /* already removed (rz_lost) or named twice: known, no change */
+            if (in_list(gone, *ngone, g) || in_list(c->rz_lost, c->rz_nlost, g))
+                continue;
+            if (*ngone == NRS_PROTO_MAX_LOST)
+                return -2;
+            gone[(*ngone)++] = g;
+        }
+        for (int i = 0; i < c->nconns; i++)
+            if (in_line(c->conns[i]) && !strcmp(c->conns[i]->host, m->hosts[h]))
+                found++, (*nline)++;
+        if (!found && !line_host_known(c, m->hosts[h])) {
+            snprintf(text, tl, "unknown host '%s' (no rank of epoch %u runs there)", m->hosts[h],
+                     cur->epoch);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static bool host_named(const nrs_msg_delta_t *m, const char *host)
+{
+    for (int h = 0; h < m->nhosts; h++)
+        if (!strcmp(m->hosts[h], host))
+            return true;
+    return false;
+}
+
+/* The joiners in line on the delta's hosts are retired: no GPU of theirs will
+ * ever be planned. How many. */
+static int retire_line(nrs_ctl_t *c, const nrs_msg_delta_t *m, uint64_t gen)
+{
+    int n = 0;
+    for (int i = 0; i < c->nconns; i++) {
+        nrs_conn_t *k = c->conns[i];
+        if (!in_line(k) || !host_named(m, k->host))
+            continue;
+        line_host_remember(c, k->host);
+        drop(c, k, NRS_PERR_REFUSED, "%s: rank retired (resource delta %llu): it held no GPU",
+             m->kind == NRS_DELTA_LOST ? "node lost" : "node removed", (unsigned long long)gen);
+        n++;
+    }
+    return n;
+}
+
+/* A REMOVE/LOST whose hosts hold no GPU of the plan, only joiners in line:
+ * applied, they are retired, and nothing else changes. No decision: the plan
+ * and its GPUs are as they were (a transition in PREPARE goes on, unless a
+ * retired joiner takes part in it: then it aborts, as for any participant
+ * gone). The allocation's count stays too: an ADD counts nodes, not hosts,
+ * so whether this node's GPUs were counted is not known; a count too high
+ * is bounded by the ranks there are (plan_gpus), one too low would keep a
+ * later joiner off GPUs the job has. */
+static void retire_line_only(nrs_ctl_t *c, nrs_conn_t *from, const nrs_msg_delta_t *m,
+                             uint64_t gen)
+{
+    char text[NRS_PROTO_TEXT_MAX], src[NRS_ERR_MAX];
+    c->generation = gen;
+    int n = retire_line(c, m, gen);
+    const nrs_plan_t *cur = committed(c);
+    logf_(c, "resource delta %llu: %s of %d joining rank(s) without a GPU, retired: plan kept "
+          "(epoch %u, %d GPUs), from %s", (unsigned long long)gen,
+          m->kind == NRS_DELTA_LOST ? "lost" : "remove", n, cur->epoch, cur->total_gpus,
+          delta_source(from, src, sizeof(src)));
+    snprintf(text, sizeof(text), "applied: %d joining rank(s) retired, they held no GPU; plan "
+             "kept: epoch %u on %d GPUs", n, cur->epoch, cur->total_gpus);
+    send_delta_reply(c, from, gen, true, 0, text);
+}
+
 /* Apply one delta to the allocation and decide; reply to `from` (may be NULL). */
 static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
 {
     char text[NRS_PROTO_TEXT_MAX], err[NRS_ERR_MAX];
-    int gone[NRS_PROTO_MAX_LOST], ngone = 0;
+    int gone[NRS_PROTO_MAX_LOST], ngone = 0, nline = 0;
     const nrs_plan_t *cur = committed(c);
     uint64_t gen = m->generation ? m->generation : c->generation + 1;
     nrs_adapt_out_t out;
@@ -999,26 +1165,11 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         if (c->alloc_gpus + add > max)
             return send_delta_reply(c, from, gen, false, 0, "too many GPUs");
     } else {
-        for (int h = 0; h < m->nhosts; h++) {
-            int found = 0;
-            for (int g = 0; g < cur->total_gpus; g++) {
-                nrs_conn_t *k = c->by_gpu[g];
-                const char *host = k ? k->host : c->gpu_host[g]; /* its rank may be gone */
-                if (!host[0] || strcmp(host, m->hosts[h]) != 0)
-                    continue;
-                found++; /* already removed (rz_lost) or named twice: known, no change */
-                if (in_list(gone, ngone, g) || in_list(c->rz_lost, c->rz_nlost, g))
-                    continue;
-                if (ngone == NRS_PROTO_MAX_LOST)
-                    return too_many_lost(c, from, gen);
-                gone[ngone++] = g;
-            }
-            if (!found) {
-                snprintf(text, sizeof(text), "unknown host '%s' (no rank of epoch %u runs there)",
-                         m->hosts[h], cur->epoch);
-                return send_delta_reply(c, from, gen, false, 0, text);
-            }
-        }
+        int rc = delta_hosts(c, m, gone, &ngone, &nline, text, sizeof(text));
+        if (rc == -2)
+            return too_many_lost(c, from, gen);
+        if (rc != 0)
+            return send_delta_reply(c, from, gen, false, 0, text);
         for (int i = 0; i < m->ngpus; i++) {
             int g = m->gpus[i];
             if (g >= cur->total_gpus) {
@@ -1035,6 +1186,8 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         /* rz_lost holds every GPU lost until a plan takes them away */
         if (c->rz_nlost + ngone > NRS_PROTO_MAX_LOST)
             return too_many_lost(c, from, gen);
+        if (ngone == 0 && nline > 0)
+            return retire_line_only(c, from, m, gen);
         if (ngone == 0) {
             /* Every host and GPU named is already out of the allocation: the
              * same release from a second source (a released node's hint, then
@@ -1042,7 +1195,8 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
              * an announced transition goes on. */
             snprintf(text, sizeof(text), "already applied: %d GPUs; nothing left to remove",
                      c->alloc_gpus);
-            logf_(c, "resource delta (%s): %s of GPUs already removed: no change (generation %llu)",
+            logf_(c, "resource delta (%s): %s of GPUs or ranks already removed: no change "
+                  "(generation %llu)",
                   delta_source(from, err, sizeof(err)),
                   m->kind == NRS_DELTA_LOST ? "lost" : "remove", (unsigned long long)c->generation);
             return send_delta_reply(c, from, c->generation, true, c->a.plan.epoch, text);
@@ -1067,6 +1221,7 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         }
         qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
         c->alloc_gpus -= ngone;
+        retire_line(c, m, gen);
     }
     logf_(c, "resource delta %llu: %s -> %d GPUs (%d lost since epoch %u) from %s",
           (unsigned long long)gen,

@@ -12,6 +12,8 @@ enum { NRS_CTL_GATHER_MAX = 32, NRS_CTL_GATHER_BYTES = 64 << 20 }; /* open at on
 /* gathers one rank may have contributed to and not had answered: a rank waits
  * for each answer, so a few; more is a rank filling the slots of the others */
 enum { NRS_CTL_GATHER_PER_RANK = 4 };
+/* hosts of joiners that left the line without a GPU, remembered (ctl.c) */
+enum { NRS_CTL_LINE_HOSTS = 256 };
 
 typedef struct nrs_gather nrs_gather_t;
 
@@ -95,6 +97,12 @@ struct nrs_ctl {
     int world;
     unsigned world_gen;
     int join_base, join_m, join_have;
+    /* Hosts of joiners that left the line without ever holding a GPU (gone,
+     * or retired by a delta), the last NRS_CTL_LINE_HOSTS: as gpu_host for
+     * the plan's GPUs, a LOST of a node whose joiners went first, or the
+     * same LOST from a second source, names a known host. */
+    char line_host[NRS_CTL_LINE_HOSTS][NRS_PROTO_STR_MAX];
+    int nline_host, line_host_next;
     nrs_conn_t **by_rank; /* [NRS_PROTO_MAX_RANKS]: the connection of each world rank */
 
     /* The ranks' all-gathers in progress (gather.c). */

@@ -214,7 +214,9 @@ typedef struct {
 
 /* WORLD (controller -> ranks): the job's world grows by `count` joining
  * ranks, world ranks base .. base + count - 1 (generation gen, size ranks in
- * all); `rank` is the recipient's world rank; `out` the ranks known gone.
+ * all); `rank` is the recipient's world rank; `out` the ranks known gone,
+ * every one (the controller refuses a join with more gone than out holds,
+ * never cuts the list: it is the out list of the ranks' world gathers).
  * Every rank of the world then contributes to the gather "world<gen>" (key
  * NRS_WORLD_KEY | gen) its transport address: see docs/protocol.md §Joining. */
 #define NRS_WORLD_KEY (5ULL << 32)

@@ -18,7 +18,11 @@ nodes of 4 GPUs), over its unix socket, with tests/ctl/nc.py:
   join_cases.py SOCKET gone-ready-joiner  4 joiners complete the world gather,
       one dies in the transition: the retry never plans its GPU;
   join_cases.py SOCKET join-stuck  a 4-rank join step dies whole after WORLD:
-      the relaunched step is accepted, not "a join ... is in progress".
+      the relaunched step is accepted, not "a join ... is in progress";
+  join_cases.py SOCKET lost-line  8 joiners for 4 GPUs (n1 placed, 2 waiting
+      on n2, 2 on n3): LOST n2 is accepted and drops n2's waiting joiners;
+      n3's close, then LOST n3 is accepted too (their host is remembered),
+      and LOST n2 again is "already applied": the plan is never touched.
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import struct, sys, time
 import nc
@@ -124,8 +128,9 @@ if case == 'gone-ready-joiner':
         print('FAIL: the retry announced a plan with the gone joiner\'s GPU:', prep); sys.exit(1)
     print('ok: the gone joiner is not planned; epoch', st['epoch'], 'kept'); sys.exit(0)
 J = [nc.Peer(path) for r in range(8)]
-for r, p in enumerate(J):
-    p.send(nc.hello(4, r, 8, host='n1'))
+for r, p in enumerate(J):  # lost-line: ranks 4..7 (in line) on n2, n3
+    host = 'n1' if case != 'lost-line' or r < 4 else 'n%d' % (2 + (r - 4) // 2)
+    p.send(nc.hello(4, r, 8, host=host))
 time.sleep(0.5)
 for p in W + J:
     p.drain(0.05)
@@ -182,4 +187,37 @@ if case == 'join-leftover':
     transition(W + J)
     holes(16)
     print('ok: the joiners left waiting take GPUs 12..15 of the next plan'); sys.exit(0)
+if case == 'lost-line':
+    for p in W + J:
+        p.send(nc.gather(key, 'world1', 16, b'ab'))
+    transition(W + J)
+    st0 = holes(12)
+
+    def lost(host, want):
+        """LOST host: must be accepted, with want in the reply, plan kept."""
+        cli.send(nc.delta(3, hosts=(host,)))
+        x = find(cli, 'DELTA_REPLY')
+        if not x or x[0] != 'DELTA_REPLY':
+            print('FAIL: no reply to LOST', host, x and x[0]); sys.exit(1)
+        acc, ep, new = struct.unpack_from('<III', x[2], 8)
+        text = x[2][22:].decode(errors='replace')
+        if not acc or new or want not in text:
+            print('FAIL: LOST %s: accepted %d, new epoch %d: %s' % (host, acc, new, text))
+            sys.exit(1)
+
+    lost('n2', 'held no GPU')
+    for r in (4, 5):
+        why = refused(J[r])
+        if not why or 'node lost' not in why:
+            print('FAIL: waiting joiner %d on n2 was not retired: %s' % (r, why)); sys.exit(1)
+    J[6].s.close()
+    J[7].s.close()
+    time.sleep(0.3)
+    lost('n3', 'already applied')
+    lost('n2', 'already applied')
+    prep = [t for p in W + J[:4] for t, f, pl in p.drain(0.1)]
+    st = holes(12)
+    if 'PREPARE' in prep or 'ERROR' in prep or st['pending_epoch'] or st['epoch'] != st0['epoch']:
+        print('FAIL: the plan was disturbed:', prep, st['epoch'], st['pending_epoch']); sys.exit(1)
+    print('ok: LOST of waiting joiners\' hosts accepted, they are dropped, plan kept'); sys.exit(0)
 print('FAIL: unknown case', case); sys.exit(1)

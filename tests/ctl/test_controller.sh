@@ -232,9 +232,10 @@ fi
 # transition aborts it at once; one that never joins the world gather gets no GPU;
 # a join step whose rank died after HELLO leaves no stale join behind.
 # Joiners take GPUs by count (a refused or waiting one leaves no hole), one gone
-# is not planned, a join step that died whole does not block the next.
+# is not planned, a join step that died whole does not block the next; a LOST of
+# the hosts of joiners waiting for GPUs drops them and keeps the plan.
 for case in dead-joiner silent-joiner restarted-join join-hole join-leftover gone-ready-joiner \
-    join-stuck; do
+    join-stuck lost-line; do
     DJ="$tmp/sj-$case"
     "$CTL" --socket-dir "$DJ" --transition-timeout 15 --hello-timeout 5 --log "$tmp/cj-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &

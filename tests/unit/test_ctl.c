@@ -863,6 +863,98 @@ static void test_gather_chunks(void **st)
     assert_true(chunks >= N / 3);
 }
 
+/* ---- a join when more ranks are gone than a WORLD lists ------------------- */
+
+enum { BIG_NODES = 513, BIG = BIG_NODES * 8, MAXG = NRS_GATHER_MAX_OUT };
+
+/* A controller on 4,104 GPUs whose ranks 0 .. MAXG said HELLO and left:
+ * MAXG + 1 world ranks gone, one more than a WORLD (and the world gathers'
+ * out lists, which it becomes) can carry. */
+static int setup_gone(void **st)
+{
+    (void)st;
+    nrs_ctl_opts_t o;
+    char err[NRS_ERR_MAX];
+    spec_8b(&spec, BIG_NODES);
+    nrs_ctl_opts_init(&o, &spec);
+    now = 100;
+    assert_int_equal(nrs_ctl_new(&ctl, &o, now, err, sizeof(err)), 0);
+    for (int r = 0; r <= MAXG; r++) {
+        nrs_conn_t *k = peer(false);
+        hello(k, NRS_ROLE_WORKER, r, BIG, "node", NULL);
+        gone(k);
+    }
+    return 0;
+}
+
+static void refused_with(nrs_conn_t *k, const char *needle)
+{
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_error_t e;
+    expect(k, NRS_MSG_ERROR, &p, &h);
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_int_equal(e.code, NRS_PERR_REFUSED);
+    if (!strstr(e.text, needle))
+        fail_msg("refusal '%s' lacks '%s'", e.text, needle);
+}
+
+/* WORLD k got: every gone rank listed, none cut. */
+static void world_lists_all_gone(nrs_conn_t *k, int rank, int hole)
+{
+    static nrs_msg_world_t m;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    char why[128];
+    expect(k, NRS_MSG_WORLD, &p, &h);
+    assert_int_equal(nrs_dec_world(p, h.length, &m, why, sizeof(why)), 0);
+    assert_int_equal(m.rank, rank);
+    assert_int_equal(m.base, BIG);
+    assert_int_equal(m.size, BIG + 1);
+    assert_int_equal(m.nout, MAXG);
+    for (int i = 0, r = 0; i < m.nout; i++, r++) {
+        r += r == hole;
+        assert_int_equal(m.out[i], r);
+    }
+}
+
+static void test_world_gone_cap(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    /* MAXG + 1 gone: a join's first rank is refused, saying why; no WORLD */
+    nrs_conn_t *a = peer(false);
+    hello(a, NRS_ROLE_JOINER, 0, 1, "new0", NULL);
+    refused_with(a, "gone");
+    assert_int_equal(next(a, &p, &h), 0);
+    gone(a);
+    /* rank 5 back: MAXG gone. A 2-rank join's first rank is accepted; rank 5
+     * leaves again before the second: the join is refused whole, no WORLD */
+    nrs_conn_t *r5 = peer(false);
+    hello(r5, NRS_ROLE_WORKER, 5, BIG, "node", NULL);
+    expect(r5, NRS_MSG_PLAN, &p, &h);
+    nrs_conn_t *b0 = peer(false), *b1 = peer(false);
+    hello(b0, NRS_ROLE_JOINER, 0, 2, "new0", NULL);
+    expect(b0, NRS_MSG_PLAN, &p, &h);
+    gone(r5);
+    hello(b1, NRS_ROLE_JOINER, 1, 2, "new0", NULL);
+    expect(b1, NRS_MSG_PLAN, &p, &h);
+    refused_with(b1, "gone");
+    refused_with(b0, "gone");
+    gone(b0);
+    gone(b1);
+    /* rank 5 back again: MAXG gone, each listed in the WORLD of a join */
+    r5 = peer(false);
+    hello(r5, NRS_ROLE_WORKER, 5, BIG, "node", NULL);
+    expect(r5, NRS_MSG_PLAN, &p, &h);
+    nrs_conn_t *c0 = peer(false);
+    hello(c0, NRS_ROLE_JOINER, 0, 1, "new0", NULL);
+    expect(c0, NRS_MSG_PLAN, &p, &h);
+    world_lists_all_gone(c0, BIG, 5);
+    world_lists_all_gone(r5, 5, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -882,6 +974,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gave_up_after_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_replans_same_count, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prehello_length, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_world_gone_cap, setup_gone, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
