@@ -173,6 +173,7 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
             continue;
         if (h.type == NRS_MSG_COMMIT)
             return 0;
+        nrs_wk_ctl_frame(w, &h); /* the bookkeeping of every ABORT (aborted_epoch, ...) */
         snprintf(why, whylen, "the controller aborted epoch %u: %s", m.epoch, m.text);
         return -1;
     }
@@ -452,6 +453,7 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
             nrs_msg_epoch_t a;
             if (!nrs_dec_epoch(h.type, w->cbuf + NRS_PROTO_HDR, h.length, &a, NULL, 0) &&
                 a.epoch == w->ctl_epoch) {
+                nrs_wk_ctl_frame(w, &h); /* the bookkeeping of every ABORT (aborted_epoch, ...) */
                 w->run_aborted = w->running; /* whatever this gather was for */
                 snprintf(err, errlen, "gather %s: the controller aborted epoch %u: %.300s", name,
                          a.epoch, a.text);
