@@ -549,6 +549,8 @@ static void finish_commit(nrs_ctl_t *c)
             drop(c, k, NRS_PERR_REFUSED, "no place in epoch %u", p->epoch);
             continue;
         }
+        if (k->gpu < 0) /* placed: it leaves its own count of steps in line for the job's */
+            k->last_step = -1;
         k->gpu = g;
         k->joiner = 0;
         c->by_gpu[g] = k;
