@@ -69,6 +69,8 @@ check "joins: that step is the one the first step's ranks committed epoch ${e:-?
     "[ -n '$js' ] && [ '$js' = '$ws' ]" "placed at ${js:-?}, rank 4 committed at ${ws:-?}"
 check "joins: no finalize barrier completed without a rank" \
     "! grep -aq 'already completed without' '$tmp/w.log' '$tmp/j.log'"
+check "joins: the controller took no REPORT of the placed joiners for stale" \
+    "! grep -q 'stale REPORT' '$tmp/c.log'" "$(grep -m2 'stale REPORT' "$tmp/c.log")"
 n=$(grep -E '^rank (8|9|10|11): step [0-9]+: epoch [0-9]+ committed \(GPU [4-7],' "$tmp/j.log" | cut -d: -f1 | sort -u | wc -l)
 check "joins: world ranks 8-11 took GPUs 4-7" "[ $n -eq 4 ]" "$n of 4"
 n=$(grep -E '^rank (12|13|14|15): step [0-9]+: epoch [0-9]+ committed \(GPU ([89]|1[01]),' "$tmp/j.log" | cut -d: -f1 | sort -u | wc -l)
