@@ -754,6 +754,38 @@ static int nrs_ctl_lock_open_remote(const nrs_remote_t *r, char *why, size_t n)
     return fd;
 }
 
+/* In the bounded child: can the user (effective ids) run both programs?
+ * 0, or -1 with why in out. */
+static int nrs_runtime_access(void *arg, char *out, size_t n)
+{
+    const char *const *progs = arg;
+
+    for (int i = 0; progs[i] != NULL; i++)
+        if (faccessat(AT_FDCWD, progs[i], X_OK, AT_EACCESS) != 0) {
+            snprintf(out, n, "cannot run %s: %s (runtime_dir=%s in plugstack.conf; is Nereus "
+                     "installed on this node?)", progs[i], strerror(errno),
+                     nrs_spank_config.runtime_dir);
+            return -1;
+        }
+    return 0;
+}
+
+/* runtime_dir's programs, checked as the user in a bounded child: it is
+ * often on a shared filesystem, which may hang. 0, or -1 (logged). */
+static int nrs_runtime_check(const char *ctl, const char *watcher)
+{
+    const char *progs[] = {ctl, watcher, NULL};
+    char why[NRS_SPANK_MSG_MAX];
+    int rc = nrs_bounded_call(NRS_FS_WAIT_MS, nrs_runtime_access, progs, why, sizeof(why));
+
+    if (rc == NRS_BOUNDED_TIMEOUT)
+        nrs_err("runtime_dir %s: its filesystem did not answer within %d s (a hung NFS mount?)",
+                nrs_spank_config.runtime_dir, NRS_FS_WAIT_MS / 1000);
+    else if (rc < 0)
+        nrs_err("%s", why);
+    return rc < 0 ? -1 : 0;
+}
+
 /* On the job's first node: join the job's controller, or start it (once per
  * job at a time: DIR/controller.lock). Waits at most NRS_INIT_WAIT_MS for
  * the lock and the start together, then at most NRS_STOP_WAIT_MS + ~1.5 s
@@ -771,14 +803,8 @@ int nrs_remote_controller_start(spank_t sp, nrs_remote_t *r)
     if (nrs_remote_path(watcher, sizeof(watcher), rt, "nereus-watcher") < 0 ||
         nrs_remote_path(ctl, sizeof(ctl), rt, "nereus-controller") < 0)
         return -1;
-    /* As the user (effective ids): can the user run them? */
-    for (const char *p = ctl; p != NULL; p = p == ctl ? watcher : NULL)
-        if (faccessat(AT_FDCWD, p, X_OK, AT_EACCESS) != 0) {
-            nrs_err("cannot run %s: %s (runtime_dir=%s in plugstack.conf; is Nereus installed "
-                    "on this node?)",
-                    p, strerror(errno), rt);
-            return -1;
-        }
+    if (nrs_runtime_check(ctl, watcher) < 0)
+        return -1;
     fd = nrs_ctl_lock_open(r);
     if (fd < 0)
         return -1;

@@ -88,6 +88,33 @@ int nrs_spank_options_register(spank_t sp);
  * "nereus: FILE:LINE:COL: message" and return -1. It is opened without
  * blocking and must be a regular file (a FIFO would hang the caller). */
 int nrs_spank_validate_spec(const char *path);
+/* The same, logging nothing: the message in why[n] (safe in a forked child
+ * of slurmstepd, nrs_bounded_call). 0 or -1. */
+int nrs_spank_check_spec(const char *path, char *why, size_t n);
+
+/* ---- bounded filesystem work (bounded.c) ---------------------------------
+ *
+ * What slurmstepd does on a path that may be on a hung NFS or FUSE mount
+ * (the job's spec, the step's working directory, runtime_dir) runs in a
+ * forked child, with the caller's credentials and working directory, for at
+ * most a bound; then the child is SIGKILLed and the --nereus step fails with
+ * a message, instead of slurmstepd blocking in the kernel for good. */
+enum {
+    NRS_FS_WAIT_MS = 10000,          /* the bound of each such call */
+    NRS_BOUNDED_OUT_MAX = 8192,      /* out[] of a call, at most */
+    NRS_BOUNDED_TIMEOUT = -2,        /* no answer within the bound */
+    NRS_BOUNDED_ERROR = -3,          /* no child (fork, pipe: out says why) */
+};
+/* Runs in the child: only fork-safe calls (no slurm_*, no spank_*); writes
+ * its result or message into out[n] and returns its status, >= -1. */
+typedef int (*nrs_bounded_fn)(void *arg, char *out, size_t n);
+/* fn(arg, out, n) in a forked child, waited for at most ms: fn's return
+ * value with out[n] what it wrote, or NRS_BOUNDED_TIMEOUT (the child is
+ * SIGKILLed; out "") or NRS_BOUNDED_ERROR. */
+int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n);
+/* waitpid(pid) for at most ms (status may be NULL): a child stuck in an
+ * unkillable wait is left to whoever reaps it later. */
+void nrs_reap_bounded(pid_t pid, int ms, int *status);
 
 /* Copy src into dst of size n; -1 (and dst untouched) if it does not fit. */
 int nrs_spank_strlcpy(char *dst, const char *src, size_t n);
@@ -130,9 +157,10 @@ int nrs_state_dir_open(const char *path, bool create, char *why, size_t n);
  * keep_logs: but the regular *.log files at the top (*kept: some were).
  * 0, or -1 when something could not be removed. */
 int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept);
-/* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid for at most
- * NRS_HINT_MS (then SIGKILL), its output logged: its exit status, or -1
- * (could not run it, killed). Never blocks longer. */
+/* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid, in a process
+ * group of its own, for at most NRS_HINT_MS, its output logged; then its
+ * whole group is SIGKILLed (what it left behind; itself at the deadline):
+ * its exit status, or -1 (could not run it, killed). Never blocks longer. */
 enum { NRS_HINT_MS = 2000 };
 int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const char *from,
                  const char *ctl_dir, const char *nodes, bool report_end);

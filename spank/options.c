@@ -68,7 +68,7 @@ static const char *nrs_file_kind(mode_t m)
     return "a special file";
 }
 
-int nrs_spank_validate_spec(const char *path)
+int nrs_spank_check_spec(const char *path, char *why, size_t n)
 {
     char err[NRS_ERR_MAX];
     nrs_spec_t *spec = calloc(1, sizeof(*spec));
@@ -76,27 +76,27 @@ int nrs_spank_validate_spec(const char *path)
     int fd = -1, rc = -1;
 
     if (spec == NULL) {
-        nrs_err("%s: out of memory", path);
+        snprintf(why, n, "%s: out of memory", path);
         goto out;
     }
     /* Open without blocking (a FIFO or a device would hang slurmstepd or srun
      * here for good) and read only a regular file. */
     fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
-        nrs_err("%s:1:1: cannot open: %s", path, strerror(errno));
+        snprintf(why, n, "%s:1:1: cannot open: %s", path, strerror(errno));
         goto out;
     }
     if (fstat(fd, &st) != 0) {
-        nrs_err("%s:1:1: cannot stat: %s", path, strerror(errno));
+        snprintf(why, n, "%s:1:1: cannot stat: %s", path, strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        nrs_err("job spec %s is %s, not a regular file", path, nrs_file_kind(st.st_mode));
+        snprintf(why, n, "job spec %s is %s, not a regular file", path, nrs_file_kind(st.st_mode));
         goto out;
     }
     err[0] = '\0';
     if (nrs_spec_load_fd(fd, path, spec, err, sizeof(err)) != 0) {
-        nrs_err("%s", err[0] ? err : "invalid job spec");
+        snprintf(why, n, "%s", err[0] ? err : "invalid job spec");
         goto out;
     }
     rc = 0;
@@ -105,6 +105,16 @@ out:
         close(fd);
     free(spec);
     return rc;
+}
+
+int nrs_spank_validate_spec(const char *path)
+{
+    char why[NRS_SPANK_MSG_MAX];
+
+    if (nrs_spank_check_spec(path, why, sizeof(why)) == 0)
+        return 0;
+    nrs_err("%s", why);
+    return -1;
 }
 
 /* The job's own spec for a relative FILE that an srun in a batch script or

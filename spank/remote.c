@@ -827,6 +827,33 @@ static int nrs_remote_groups(gid_t **groups, int *n)
     return 0;
 }
 
+/* The forked watcher's answer on fd (close-on-exec at its end): EOF, its
+ * exec succeeded (*e 0), or an errno (*e). Waited for at most
+ * NRS_FS_WAIT_MS: its chdir into the job directory and its execve of
+ * runtime_dir's program block where their filesystem hangs. false: no
+ * answer. */
+static bool nrs_remote_exec_wait(int fd, int *e)
+{
+    double deadline = nrs_now_ms() + NRS_FS_WAIT_MS;
+
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int left = (int)(deadline - nrs_now_ms());
+        ssize_t k;
+
+        if (left <= 0)
+            return false;
+        if (poll(&p, 1, left) <= 0)
+            continue;
+        k = read(fd, e, sizeof(*e));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k != (ssize_t)sizeof(*e))
+            *e = 0; /* EOF */
+        return true;
+    }
+}
+
 /* Fork and exec the watcher; its pid, or -1 with the reason logged. */
 pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
 {
@@ -836,6 +863,7 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
     const char *sc = getenv("SLURM_CONF"); /* this node's, else the job's */
     gid_t *groups = NULL;
     int ngroups = 0, pfd[2], e = 0, logfd = -1;
+    bool answered;
     char *argv[16], *envp[8];
     int a = 0, v = 0;
     pid_t pid = -1;
@@ -896,10 +924,16 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
         goto fail;
     }
     /* EOF: exec succeeded (the pipe was close-on-exec); an int: why not. */
-    while (read(pfd[0], &e, sizeof(e)) < 0 && errno == EINTR)
-        ;
+    answered = nrs_remote_exec_wait(pfd[0], &e);
     close(pfd[0]);
-    if (e != 0) {
+    if (!answered) {
+        kill(pid, SIGKILL); /* ours, not reaped: no other process has its pid */
+        nrs_reap_bounded(pid, 1000, NULL);
+        nrs_err("cannot run %s as uid %u: no answer within %d s (a hung filesystem under "
+                "runtime_dir or the job directory?)", prog, (unsigned)r->uid,
+                NRS_FS_WAIT_MS / 1000);
+        pid = -1;
+    } else if (e != 0) {
         waitpid(pid, NULL, 0);
         nrs_err("cannot run %s as uid %u: %s", prog, (unsigned)r->uid, strerror(e));
         pid = -1;
@@ -956,23 +990,69 @@ static int nrs_remote_unexport(spank_t sp, const nrs_remote_t *r)
 
 /* The spec a relative FILE names: the submission's file, made absolute by
  * srun/sbatch/salloc (NRS_SPEC_PATH_ENV in the job's environment), if that
- * is a regular file; else FILE as given, in the step's working directory. */
-static const char *nrs_remote_spec_arg(spank_t sp, char *buf, size_t n)
-{
-    const char *arg = nrs_spank_opt.arg;
-    struct stat st;
+ * is a regular file; else FILE as given, in the step's working directory.
+ * Resolved (realpath) and checked by the runtime's loader, as the user, in
+ * a bounded child (nrs_bounded_call): the spec, the submission's copy or
+ * the working directory may be on a hung NFS or FUSE mount. */
+typedef struct {
+    const char *arg;       /* FILE as given */
+    const char *submitted; /* NRS_SPEC_PATH_ENV, or "" */
+} nrs_spec_find_t;
 
-    if (arg[0] == '/' || spank_getenv(sp, NRS_SPEC_PATH_ENV, buf, (int)n) != ESPANK_SUCCESS ||
-        buf[0] != '/' || stat(buf, &st) != 0 || !S_ISREG(st.st_mode))
-        return arg;
-    nrs_debug("job spec %s: %s (%s, from the submission)", arg, buf, NRS_SPEC_PATH_ENV);
-    return buf;
+/* In the child: 1 (the submission's file) or 0 (FILE) with the resolved
+ * path in out, or -1 with the message. */
+static int nrs_remote_spec_find(void *arg, char *out, size_t n)
+{
+    const nrs_spec_find_t *f = arg;
+    const char *path = f->arg;
+    char full[PATH_MAX];
+    struct stat st;
+    int from = 0;
+
+    if (path[0] != '/' && f->submitted[0] == '/' && stat(f->submitted, &st) == 0 &&
+        S_ISREG(st.st_mode)) {
+        path = f->submitted;
+        from = 1;
+    }
+    if (realpath(path, full) == NULL) {
+        snprintf(out, n, "job spec %s: %s", f->arg, strerror(errno));
+        return -1;
+    }
+    if (nrs_spank_check_spec(full, out, n) != 0)
+        return -1;
+    snprintf(out, n, "%s", full);
+    return from;
+}
+
+/* r->spec: the step's spec, resolved and valid. 0, or -1 (logged). */
+static int nrs_remote_spec(spank_t sp, nrs_remote_t *r)
+{
+    char submitted[PATH_MAX], out[PATH_MAX + NRS_SPANK_MSG_MAX];
+    nrs_spec_find_t f = {nrs_spank_opt.arg, submitted};
+    int rc;
+
+    if (nrs_spank_opt.arg[0] == '/' ||
+        spank_getenv(sp, NRS_SPEC_PATH_ENV, submitted, (int)sizeof(submitted)) != ESPANK_SUCCESS)
+        submitted[0] = '\0';
+    rc = nrs_bounded_call(NRS_FS_WAIT_MS, nrs_remote_spec_find, &f, out, sizeof(out));
+    if (rc == NRS_BOUNDED_TIMEOUT) {
+        nrs_err("job spec %s: its filesystem did not answer within %d s (a hung NFS or FUSE "
+                "mount?)", nrs_spank_opt.arg, NRS_FS_WAIT_MS / 1000);
+        return -1;
+    }
+    if (rc < 0 || nrs_spank_strlcpy(r->spec, out, sizeof(r->spec)) < 0) {
+        nrs_err("%s", rc < 0 ? out : "job spec: resolved path too long");
+        return -1;
+    }
+    if (rc == 1)
+        nrs_debug("job spec %s: %s (%s, from the submission)", nrs_spank_opt.arg, r->spec,
+                  NRS_SPEC_PATH_ENV);
+    return 0;
 }
 
 int nrs_remote_user_init(spank_t sp, int ac, char **av)
 {
     nrs_remote_t *r = &nrs_remote;
-    char job_spec[PATH_MAX];
 
     (void)ac;
     (void)av;
@@ -986,11 +1066,7 @@ int nrs_remote_user_init(spank_t sp, int ac, char **av)
     }
     /* We run as the user here, who must be able to read the spec on this
      * node, in the step's working directory (--chdir: not the submission's). */
-    if (realpath(nrs_remote_spec_arg(sp, job_spec, sizeof(job_spec)), r->spec) == NULL) {
-        nrs_err("job spec %s: %s", nrs_spank_opt.arg, strerror(errno));
-        goto fail;
-    }
-    if (nrs_spank_validate_spec(r->spec) < 0 || nrs_remote_export(sp, r) < 0)
+    if (nrs_remote_spec(sp, r) < 0 || nrs_remote_export(sp, r) < 0)
         goto fail;
     if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &r->tasks) != ESPANK_SUCCESS)
         r->tasks = 0;
@@ -1032,6 +1108,29 @@ static void nrs_hint_log(uint32_t job_id, char *buf, size_t *len, bool flush)
     }
 }
 
+/* Wait until deadline for the hint pid to exit, without reaping it
+ * (waitid WNOWAIT): true when it has. *unreaped: it is still ours to reap
+ * (false only if something else reaped it: then false, status unknown). */
+static bool nrs_hint_wait_exit(pid_t pid, double deadline, bool *unreaped)
+{
+    *unreaped = true;
+    for (;;) {
+        siginfo_t si;
+
+        memset(&si, 0, sizeof(si));
+        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0) {
+            if (si.si_pid == pid)
+                return true;
+        } else if (errno != EINTR) {
+            *unreaped = false; /* ECHILD */
+            return false;
+        }
+        if (nrs_now_ms() >= deadline)
+            return false;
+        poll(NULL, 0, 10);
+    }
+}
+
 int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const char *from,
                  const char *ctl_dir, const char *nodes, bool report_end)
 {
@@ -1042,7 +1141,7 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
     char *argv[24], *envp[4];
     int a = 0, v = 0, pfd[2], st = 0;
     size_t len = 0;
-    bool done = false;
+    bool done, unreaped;
     pid_t pid;
 
     if (nrs_remote_path(prog, sizeof(prog), nrs_spank_config.runtime_dir, "nereus-watcher") < 0)
@@ -1083,6 +1182,9 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
     }
     pid = fork();
     if (pid == 0) { /* async-signal-safe calls only */
+        /* A process group of its own (also set by the parent below, so that
+         * it is there whichever runs first): what it starts is killed with it. */
+        setpgid(0, 0);
         if (nrs_child_become(uid, gid, &gid, 1, "/", pfd[1]) != 0)
             _exit(126);
         closefrom(3);
@@ -1095,6 +1197,7 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
         close(pfd[0]);
         return -1;
     }
+    setpgid(pid, pid); /* EACCES once it has exec'd: it made its group first */
     /* Its output until EOF (it exited) or the deadline. */
     for (;;) {
         struct pollfd p = {pfd[0], POLLIN, 0};
@@ -1117,22 +1220,27 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
     }
     nrs_hint_log(job_id, buf, &len, true);
     close(pfd[0]);
-    while (nrs_now_ms() < deadline) {
-        pid_t p = waitpid(pid, &st, WNOHANG);
-        if (p == pid || (p < 0 && errno != EINTR)) {
-            done = p == pid;
-            break;
-        }
-        poll(NULL, 0, 10);
-    }
+    done = nrs_hint_wait_exit(pid, deadline, &unreaped);
+    /* Kill its whole process group, not only the hint: whatever it started
+     * and left behind (children of a wrapper script runtime_dir has in its
+     * place, anything put in the background) would otherwise go on running
+     * as the job's user on a node the job has left, where no step's process
+     * tracking will kill it; and at the deadline the hint itself. Only while
+     * the hint is not reaped: its pid, the group's id, is then still ours,
+     * so no other group can have that id. A descendant that left the group
+     * (setsid, setpgid) is not reached: that would need a cgroup of its own,
+     * which job_epilog has not got. */
+    if (unreaped && kill(-pid, SIGKILL) != 0)
+        kill(pid, SIGKILL); /* no group (setpgid failed): the hint alone */
     if (!done) {
-        slurm_error(NRS_SPANK_PREFIX "job %u: hint from %s (%s): no answer within %d ms: killed",
-                    job_id, node, from, NRS_HINT_MS);
-        kill(pid, SIGKILL);
-        for (int i = 0; i < 100 && waitpid(pid, &st, WNOHANG) == 0; i++)
-            poll(NULL, 0, 10);
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint from %s (%s): no answer within %d ms: killed "
+                    "(its process group)", job_id, node, from, NRS_HINT_MS);
+        if (unreaped)
+            nrs_reap_bounded(pid, 1000, NULL);
         return -1;
     }
+    if (unreaped)
+        nrs_reap_bounded(pid, 1000, &st);
     if (WIFEXITED(st) && WEXITSTATUS(st) >= 126) {
         slurm_error(NRS_SPANK_PREFIX "job %u: hint: cannot run %s as uid %u (status %d)", job_id,
                     prog, (unsigned)uid, WEXITSTATUS(st));

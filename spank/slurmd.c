@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -61,79 +62,187 @@ static bool nrs_env_u32(const char *name, uint32_t *out)
     return true;
 }
 
-/* A process (other than us) whose cwd is dir or below it; *ours: it is the
- * job's nereus-watcher/controller of that dir. 0: none. */
-static pid_t nrs_dir_user(const char *dir, bool *ours)
+/* ---- processes still in the job directory -----------------------------------
+ *
+ * The epilog SIGKILLs only a process that is certainly the job's own
+ * nereus-watcher or nereus-controller of this job directory, checked and
+ * signalled through one open /proc/PID directory (pfd): every read is of
+ * that process (reads through pfd fail once it is gone, never reach a
+ * process that got its pid since), and pidfd_send_signal(2) on pfd signals
+ * that very process. kill(pid) after a scan could hit a new process that
+ * reused the pid; the command line and working directory alone could be any
+ * process's that looks alike (another user's, in a mount namespace of its
+ * own, or in a job directory its owner opened up), so every uid must be the
+ * job's user's as well. Without pidfd_send_signal (Linux < 5.1) nothing is
+ * killed: the directory is left in place. */
+
+/* pidfd_send_signal(pfd, sig): 0, or -1 with errno (ESRCH: gone). */
+static int nrs_pidfd_kill(int pfd, int sig)
+{
+#ifdef SYS_pidfd_send_signal
+    return (int)syscall(SYS_pidfd_send_signal, pfd, sig, NULL, 0);
+#else
+    (void)pfd;
+    (void)sig;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* The file name of the process pfd into buf[n], NUL-terminated: its length,
+ * or -1. */
+static ssize_t nrs_proc_read(int pfd, const char *name, char *buf, size_t n)
+{
+    int fd = openat(pfd, name, O_RDONLY | O_CLOEXEC);
+    ssize_t k = 0, got = 0;
+
+    if (fd < 0)
+        return -1;
+    while ((size_t)got < n - 1 && (k = read(fd, buf + got, n - 1 - (size_t)got)) > 0)
+        got += k;
+    close(fd);
+    buf[got] = '\0';
+    return k < 0 ? -1 : got;
+}
+
+/* Every uid of the process pfd (real, effective, saved, filesystem) is uid. */
+static bool nrs_proc_uids_are(int pfd, uid_t uid)
+{
+    char buf[4096];
+    const char *l;
+    unsigned r, e, s, f;
+
+    if (nrs_proc_read(pfd, "status", buf, sizeof(buf)) <= 0 ||
+        (l = strstr(buf, "\nUid:")) == NULL || sscanf(l + 5, "%u %u %u %u", &r, &e, &s, &f) != 4)
+        return false;
+    return r == uid && e == uid && s == uid && f == uid;
+}
+
+/* The command line of pfd has "PROG --socket-dir DIR" as three arguments,
+ * PROG ending in nereus-watcher or nereus-controller (a libtool wrapper runs
+ * "/bin/sh .../nereus-watcher --socket-dir DIR ...", then
+ * ".../lt-nereus-watcher ..."). */
+static bool nrs_proc_is_daemon_of(int pfd, const char *dir)
+{
+    static const char *const progs[] = {"nereus-watcher", "nereus-controller"};
+    static char cmd[3 * NRS_SPANK_PATH_MAX];
+    const char *arg[3] = {"", "", ""};
+    ssize_t k = nrs_proc_read(pfd, "cmdline", cmd, sizeof(cmd));
+
+    for (const char *c = cmd; k > 0 && c < cmd + k; c += strlen(c) + 1) {
+        arg[0] = arg[1];
+        arg[1] = arg[2];
+        arg[2] = c;
+        if (strcmp(arg[1], "--socket-dir") != 0 || strcmp(arg[2], dir) != 0)
+            continue;
+        for (size_t i = 0; i < sizeof(progs) / sizeof(progs[0]); i++) {
+            size_t l = strlen(arg[0]), pl = strlen(progs[i]);
+
+            if (l >= pl && strcmp(arg[0] + l - pl, progs[i]) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* The process pfd is certainly the job's own daemon of dir (jst: dir's
+ * fstat): all its uids the job's user's, its command line one of ours for
+ * dir, and its working directory that very directory (the inode, not a path
+ * that reads alike). */
+static bool nrs_proc_is_ours(int pfd, const char *dir, const struct stat *jst, uid_t uid)
+{
+    struct stat st;
+
+    return nrs_proc_uids_are(pfd, uid) && nrs_proc_is_daemon_of(pfd, dir) &&
+           fstatat(pfd, "cwd", &st, 0) == 0 && st.st_dev == jst->st_dev &&
+           st.st_ino == jst->st_ino;
+}
+
+typedef struct {
+    int others;   /* processes in dir not certainly ours (they keep it) */
+    int ours;     /* the job's own watcher/controller there */
+    pid_t first;  /* one of them, an other if any: for the message */
+} nrs_dir_users_t;
+
+/* Every process (but us) whose working directory is dir or below it. With
+ * do_kill: SIGKILL those that are certainly ours, through their pfd. */
+static void nrs_dir_users(uint32_t job_id, const char *dir, const struct stat *jst, uid_t uid,
+                          bool do_kill, nrs_dir_users_t *u)
 {
     size_t dl = strlen(dir);
-    struct dirent *e;
-    pid_t found = 0;
     DIR *proc = opendir("/proc");
+    struct dirent *e;
 
-    *ours = false;
+    memset(u, 0, sizeof(*u));
     if (proc == NULL)
-        return 0;
-    while (found == 0 && (e = readdir(proc)) != NULL) {
-        char path[64], cwd[NRS_SPANK_PATH_MAX], cmd[NRS_SPANK_PATH_MAX + 64];
+        return;
+    while ((e = readdir(proc)) != NULL) {
+        char cwd[NRS_SPANK_PATH_MAX];
         pid_t pid = (pid_t)atoi(e->d_name);
         ssize_t k;
-        int fd;
+        int pfd;
 
         if (pid <= 0 || pid == getpid())
             continue;
-        snprintf(path, sizeof(path), "/proc/%d/cwd", (int)pid);
-        k = readlink(path, cwd, sizeof(cwd) - 1);
-        if (k <= 0)
+        pfd = openat(dirfd(proc), e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd < 0)
             continue;
-        cwd[k] = '\0';
-        if (strncmp(cwd, dir, dl) != 0 || (cwd[dl] != '\0' && cwd[dl] != '/'))
+        k = readlinkat(pfd, "cwd", cwd, sizeof(cwd) - 1);
+        if (k > 0)
+            cwd[k] = '\0';
+        if (k <= 0 || strncmp(cwd, dir, dl) != 0 || (cwd[dl] != '\0' && cwd[dl] != '/')) {
+            close(pfd);
             continue;
-        found = pid;
-        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        k = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
-        if (fd >= 0)
-            close(fd);
-        for (ssize_t i = 0; i < k; i++)
-            if (cmd[i] == '\0')
-                cmd[i] = ' ';
-        cmd[k > 0 ? k : 0] = '\0';
-        char want[NRS_SPANK_PATH_MAX + 64];
-        for (int prog = 0; prog < 2 && !*ours; prog++) {
-            snprintf(want, sizeof(want), "nereus-%s --socket-dir %s ",
-                     prog ? "controller" : "watcher", dir);
-            *ours = strstr(cmd, want) != NULL;
         }
+        if (!nrs_proc_is_ours(pfd, dir, jst, uid)) {
+            if (u->others++ == 0)
+                u->first = pid;
+        } else {
+            if (u->ours++ == 0 && u->others == 0)
+                u->first = pid;
+            if (do_kill && nrs_pidfd_kill(pfd, SIGKILL) == 0)
+                slurm_error(NRS_SPANK_PREFIX "job %u: pid %d (nereus, uid %u) still running in %s "
+                            "after the job's steps: SIGKILL", job_id, (int)pid, (unsigned)uid, dir);
+            else if (do_kill && errno != ESRCH)
+                slurm_error(NRS_SPANK_PREFIX "job %u: pid %d (nereus) still running in %s: not "
+                            "killed (pidfd_send_signal: %s)", job_id, (int)pid, dir,
+                            strerror(errno));
+        }
+        close(pfd);
     }
     closedir(proc);
-    return found;
 }
 
-/* Wait (bounded) until nothing runs in dir; our own daemons still there
- * after that are killed (Slurm should have: their step ended). 0: free. */
-static int nrs_dir_wait_free(uint32_t job_id, const char *dir)
+/* Wait (bounded) until nothing runs in dir (jfd: its fd); the job's own
+ * daemons still there after that are killed (Slurm should have: their step
+ * ended), anything else keeps it. 0: free. */
+static int nrs_dir_wait_free(uint32_t job_id, uid_t uid, int jfd, const char *dir)
 {
     double deadline = nrs_now_ms() + NRS_EPILOG_WAIT_MS;
-    bool ours, killed = false;
-    pid_t pid;
+    bool killed = false;
+    nrs_dir_users_t u;
+    struct stat jst;
 
-    while ((pid = nrs_dir_user(dir, &ours)) != 0) {
-        if (nrs_now_ms() >= deadline) {
-            if (!ours || killed) {
-                slurm_error(NRS_SPANK_PREFIX "job %u: %s still in use (pid %d): left in place",
-                            job_id, dir, (int)pid);
-                return -1;
-            }
-            slurm_error(NRS_SPANK_PREFIX "job %u: pid %d (nereus) still running in %s after the "
-                        "job's steps: SIGKILL", job_id, (int)pid, dir);
-            kill(pid, SIGKILL);
-            killed = true;
-            deadline = nrs_now_ms() + 500;
+    if (fstat(jfd, &jst) != 0)
+        return -1;
+    for (;;) {
+        nrs_dir_users(job_id, dir, &jst, uid, false, &u);
+        if (u.others + u.ours == 0)
+            return 0;
+        if (nrs_now_ms() < deadline) {
+            poll(NULL, 0, 50);
             continue;
         }
-        poll(NULL, 0, 50);
+        if (u.others > 0 || killed) {
+            slurm_error(NRS_SPANK_PREFIX "job %u: %s still in use (pid %d%s): left in place",
+                        job_id, dir, (int)u.first,
+                        u.others > 0 ? ", not the job's nereus daemon" : "");
+            return -1;
+        }
+        nrs_dir_users(job_id, dir, &jst, uid, true, &u);
+        killed = true;
+        deadline = nrs_now_ms() + 500;
     }
-    return 0;
 }
 
 /* A log file the clean-up keeps: NAME.log at the top (controller.log,
@@ -237,7 +346,7 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int
                     dir, (unsigned)uid);
         return;
     }
-    if (nrs_dir_wait_free(job_id, dir) != 0)
+    if (nrs_dir_wait_free(job_id, uid, jfd, dir) != 0)
         return;
     rc = nrs_rm_below(jfd, 0, true, &kept);
     if (rc == 0 && kept) {

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -108,6 +109,15 @@ static void nrw_log(const char *fmt, ...)
 static void nrw_on_signal(int sig)
 {
     nrw_stop = sig;
+}
+
+/* The signals that stop the watcher (nrw_on_signal). */
+static void nrw_stop_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
 }
 
 /* ---- the job, from slurmctld ------------------------------------------------ */
@@ -809,12 +819,27 @@ static void nrw_change(nrw_t *w, const nrw_hosts_t *now)
             "%.0f s", w->job_id, w->retries, delay);
 }
 
+/* Sleep s seconds, or until a stop signal (SIGTERM, SIGINT, SIGHUP), with no
+ * lost wake-up: a signal handled between a check of nrw_stop and the start of
+ * nanosleep() was seen by neither, and the watcher slept its whole interval
+ * (up to an hour) while slurmstepd waited 3 s for it to stop, then SIGKILLed
+ * it. Here the stop signals are blocked from the check until ppoll(), which
+ * unblocks them atomically as it starts waiting: one that came in between is
+ * pending and ends ppoll() at once. Outside the sleep they stay unblocked, so
+ * nrw_stop is set as soon as one arrives. */
 static void nrw_sleep(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    sigset_t stop, during;
 
+    nrw_stop_signals(&stop);
+    sigprocmask(SIG_BLOCK, &stop, &during);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&stop, sig) == 1)
+            sigdelset(&during, sig);
     if (!nrw_stop)
-        nanosleep(&ts, NULL); /* a signal cuts it short */
+        ppoll(NULL, 0, &ts, &during); /* EINTR: a stop signal (or another) cut it short */
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
 }
 
 static int nrw_run(nrw_t *w)
@@ -863,7 +888,7 @@ static int nrw_run(nrw_t *w)
             nrw_log("job %u ended (%s)", w->job_id, state);
             break;
         }
-        if (js == NRW_JOB_UNKNOWN)
+        if (js == NRW_JOB_UNKNOWN || nrw_stop) /* a stop during the RPC: no delta now */
             continue;
         if (w->current.n == 0) { /* no first snapshot: this is it */
             w->current = now;
@@ -1015,6 +1040,7 @@ int main(int argc, char **argv)
     static nrs_spec_t spec;
     char err[NRS_ERR_MAX], *end;
     struct sigaction sa;
+    sigset_t stop;
     const char *from = "hook", *nodes = "";
     double timeout = 2;
     bool report_end = false;
@@ -1079,10 +1105,12 @@ int main(int argc, char **argv)
     }
     w.gpus_per_node = spec.cluster.gpus_per_node;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = nrw_on_signal; /* no SA_RESTART: cut sleeps short */
+    sa.sa_handler = nrw_on_signal; /* no SA_RESTART: cut waits short */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    nrw_stop_signals(&stop); /* deliverable whatever mask we were started with */
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
     slurm_init(w.slurm_conf);
     rc = nrw_run(&w);

@@ -8,10 +8,20 @@
  *
  * BASE: an empty directory of root's (not writable by others) for the state
  * dir and the cases' files; prints "PASS: ..." or "FAIL: ..." and exits 0 or
- * 1 (3: hung, ended by the alarm). Uids 1000 and 1001 stand for two users
- * (setpriv --reuid: they need not exist). */
+ * 1 (3: hung, ended by the alarm; a case that may block in the kernel is
+ * ended by a watchdog process instead, which SIGKILLs it), or "SKIP: ..."
+ * and 77. Uids 1000 and 1001 stand for two users (setpriv --reuid: they
+ * need not exist).
+ *
+ *   spank_harness --socket-dir DIR ...
+ *
+ * is a look-alike of a job's nereus-watcher (its command line, when run as
+ * ".../nereus-watcher"): it waits to be killed. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -19,8 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +56,12 @@ static int result(int ok, const char *what)
 {
     printf("%s: %s\n", ok ? "PASS" : "FAIL", what);
     return ok ? 0 : 1;
+}
+
+static int skip(const char *why)
+{
+    printf("SKIP: %s\n", why);
+    return 77;
 }
 
 static void on_alarm(int sig)
@@ -339,6 +357,307 @@ static int case_long_arg(void)
                   "--nereus=FILE over 4095 bytes: the step says the path is too long");
 }
 
+
+/* ---- S1: the epilog kills only the job's own daemons -------------------------
+ *
+ * Its job directory <state>/nodeB/<job> (uid 1000's, mode mode) with a
+ * process in it that looks like the job's watcher: this program run as
+ * ".../nereus-watcher --socket-dir DIR ...", as uid, working directory DIR. */
+static pid_t look_alike(uid_t uid, const char *dir)
+{
+    char exe[NRS_SPANK_PATH_MAX], path[64], cmd[256];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    pid_t pid;
+
+    if (k <= 0)
+        return -1;
+    exe[k] = '\0';
+    pid = fork();
+    if (pid == 0) {
+        char *argv[] = {"/opt/nereus/bin/nereus-watcher", "--socket-dir", (char *)dir, "--job",
+                        "4306", (char *)spec, NULL};
+
+        if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
+            setresuid(uid, uid, uid) != 0 || chdir(dir) != 0)
+            _exit(126);
+        execv(exe, argv);
+        _exit(127);
+    }
+    /* Until it runs as the look-alike (bounded: the case's alarm). */
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    for (;;) {
+        int fd = open(path, O_RDONLY);
+
+        k = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (k > 0 && memmem(cmd, (size_t)k, "--socket-dir", 12) != NULL)
+            return pid;
+        if (waitpid(pid, NULL, WNOHANG) != 0)
+            return -1;
+        usleep(10000);
+    }
+}
+
+static void epilog_job_dir(const char *jd, unsigned mode)
+{
+    sh("mkdir -p -m 755 %s/state %s/state/nodeB && rm -rf %s && mkdir -m 700 %s && "
+       "echo nodeB >%s/ctl_node && chown -R 1000:1000 %s && chmod %o %s",
+       base, base, jd, jd, jd, jd, mode, jd);
+}
+
+static void epilog_run(uint32_t job)
+{
+    fake_job = job;
+    fake_uid = 1000;
+    fake_gid = 1000;
+    fake_ctx = S_CTX_JOB_SCRIPT;
+    setenv("SLURMD_NODENAME", "nodeB", 1);
+    setenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus", spec, 1);
+    slurm_spank_job_epilog(NULL, 3, conf);
+    unsetenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus");
+}
+
+/* The job's own watcher (uid 1000, its command line, in the job directory)
+ * still running at the epilog: SIGKILLed, the directory cleaned. */
+static int case_epilog_kill_ours(void)
+{
+    char jd[NRS_SPANK_PATH_MAX];
+    pid_t pid;
+    int st = 0;
+
+    snprintf(jd, sizeof(jd), "%s/state/nodeB/4306", base);
+    epilog_job_dir(jd, 0700);
+    alarm(30);
+    pid = look_alike(1000, jd);
+    if (pid < 0)
+        return result(0, "cannot start the look-alike");
+    epilog_run(4306);
+    waitpid(pid, &st, 0);
+    alarm(0);
+    printf("  the job's watcher: %s; job dir: %s\n",
+           WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL ? "SIGKILLed" : "NOT killed",
+           access(jd, F_OK) == 0 ? "kept" : "removed");
+    return result(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && access(jd, F_OK) != 0,
+                  "the job's own watcher left in its job dir is SIGKILLed, the dir cleaned");
+}
+
+/* The same command line and working directory, but uid 1001's process (the
+ * job's user opened its job directory to others): left alone, and so is the
+ * directory. Before: SIGKILLed by root's epilog. */
+static int case_epilog_kill_foreign(void)
+{
+    char jd[NRS_SPANK_PATH_MAX];
+    pid_t pid, gone;
+
+    snprintf(jd, sizeof(jd), "%s/state/nodeB/4307", base);
+    epilog_job_dir(jd, 0755);
+    alarm(30);
+    pid = look_alike(1001, jd);
+    if (pid < 0)
+        return result(0, "cannot start the look-alike");
+    epilog_run(4307);
+    alarm(0);
+    gone = waitpid(pid, NULL, WNOHANG);
+    printf("  uid 1001's look-alike: %s; job dir: %s\n", gone == 0 ? "running" : "KILLED",
+           access(jd, F_OK) == 0 ? "kept" : "removed");
+    if (gone == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return result(gone == 0 && access(jd, F_OK) == 0,
+                  "another user's look-alike of the job's watcher in the job dir is not killed "
+                  "(the dir is left in place)");
+}
+
+/* ---- S4: a hung filesystem never hangs slurmstepd ------------------------------
+ *
+ * A FUSE mount at dir whose daemon never answers (the connection's
+ * /dev/fuse descriptor, returned, is never read): everything below it
+ * blocks in the kernel, killably, as on a hung NFS or FUSE mount. -1: no
+ * FUSE here. */
+static int hung_mount(const char *dir)
+{
+    char opts[128];
+    int fd;
+
+    mkdir(dir, 0755);
+    fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd);
+    if (mount("nrs-hung", dir, "fuse.nrs-hung", MS_NOSUID | MS_NODEV, opts) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Ends the connection (every waiter gets ENOTCONN) and detaches the mount. */
+static void hung_umount(const char *dir, int fd)
+{
+    close(fd);
+    umount2(dir, MNT_DETACH);
+}
+
+/* A process blocked in the kernel runs no SIGALRM handler (only a fatal
+ * signal ends a killable wait): a watchdog process says so after secs and
+ * SIGKILLs us. Started before the mount, so it holds no /dev/fuse. */
+static pid_t watchdog(int secs)
+{
+    pid_t parent = getpid(), w = fork();
+
+    if (w == 0) {
+        sleep((unsigned)secs);
+        printf("FAIL: still blocked after %d s (a hang)\n", secs);
+        kill(parent, SIGKILL);
+        _exit(3);
+    }
+    return w;
+}
+
+static void watchdog_stop(pid_t w)
+{
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+}
+
+/* The plugin gives up after 10 s (NRS_FS_WAIT_MS); a hang is what outlasts this. */
+enum { HUNG_LIMIT_S = 30 };
+
+/* --nereus=<hung mount>/spec.yaml: user_init (slurmstepd) gives up. */
+static int case_hung_spec(void)
+{
+    char mnt[NRS_SPANK_PATH_MAX], arg[NRS_SPANK_PATH_MAX + 16];
+    pid_t w = watchdog(HUNG_LIMIT_S);
+    int fd, rc;
+
+    snprintf(mnt, sizeof(mnt), "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0) {
+        watchdog_stop(w);
+        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
+    }
+    snprintf(arg, sizeof(arg), "%s/spec.yaml", mnt);
+    fake_job = 4308;
+    setenv("SLURMD_NODENAME", "nodeB", 1);
+    fake_setenv("SLURM_JOB_NODELIST", "nodeB");
+    fake_ctx = S_CTX_REMOTE;
+    rc = slurm_spank_init(NULL, 3, conf);
+    fake_opt->cb(fake_opt->val, arg, 1);
+    if (rc == 0)
+        rc = slurm_spank_init_post_opt(NULL, 3, conf);
+    if (rc == 0)
+        rc = slurm_spank_user_init(NULL, 3, conf) < 0 ? -1 : 1;
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    printf("  user_init %d: %s\n", rc, nrs_spank_last_error);
+    return result(rc < 0 && strstr(nrs_spank_last_error, "its filesystem did not answer within"),
+                  "a spec on a hung FUSE mount: user_init gives up after its bound, says why");
+}
+
+/* runtime_dir on a hung mount: the controller's start gives up. */
+static int case_hung_runtime(void)
+{
+    char mnt[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX];
+    pid_t w = watchdog(HUNG_LIMIT_S);
+    nrs_remote_t r;
+    int fd, rc;
+
+    snprintf(mnt, sizeof(mnt), "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0) {
+        watchdog_stop(w);
+        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
+    }
+    job_dir(&r, "hung-runtime-job");
+    snprintf(saved, sizeof(saved), "%s", nrs_spank_config.runtime_dir);
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", mnt);
+    rc = nrs_remote_controller_start(NULL, &r);
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", saved);
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    printf("  controller_start %d: %s\n", rc, nrs_spank_last_error);
+    return result(rc < 0 && strstr(nrs_spank_last_error, "its filesystem did not answer within"),
+                  "runtime_dir on a hung FUSE mount: the controller's start gives up, says why");
+}
+
+/* The watcher's program on a hung mount (its child blocks in execve):
+ * nrs_remote_spawn gives up. */
+static int case_hung_exec(void)
+{
+    char mnt[NRS_SPANK_PATH_MAX], prog[NRS_SPANK_PATH_MAX + 32];
+    pid_t w = watchdog(HUNG_LIMIT_S), pid;
+    nrs_remote_t r;
+    int fd;
+
+    snprintf(mnt, sizeof(mnt), "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0) {
+        watchdog_stop(w);
+        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
+    }
+    job_dir(&r, "hung-exec-job");
+    snprintf(prog, sizeof(prog), "%s/nereus-watcher", mnt);
+    pid = nrs_remote_spawn(NULL, &r, prog);
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    printf("  spawn %d: %s\n", (int)pid, nrs_spank_last_error);
+    return result(pid < 0 && strstr(nrs_spank_last_error, "no answer within"),
+                  "the watcher's exec blocked on a hung FUSE mount: the spawn gives up, says why");
+}
+
+/* ---- S5: the hint's whole process group goes -----------------------------------
+ *
+ * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
+ * starts a helper in the background, writes its pid, and then (hang) waits
+ * for it, or exits. After nrs_hint_run the helper must be gone. */
+static int hint_group(bool hang)
+{
+    char rtd[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX], pidf[NRS_SPANK_PATH_MAX + 16];
+    struct pollfd p = {-1, POLLIN, 0};
+    FILE *f;
+    int rc, helper = 0, gone;
+
+    snprintf(rtd, sizeof(rtd), "%s/hint-rt", base);
+    snprintf(pidf, sizeof(pidf), "%s/out/helper.pid", rtd);
+    sh("rm -rf %s && mkdir -m 755 %s %s/out && chown 1000:1000 %s/out && "
+       "printf '#!/bin/sh\\nsleep 3600 </dev/null >/dev/null 2>&1 &\\necho $! >%s\\n"
+       "echo \"fake hint: helper $!\"\\n%s\\n' >%s/nereus-watcher && chmod 755 %s/nereus-watcher",
+       rtd, rtd, rtd, rtd, pidf, hang ? "wait" : "exit 0", rtd, rtd);
+    snprintf(saved, sizeof(saved), "%s", nrs_spank_config.runtime_dir);
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", rtd);
+    alarm(20);
+    rc = nrs_hint_run(1000, 1000, 4309, "nodeB", "harness", base, "", false);
+    alarm(0);
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", saved);
+    if ((f = fopen(pidf, "r")) != NULL) {
+        if (fscanf(f, "%d", &helper) != 1)
+            helper = 0;
+        fclose(f);
+    }
+    if (helper <= 0)
+        return result(0, "the fake hint wrote no helper pid");
+    /* Its exit, waited for at most 10 s (it would sleep an hour). */
+    p.fd = (int)syscall(SYS_pidfd_open, helper, 0);
+    gone = p.fd < 0 ? errno == ESRCH : poll(&p, 1, 10000) == 1;
+    if (!gone && p.fd >= 0)
+        syscall(SYS_pidfd_send_signal, p.fd, SIGKILL, NULL, 0);
+    if (p.fd >= 0)
+        close(p.fd);
+    printf("  hint %d; its background helper %d: %s\n", rc, helper, gone ? "killed" : "STILL RUNNING");
+    return result(gone && (hang ? rc < 0 : rc == 0),
+                  hang ? "a hint killed at its deadline takes its process group with it"
+                       : "a hint that exits leaves nothing of its process group running");
+}
+
+static int case_hint_group_hang(void)
+{
+    return hint_group(true);
+}
+
+static int case_hint_group_exit(void)
+{
+    return hint_group(false);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -348,9 +667,17 @@ int main(int argc, char **argv)
                  {"long-nodelist", case_long_nodelist}, {"bad-nodelist", case_bad_nodelist},
                  {"has-first", case_has_first},         {"epilog-foreign", case_epilog_foreign},
                  {"epilog-not-ours", case_epilog_not_ours}, {"sock-link", case_sock_link},
-                 {"long-arg", case_long_arg}};
+                 {"long-arg", case_long_arg},
+                 {"epilog-kill-ours", case_epilog_kill_ours},
+                 {"epilog-kill-foreign", case_epilog_kill_foreign},
+                 {"hung-spec", case_hung_spec},         {"hung-runtime", case_hung_runtime},
+                 {"hung-exec", case_hung_exec},         {"hint-group-hang", case_hint_group_hang},
+                 {"hint-group-exit", case_hint_group_exit}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
+    if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)
+        for (;;)
+            pause(); /* a look-alike of a job's watcher (look_alike) */
     if (argc != 5) {
         fprintf(stderr, "usage: spank_harness CASE BASE RUNTIME_DIR SPEC\n");
         return 2;

@@ -6,7 +6,10 @@
 #    then with a growing interval (bounded), instead of being dropped: the
 #    controller would go on counting a released node;
 #  - a FIFO as controller.log in its socket dir: it refuses it at once
-#    instead of blocking in open().
+#    instead of blocking in open();
+#  - a SIGTERM that comes after its last look at its stop flag and before
+#    its sleep starts (term_shim.c puts one there) is not lost: it stops its
+#    controller and exits, instead of sleeping out its interval (an hour).
 . "$(dirname "$0")/lib.sh"
 sl_need_bins "nereus-watcher" nereus-watcher
 command -v python3 >/dev/null || { sl_skip "nereus-watcher" "no python3"; sl_done; }
@@ -33,9 +36,9 @@ cleanup() {
     [ -z "$job" ] || timeout 10 scancel "$job" 2>/dev/null
 }
 sl_at_exit cleanup
-watcher() { # socket dir: the command line (in $cmd)
+watcher() { # socket dir [interval]: the command line (in $cmd)
     cmd=("$NRS_BUILDDIR/nereus-watcher" --socket-dir "$1" --job "$job" --runtime-dir "$fake"
-        --interval 1 --tcp none --slurm-conf "$SLURM_CONF" "$sl_good")
+        --interval "${2:-1}" --tcp none --slurm-conf "$SLURM_CONF" "$sl_good")
 }
 
 # ---- 1. a delta that failed is sent again, with a bounded backoff ---------------
@@ -72,6 +75,40 @@ else
     [ "$sl_rc" -ne 124 ] || timeout 3 sh -c ': <>"$1"' _ "$w2/controller.log"
     sl_fail "controller.log a FIFO: the watcher refuses it at once and says why" "rc $sl_rc after ${took} s"
 fi
+
+# ---- 3. SIGTERM just before the watcher's sleep: not lost ----------------------
+# term_shim.c (LD_PRELOAD) sends the watcher SIGTERM once, just before its
+# first sleep (its poll interval, here 3600 s) starts: the window in which
+# slurmstepd's SIGTERM can always come. A watcher that loses it sleeps the
+# hour (slurmstepd SIGKILLs it after 3 s, its controller with it); one that
+# keeps it stops its controller and exits. Its exit is waited for at most
+# 30 s: a bound for a hang, not a timing.
+name="SIGTERM just before the watcher's 3600 s sleep: it stops its controller and exits"
+shim="$sl_tmp/term_shim.so"
+w3="$sl_tmp/w3"
+if ! ${CC:-cc} -std=gnu11 -shared -fPIC -o "$shim" "$NRS_SRCDIR/tests/slurm/term_shim.c" -ldl \
+    >"$sl_out" 2>&1; then
+    sl_skip "$name" "cannot build term_shim.so"
+else
+    mkdir -m 700 "$w3"
+    watcher "$w3" 3600
+    LD_PRELOAD="$shim" "${cmd[@]}" >"$w3/watcher.log" 2>&1 &
+    wpid=$!
+    exited() { [ ! -e "/proc/$wpid" ] || grep -q '^[0-9]* (.*) Z ' "/proc/$wpid/stat" 2>/dev/null; }
+    rc=
+    if sl_wait_until 30 exited; then wait "$wpid"; rc=$?; wpid=; fi
+    cp "$w3/watcher.log" "$sl_out"
+    if [ "$rc" = 0 ] && grep -q '^term_shim: SIGTERM just before a sleep of 3600 s' "$w3/watcher.log" &&
+        grep -q 'started .*nereus-controller' "$w3/watcher.log" &&
+        grep -q 'signal 15: stopping' "$w3/watcher.log" &&
+        grep -q 'controller stopped; exiting' "$w3/watcher.log"; then
+        sl_ok "$name"
+    else
+        sl_fail "$name" "${rc:+exit $rc}${wpid:+still running (asleep) after 30 s}"
+        [ -z "$wpid" ] || { kill -KILL "$wpid"; wait "$wpid" 2>/dev/null; wpid=; }
+    fi
+fi
+
 timeout 10 scancel "$job" 2>/dev/null
 job=
 sl_check "every node idle again" sl_wait_until 30 sl_all_idle
