@@ -35,8 +35,10 @@ static void logf_(nrs_ctl_t *c, const char *fmt, ...)
 static const char *peer_name(const nrs_conn_t *k, char *buf, size_t n)
 {
     static const char *const roles[] = {"peer", "worker", "watcher", "cli"};
-    if (k->role == NRS_ROLE_WORKER)
-        snprintf(buf, n, "#%lu worker rank %d@%s", k->serial, k->gpu, k->host);
+    if (k->role == NRS_ROLE_WORKER && k->gpu >= 0) /* the rank, then its GPU (they differ) */
+        snprintf(buf, n, "#%lu worker rank %d@%s (GPU %d)", k->serial, k->rank, k->host, k->gpu);
+    else if (k->role == NRS_ROLE_WORKER)
+        snprintf(buf, n, "#%lu worker rank %d@%s (no GPU)", k->serial, k->rank, k->host);
     else
         snprintf(buf, n, "#%lu %s%s%s", k->serial, roles[k->role >= 0 && k->role <= 3 ? k->role : 0],
                  k->tcp ? " (tcp)" : "", "");
@@ -72,7 +74,7 @@ static void notify(nrs_ctl_t *c, nrs_conn_t *k)
 static void queue_out(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *f, nrs_shared_t *s,
                       size_t off, int n)
 {
-    char nm[96];
+    char nm[160];
     if (k->state >= NRS_CONN_CLOSING)
         return;
     if (n < 0 || (s ? nrs_conn_queue_shared(k, s, off, (size_t)n)
@@ -95,7 +97,7 @@ static void drop(nrs_ctl_t *c, nrs_conn_t *k, int code, const char *fmt, ...)
 {
     nrs_msg_error_t e;
     uint8_t buf[NRS_PROTO_HDR + 8 + NRS_PROTO_TEXT_MAX];
-    char nm[96];
+    char nm[160];
     va_list ap;
     if (k->state >= NRS_CONN_CLOSING)
         return;
@@ -584,7 +586,7 @@ static void finish_commit(nrs_ctl_t *c)
  * of it now rather than at its time-out. */
 static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
 {
-    char nm[96];
+    char nm[160];
     if (k->role != NRS_ROLE_WORKER)
         return;
     bool holds = k->gpu >= 0 && c->by_gpu[k->gpu] == k;
@@ -616,7 +618,7 @@ static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
  * run of them is logged when it starts and counted when it ends. */
 static void stale_report(nrs_ctl_t *c, nrs_conn_t *k, uint32_t step)
 {
-    char nm[96];
+    char nm[160];
     if (k->stale_n++ == 0) {
         logf_(c, "%s: REPORT of step %u after step %ld: ignored (steps re-run, e.g. after a "
               "checkpoint restore); the connection stays", peer_name(k, nm, sizeof(nm)), step,
@@ -632,7 +634,7 @@ static void stale_report(nrs_ctl_t *c, nrs_conn_t *k, uint32_t step)
 /* k's run of stale REPORTs (if any) ends, for why. */
 static void stale_end(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
 {
-    char nm[96];
+    char nm[160];
     if (k->stale_n == 0)
         return;
     logf_(c, "%s: %lu stale REPORT(s) of steps %u-%u ignored; %s", peer_name(k, nm, sizeof(nm)),
@@ -993,7 +995,7 @@ static void on_report(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
  * (its GPUs come back as lost), never left disagreeing unnoticed. */
 static void gave_up(nrs_ctl_t *c, nrs_conn_t *k, unsigned epoch)
 {
-    char nm[96];
+    char nm[160];
     if (c->tr == TR_PREPARE && epoch == c->tr_epoch)
         return abort_transition(c, "%s gave up waiting for COMMIT of epoch %u",
                                 peer_name(k, nm, sizeof(nm)), epoch);
@@ -1014,7 +1016,7 @@ static void gave_up(nrs_ctl_t *c, nrs_conn_t *k, unsigned epoch)
 static void on_ack(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_ack_t m;
-    char why[128], nm[96];
+    char why[128], nm[160];
     if (nrs_dec_ack(p, n, &m, why, sizeof(why)) != 0)
         return drop(c, k, NRS_PERR_MALFORMED, "ACK: %s", why);
     if (m.epoch > c->a.plan.epoch && m.epoch > c->announced) /* late ACKs of an aborted one: fine */
@@ -1054,7 +1056,7 @@ static int cmp_int(const void *a, const void *b)
 /* Who sent a delta, for the log: "#7 watcher@n3" (the host of its HELLO). */
 static const char *delta_source(const nrs_conn_t *k, char *buf, size_t n)
 {
-    char nm[96];
+    char nm[160];
     if (!k)
         snprintf(buf, n, "a peer now gone");
     else if (k->role != NRS_ROLE_WORKER && k->host[0])
@@ -1387,7 +1389,7 @@ void nrs_ctl_input(nrs_ctl_t *c, nrs_conn_t *k, double now)
             char why[128];
             if (nrs_dec_error(p, h.length, &e, why, sizeof(why)) != 0)
                 snprintf(e.text, sizeof(e.text), "(malformed ERROR: %s)", why);
-            char nm[96];
+            char nm[160];
             logf_(c, "%s says: %s; closing", peer_name(k, nm, sizeof(nm)), e.text);
             k->state = NRS_CONN_DEAD;
             retire_worker(c, k, "peer error");
