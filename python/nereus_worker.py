@@ -261,9 +261,17 @@ def _find_library():
     return ctypes.util.find_library("nereus") or "libnereus.so.0"
 
 
-def _declare(lib, table):
-    """Set restype and argtypes of every function of table."""
+# Functions newer than API 7, with the API that added them: a library that
+# has only an older API (load(want=7)) lacks them, and using one says so.
+_SINCE = {"nrs_worker_job_step": 8}
+
+
+def _declare(lib, table, have=API_VERSION):
+    """Set restype and argtypes of every function of table the library's API
+    version (have) has."""
     for name, (restype, argtypes) in table.items():
+        if _SINCE.get(name, 0) > have:
+            continue
         try:
             fn = getattr(lib, name)  # cached on lib: the types stay set
         except AttributeError:
@@ -296,7 +304,8 @@ def load(path=None, want=API_VERSION):
     if have < want:
         raise NereusLibraryError(f"{name}: worker API version {have}, this binding "
                                  f"(nereus_worker.py) needs {want}: install a newer libnereus")
-    _declare(lib, _PUBLIC)
+    _declare(lib, _PUBLIC, have)
+    lib._nrs_api = have
     if path is None:
         _lib = lib
     return lib
@@ -379,7 +388,12 @@ class Worker:
         return rc
 
     def _get(self, name):
-        return getattr(self._lib, "nrs_worker_" + name)(self._handle())
+        fn = "nrs_worker_" + name
+        need = _SINCE.get(fn, 0)
+        if need > getattr(self._lib, "_nrs_api", API_VERSION):
+            raise NereusLibraryError(f"{fn} needs worker API {need}; the library has "
+                                     f"{self._lib._nrs_api}")
+        return getattr(self._lib, fn)(self._handle())
 
     def __enter__(self):
         return self

@@ -26,6 +26,8 @@ import ctypes.util
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -218,6 +220,25 @@ class Library(unittest.TestCase):
         if libc:
             with self.assertRaisesRegex(nw.NereusLibraryError, "is not libnereus"):
                 nw.load(libc)
+
+    def test_older_library_when_asked_for_less(self):
+        # a library of API 7 (no nrs_worker_job_step): load(want=7) takes it,
+        # the default refuses it naming the versions
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler")
+        with tempfile.TemporaryDirectory() as d:
+            src, so = os.path.join(d, "old.c"), os.path.join(d, "libold.so")
+            with open(src, "w") as f:
+                f.write("int nrs_worker_api_version(void) { return 7; }\n")
+                for name in nw._PUBLIC:
+                    if name != "nrs_worker_api_version" and nw._SINCE.get(name, 0) <= 7:
+                        f.write(f"int {name}(void) {{ return 0; }}\n")
+            subprocess.run([cc, "-shared", "-fPIC", "-o", so, src], check=True)
+            lib = nw.load(so, want=7)
+            self.assertEqual(lib._nrs_api, 7)
+            with self.assertRaisesRegex(nw.NereusLibraryError, "version 7.*needs 8"):
+                nw.load(so)
 
     def test_every_function_has_types(self):
         for name, (restype, argtypes) in nw._PUBLIC.items():

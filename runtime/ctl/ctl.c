@@ -949,7 +949,9 @@ static void on_report(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
     unsigned newest = c->tr == TR_COMMIT ? c->tr_epoch : committed(c)->epoch;
     if (m.epoch > newest)
         return drop(c, k, NRS_PERR_UNEXPECTED, "REPORT of epoch %u, newest is %u", m.epoch, newest);
-    if ((long)m.step <= k->last_step)
+    /* (a rank without a GPU measures nothing: a joiner in line counts steps
+     * of its own and takes the job's at commits, back and forth) */
+    if (k->gpu >= 0 && (long)m.step <= k->last_step)
         return stale_report(c, k, m.step);
     if (k->stale_n) {
         snprintf(why, sizeof(why), "step %u is a new one", m.step);

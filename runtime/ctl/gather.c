@@ -252,6 +252,24 @@ static const char *printable(const char *s, char *buf, size_t n)
     return buf;
 }
 
+/* A late contribution to a barrier (no data: finalize's): nothing of the
+ * others' answer can differ from its own, so it is answered at once, with
+ * itself alone, instead of refused. A rank that ends its steps a while after
+ * the others (a joiner that waited in line counted its own) then finalizes
+ * cleanly; the others went on at their time-out without it. */
+static void answer_late_barrier(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_gather_t *m)
+{
+    uint8_t buf[NRS_PROTO_HDR + 64 + NRS_GATHER_NAME_MAX];
+    int32_t me = k->rank;
+    nrs_msg_gathered_t a = {.key = m->key, .len = 0, .count = 1};
+    snprintf(a.name, sizeof(a.name), "%s", m->name);
+    uint8_t none = 0;
+    int len = nrs_enc_gathered(buf, sizeof(buf), &a, &me, &none, 0);
+    nrs_ctl_log(c, "gather %s/%llu: rank %d came after it completed: answered alone (a barrier)",
+                m->name, (unsigned long long)m->key, me);
+    nrs_ctl_send(c, k, buf, len);
+}
+
 void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_gather_t *m = malloc(sizeof(*m));
@@ -272,6 +290,10 @@ void nrs_ctl_on_gather(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         no = text;
     } else if (open_of(c, r) >= NRS_CTL_GATHER_PER_RANK) {
         no = "GATHER: this rank has too many gathers open";
+    } else if (late(c, m, r) && m->len == 0) {
+        answer_late_barrier(c, k, m);
+        free(m);
+        return;
     } else if (late(c, m, r)) { /* refused: an answer of its own would differ from theirs */
         snprintf(text, sizeof(text), "GATHER: gather %s/%llu already completed without this rank",
                  printable(m->name, nm, sizeof(nm)), (unsigned long long)m->key);

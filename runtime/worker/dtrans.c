@@ -512,18 +512,26 @@ static int settle(dt_t *D, uint64_t epoch, int mine, char *why, size_t whylen)
         snprintf(why + l, whylen - l, "; no word from the others either: %.200s",
                  all && got ? err : "out of memory");
     }
+    bool mem = all && got;
     free(all);
     free(got);
     if (mine != 1)
         return mine;
     if (from < 0) {
         size_t l = strlen(why);
-        if (all && got && !err[0])
+        if (mem && !err[0])
             snprintf(why + l, whylen - l, "; no other rank got the commit");
         return 1;
     }
     snprintf(why, whylen, "rank %d got the commit: committed with it", from);
     return 0;
+}
+
+int nrs_dtrans_settle(const nrs_dtrans_opts_t *o, nrs_rdv_t *r, uint64_t epoch, int mine,
+                      char *why, size_t whylen)
+{
+    dt_t D = {.o = o, .r = r};
+    return settle(&D, epoch, mine, why, whylen);
 }
 
 /* ---- past the point of no return: who holds what ---------------------------------- */

@@ -107,6 +107,13 @@ typedef struct {
 
 void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks);
 
+/* opts.settle for a point of no return of the caller's own (a restore from a
+ * checkpoint): every participant (o->out_ranks out) says what at_ponr gave it
+ * (mine: 0 commit, 1 undecided, else abort) in the gather "dt<o->attempt>.settle"
+ * over r; the decision, 0 or not, why[] saying how an undecided one was reached. */
+int nrs_dtrans_settle(const nrs_dtrans_opts_t *o, nrs_rdv_t *r, uint64_t epoch, int mine,
+                      char *why, size_t whylen);
+
 /* Run this rank's part of transition g to epoch `epoch`.
  * old_mem[g->nold]: this rank's old buffers (ptr NULL where not held here),
  * allocated with x's mem_alloc. new_mem[g->nnew]: zeroed by the caller.

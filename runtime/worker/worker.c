@@ -488,13 +488,15 @@ const char *nrs_worker_ms_name(int ms)
 /* ---- finalize ----------------------------------------------------------------------- */
 
 /* Every rank still in the job (not retired, not known dead) is done. Through
- * the controller it waits up to NRS_WORKER_FINI_TIMEOUT (s, default 300, never
- * less than NRS_WORKER_TIMEOUT): ranks that end a while apart (a joiner that
- * never got GPUs ends on its own count) must not find it completed without
- * them, and a rank that dies cannot hold it, its connection closes. */
+ * the controller it waits up to NRS_WORKER_FINI_TIMEOUT (s, default and at
+ * least NRS_WORKER_TIMEOUT; a rank that dies does not hold it, its connection
+ * closes); a rank that comes after it completed (a joiner that never got a
+ * GPU ends on its own count) is answered alone by the controller, not
+ * refused. Long waits here hold up transitions: a rank in finalize keeps a
+ * PREPARE for later, never ACKs it. */
 static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
 {
-    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", 300);
+    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", w->timeout_s);
     tmo = tmo < w->timeout_s ? w->timeout_s : tmo;
     tmo = tmo > 3600 ? 3600 : tmo; /* a gather's most (NRS_GATHER_TIMEOUT_MAX) */
     if (!w->coll_ctl)

@@ -85,6 +85,23 @@ static void usage(FILE *f)
 "    controller (its node left the job).\n");
 }
 
+/* After a commit (or a partial one) at step s: the step this rank goes on
+ * from. A joiner in line (*in_line: no GPU yet) counts steps of its own, ahead
+ * of the job's (it takes part in no step agreement), so it takes the job's
+ * step at every commit; the commit that gives it a GPU ends its time in line. */
+static int take_job_step(const nrs_worker_t *w, int *in_line, int s)
+{
+    int j = nrs_worker_job_step(w);
+    if (!*in_line || j < 0)
+        return s;
+    if (nrs_worker_gpu(w) >= 0) {
+        *in_line = 0;
+        printf("rank %d: step %d: placed at the job's step %d: continues from it\n",
+               nrs_worker_rank(w), s, j);
+    }
+    return j;
+}
+
 static void sleep_s(double s)
 {
     if (s <= 0)
@@ -241,6 +258,10 @@ int main(int argc, char **argv)
     int s0 = nrs_worker_joined_at(w) > 0 ? nrs_worker_joined_at(w) : 0;
     if (nrs_worker_joined_at(w) >= 0)
         printf("rank %d of %d: joined the job at step %d\n", me, n, s0);
+    /* a joiner in line (no GPU) counts steps of its own: at every commit it
+     * takes the job's, announced when a commit (or a partial one) places it */
+    int in_line = nrs_worker_joined_at(w) >= 0 && nrs_worker_gpu(w) < 0;
+again:
     for (int s = s0; s < steps && !exitc; s++) {
         double rl = steps > 1 ? r0 + (r1 - r0) * s / (steps - 1) : r0;
         /* the current plan: this rank's roles come from it; the times from the cost model */
@@ -254,7 +275,6 @@ int main(int argc, char **argv)
             if (p.has[ms])
                 nrs_worker_report_stage(w, ms, t[ms]);
         nrs_worker_report_step(w, s, rl);
-        int gpu0 = nrs_worker_gpu(w);
         rc = nrs_worker_control_step(w);
         if (rc == 1) {
             ntrans++;
@@ -262,12 +282,7 @@ int main(int argc, char **argv)
             printf("rank %d: step %d: epoch %d committed (GPU %d, %d buffer(s), %.3f s)\n", me, s,
                    nrs_worker_epoch(w), nrs_worker_gpu(w), nrs_worker_nbuffers(w),
                    nrs_worker_transition_stat(w, NRS_TS_SECONDS));
-            /* a joiner in line counted steps of its own: placed, it takes the job's */
-            if (gpu0 < 0 && nrs_worker_gpu(w) >= 0 && nrs_worker_job_step(w) >= 0) {
-                printf("rank %d: step %d: placed at the job's step %d: continues from it\n", me,
-                       s, nrs_worker_job_step(w));
-                s = nrs_worker_job_step(w);
-            }
+            s = take_job_step(w, &in_line, s);
             if (nrs_worker_transition_stat(w, NRS_TS_RESTORED_STEP) >= 0)
                 printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_ABORTED) {
@@ -275,6 +290,7 @@ int main(int argc, char **argv)
                    nrs_worker_epoch(w), nrs_worker_last_error(w));
         } else if (rc == NRS_ERR_PARTIAL) {
             printf("rank %d: step %d: %s\n", me, s, nrs_worker_last_error(w));
+            s = take_job_step(w, &in_line, s);
             if (controlled) { /* the controller's next epoch rebuilds or restores it */
                 printf("rank %d: step %d: waiting for the recovery (replicas, else the "
                        "checkpoint)\n", me, s);
@@ -320,6 +336,11 @@ int main(int argc, char **argv)
             end = quiet;
             printf("rank %d: after the last step: epoch %d committed (GPU %d)\n", me,
                    nrs_worker_epoch(w), nrs_worker_gpu(w));
+            int was = in_line, s = take_job_step(w, &in_line, steps);
+            if (was && !in_line && s + 1 < steps) { /* placed: the job's steps are not done */
+                s0 = s + 1;
+                goto again;
+            }
         } else if (rc == NRS_ERR_PARTIAL) {
             exitc = 3;
         } else if (rc == NRS_ERR_RETIRED) {

@@ -34,7 +34,7 @@ static int64_t kill_hook(const nrs_worker_t *w)
 }
 
 static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
-                   int nout);
+                   int nout, int job_step);
 
 /* Ranks holding a GPU of the committed plan are no longer in line. */
 static void placed_out_of_line(nrs_worker_t *w, const nrs_plan_t *next)
@@ -165,9 +165,12 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     int grc = nrs_emu_transition(&w->spec, &w->plan, next, &eo, &g, err, sizeof err);
     w->restored_step = -1;
     free(missing);
-    if (grc == NRS_EMU_ELOST && ctl && w->ckpt_dir) {
+    bool restoring = grc == NRS_EMU_ELOST && ctl && w->ckpt_dir; /* alike on every rank */
+    int job_step = ctl && w->n > 1 && (!grc || restoring)
+                       ? job_step_of(w, next->epoch, out_ranks, nout) : w->last_step;
+    if (restoring) {
         nrs_emu_graph_free(g);
-        rc = restore(w, next, nperm, out_ranks, nout);
+        rc = restore(w, next, nperm, out_ranks, nout, job_step);
         free(nperm);
         return rc;
     }
@@ -183,7 +186,6 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)",
                              g->nold, w->st.nbuf);
     }
-    int job_step = ctl && w->n > 1 ? job_step_of(w, next->epoch, out_ranks, nout) : w->last_step;
     /* GPU state: GPU to GPU over NCCL when every participant can, else
      * through the host copies over UCX (every participant votes, whatever
      * its memory: a rank without a GPU says no for all) */
@@ -255,7 +257,8 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */
         w->dead[out_ranks[i]] = 1;
-    w->job_step = job_step;
+    if (ctl) /* (nrs_worker_job_step: the controller's transitions) */
+        w->job_step = job_step;
     /* committed or partial: the new state is what we hold now */
     for (size_t i = 0; i < w->st.nbuf; i++) /* old buffers left (partial only) */
         if (old[i].ptr)
@@ -462,7 +465,7 @@ done:
  * newest checkpoint. Prepare (read everything), vote, the controller's PONR,
  * then the old state goes. Before the PONR an abort leaves it intact. */
 static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
-                   int nout)
+                   int nout, int job_step)
 {
     char err[512], why[512] = "", name[48];
     double t0 = nrs_now_s();
@@ -504,9 +507,20 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
         nbytes += b->bytes;
     }
     nrs_ckpt_close(ck);
-    snprintf(name, sizeof name, "rs%u", w->attempt++);
-    if (vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ||
-        nrs_wk_ctl_ponr(w, why, sizeof why)) {
+    unsigned attempt = w->attempt++;
+    snprintf(name, sizeof name, "rs%u", attempt);
+    int d = vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ? -1
+                                                                           : nrs_wk_ctl_ponr(w, why,
+                                                                                             sizeof why);
+    if (d != -1 && !w->coll_ctl) { /* as a transition's (dtrans settle): never a split */
+        nrs_dtrans_opts_t o;
+        nrs_wk_dtrans_opts(w, &o);
+        o.out_ranks = out;
+        o.nout = nout;
+        o.attempt = attempt;
+        d = nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), next->epoch, d, why, sizeof why);
+    }
+    if (d) {
         for (size_t i = 0; nm && i < st2.nbuf; i++)
             if (nm[i].ptr)
                 w->x.ops->mem_free(w->x.ctx, &nm[i]);
@@ -538,6 +552,7 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     w->allocated = 1;
     w->mem_kind = mk;
     w->restored_step = step;
+    w->job_step = job_step;
     w->broken = 0;
     free(w->present);
     w->present = NULL;

@@ -29,7 +29,7 @@ if ! command -v jq >/dev/null; then mp_skip "settle" "needs jq"; mp_done; fi
 run() {
     local n="$1" D="$tmp/s$1"
     NRS_CTL_DIE_MID_COMMIT=$n start_ctl "$D" "$tmp/c$n.log"
-    NRS_WORKER_COLL=pmix NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 8 -t 60 --exits -- "$WK" --spec "$SPEC" --steps 60 \
+    NRS_WORKER_COLL=pmix NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 8 -t 240 --exits -- "$WK" --spec "$SPEC" --steps 40 \
         --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 256 \
         >"$tmp/w$n.log" 2>&1
     rc=$?

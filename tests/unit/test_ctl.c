@@ -822,6 +822,46 @@ static void test_gather_late(void **st)
         }
 }
 
+/* A late contribution to a barrier (no data, finalize's) is answered at once
+ * with the rank alone, its channel kept; one with data stays refused (above). */
+static void test_gather_late_barrier(void **st)
+{
+    (void)st;
+    static nrs_msg_gather_t m;
+    static uint8_t b[NRS_PROTO_HDR + 256];
+    const uint8_t *p;
+    nrs_hdr_t h;
+    nrs_msg_gathered_t g;
+    int32_t r;
+    const uint8_t *d;
+    drain_all();
+    memset(&m, 0, sizeof(m));
+    m.key = 3ULL << 32;
+    snprintf(m.name, sizeof(m.name), "fini");
+    m.timeout_ms = 1000;
+    m.nranks = N;
+    for (int i = 0; i < N; i++)
+        if (w[i] && i != 6)
+            feed(w[i], b, nrs_enc_gather(b, sizeof(b), &m));
+    nrs_ctl_tick(ctl, now + 1.5); /* completed without rank 6 at its time-out */
+    for (int i = 0; i < N; i++)
+        if (w[i] && i != 6) {
+            expect(w[i], NRS_MSG_GATHERED, &p, &h);
+            assert_int_equal(nrs_dec_gathered(p, h.length, &g, NULL, 0), 0);
+            assert_int_equal(g.count, (uint32_t)(N - 1)); /* all but rank 6, late */
+        }
+    now += 2;
+    feed(w[6], b, nrs_enc_gather(b, sizeof(b), &m));
+    expect(w[6], NRS_MSG_GATHERED, &p, &h);
+    assert_int_equal(nrs_dec_gathered(p, h.length, &g, NULL, 0), 0);
+    assert_string_equal(g.name, "fini");
+    assert_int_equal(g.count, 1);
+    nrs_gathered_entry(&g, 0, &r, &d);
+    assert_int_equal(r, 6);
+    assert_int_equal(w[6]->state, NRS_CONN_READY);
+    assert_int_equal(next(w[6], &p, &h), 0);
+}
+
 /* An answer larger than a frame comes in chunks, ranks ascending. */
 static void test_gather_chunks(void **st)
 {
@@ -968,6 +1008,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_status_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_late, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_late_barrier, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_many_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gave_up_before_commit, setup, teardown),
