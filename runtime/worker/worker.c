@@ -496,13 +496,13 @@ const char *nrs_worker_ms_name(int ms)
  * PREPARE for later, never ACKs it. */
 static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
 {
-    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", w->timeout_s);
-    tmo = tmo < w->timeout_s ? w->timeout_s : tmo;
-    tmo = tmo > 3600 ? 3600 : tmo; /* a gather's most (NRS_GATHER_TIMEOUT_MAX) */
     if (!w->coll_ctl)
         return nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, errlen);
     if (w->ctl_fd < 0)
         return 0; /* retired (or the controller is gone): nobody to wait for */
+    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", w->timeout_s);
+    tmo = tmo < w->timeout_s ? w->timeout_s : tmo;
+    tmo = tmo > NRS_GATHER_TIMEOUT_MAX / 1000.0 ? NRS_GATHER_TIMEOUT_MAX / 1000.0 : tmo;
     int *out = calloc((size_t)w->n + 1, sizeof(int)), nout = 0;
     unsigned char *got = calloc((size_t)w->n + 1, 1), none = 0;
     int rc = -1;
