@@ -6,7 +6,7 @@
  * iteration and warm-up counts and outstanding window, and prints medians.
  *
  *   bench_transfer [--iters N] [--warmup W] [--outstanding K] [--min-bytes TOTAL]
- *                  [--chunk BYTES] [--window N] [--spin-us US] SIZE...
+ *                  [--chunk BYTES] [--window N] [--spin-us US] [--cpus S,R] SIZE...
  *
  * For each size: W warm-up messages (default ceil(ITERS/10), as
  * ucx_perftest's), a fence, then ITERS messages (default
@@ -16,6 +16,8 @@
  * tag_bw does. Rank 1 then checks that every byte arrived. Rank 0 prints
  *   ours SIZE ITERS WARMUP K MiB/s
  * where MiB/s = 2^20 bytes per second: ucx_perftest's "MB/s" is 2^20 too.
+ * --cpus S,R binds rank 0 (the sender) to CPU S and rank 1 to CPU R before
+ * UCX starts, as `ucx_perftest -c` binds each side.
  *
  *   bench_transfer --local [--reps N] SIZE...
  *
@@ -27,6 +29,7 @@
  *   local SHAPE SIZE REPS xport_MB/s memcpy_MB/s ratio
  * taking the best of REPS (default 9) for each, as noise only slows.
  */
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +37,7 @@
 
 #include "util/util.h"
 #include "emu/xport.h"
+#include "bind.h"
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
@@ -205,7 +209,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_transfer [--iters N] [--warmup W] [--outstanding K]\n"
                "                      [--min-bytes TOTAL] [--chunk BYTES] [--window N]\n"
-               "                      [--spin-us US] SIZE...\n"
+               "                      [--spin-us US] [--cpus S,R] SIZE...\n"
                "         (two ranks: run under tests/mp/pmix_srv -n 2; see bench/transfer.sh)\n"
                "       bench_transfer --local [--reps N] SIZE...\n");
 }
@@ -217,6 +221,7 @@ int main(int argc, char **argv)
     nrs_ucx_opts_t uo;
     size_t total = 1u << 30, sizes[32];
     int nsizes = 0, rc = 1, fixed_iters = 0, warmup = -1, k = 1, use_xport = 0;
+    const char *cpus = NULL;
     char err[512];
     nrs_rdv_t *r = NULL;
     nrs_ucx_t *u = NULL;
@@ -239,6 +244,8 @@ int main(int argc, char **argv)
             fixed_iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && more)
             warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cpus") && more)
+            cpus = argv[++i];
         else if (!strcmp(argv[i], "--xport"))
             use_xport = 1;
         else if (!strcmp(argv[i], "--spin-us") && more)
@@ -263,7 +270,8 @@ int main(int argc, char **argv)
         snprintf(err, sizeof err, "needs exactly 2 ranks (run under pmix_srv -n 2)");
         goto fail;
     }
-    if (nrs_ucx_init(&u, me, 2, &uo, err, sizeof err))
+    if (nrs_bench_bind(cpus, me, err, sizeof err) ||
+        nrs_ucx_init(&u, me, 2, &uo, err, sizeof err))
         goto fail;
     nrs_rdv_set_progress(r, nrs_ucx_progress, u);
     const void *addr;

@@ -20,11 +20,19 @@
 #define TAG_USER_BITS 32
 #define TAG_FULL_MASK UINT64_MAX
 
-/* What a rank publishes: who it is, then its worker address. */
+/* A chunk in flight is expected to end within its size at this rate (10 GbE,
+ * the slowest link we aim at); until then a wait keeps polling (nrs_ucx_spin):
+ * UCX reports nothing between the start and the end of a rendezvous, 3 ms for
+ * 8 MiB over TCP here, and a nap in it delays the completion. */
+#define SPIN_FLOOR_BYTES_PER_S 1e9
+
+/* What a rank publishes: who it is, the CPUs it may run on (cpus_len bytes,
+ * bit c of byte c / 8 for CPU c: do ranks of this host share CPUs?), then its
+ * worker address. */
 #define BLOB_MAGIC 0x4e525355u /* "NRSU" */
 typedef struct {
     uint32_t magic, addr_len;
-    int32_t pid, pad;
+    int32_t pid, cpus_len;
     uint64_t start; /* process start time (clock ticks since boot): pid reuse */
     char host[64];
 } blob_hdr_t;
@@ -88,8 +96,12 @@ struct nrs_ucx {
     size_t norphans, orphcap;
     int cap;           /* peers allocated (>= size) */
     double last_event; /* nrs_ucx_spin */
-    int nlocal, ncpus;  /* ranks on this host (connected so far), CPUs we may use */
+    cpu_set_t cpus;     /* the CPUs this process may use */
+    cpu_set_t shared;   /* theirs and those of the ranks of this host that share one */
+    int nshare;         /* those ranks, this one included (connected so far) */
     uint64_t ops_posted, ops_since_idle;
+    uint64_t completions; /* chunk requests ended (slot_finish) */
+    double inflight_s;    /* what the largest chunk in flight may take (progress) */
 };
 
 void nrs_ucx_opts_init(nrs_ucx_opts_t *o)
@@ -158,11 +170,18 @@ static int make_blob(nrs_ucx_t *u)
     h.start = proc_start((int)getpid(), &gone);
     gethostname(h.host, sizeof h.host);
     h.host[sizeof h.host - 1] = '\0';
-    u->blob_len = sizeof h + u->addr_len;
-    if (!(u->blob = malloc(u->blob_len)))
+    for (int c = 0; c < CPU_SETSIZE; c++) /* up to the last CPU we may use */
+        if (CPU_ISSET(c, &u->cpus))
+            h.cpus_len = c / 8 + 1;
+    u->blob_len = sizeof h + (size_t)h.cpus_len + u->addr_len;
+    if (!(u->blob = calloc(1, u->blob_len)))
         return -1;
+    unsigned char *mask = (unsigned char *)u->blob + sizeof h;
+    for (int c = 0; c < h.cpus_len * 8; c++)
+        if (CPU_ISSET(c, &u->cpus))
+            mask[c / 8] |= (unsigned char)(1u << (c % 8));
     memcpy(u->blob, &h, sizeof h);
-    memcpy((char *)u->blob + sizeof h, u->addr, u->addr_len);
+    memcpy(mask + h.cpus_len, u->addr, u->addr_len);
     return 0;
 }
 
@@ -196,9 +215,11 @@ int nrs_ucx_init(nrs_ucx_t **out, int rank, int size, const nrs_ucx_opts_t *o, c
         else if (o->spin_s < 0)
             u->o.spin_s = 0;
     }
-    cpu_set_t cpus;
-    u->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) ? (int)sysconf(_SC_NPROCESSORS_ONLN)
-                                                        : CPU_COUNT(&cpus);
+    if (sched_getaffinity(0, sizeof u->cpus, &u->cpus)) { /* unknown: every CPU */
+        CPU_ZERO(&u->cpus);
+        for (long c = 0; c < sysconf(_SC_NPROCESSORS_ONLN) && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, &u->cpus);
+    }
     /* room to grow (nrs_ucx_grow): the endpoints' error callbacks hold pointers
      * into this array, so it is never moved */
     u->cap = size * 4 + 64 < NRS_UCX_MAX_RANKS ? size * 4 + 64 : NRS_UCX_MAX_RANKS;
@@ -287,6 +308,24 @@ static ucp_err_handling_mode_t err_mode_for(bool same_host)
     return same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
 }
 
+/* A rank of this host (this one too) that may run on one of our CPUs competes
+ * for them: more such ranks than CPUs among them is oversubscription
+ * (nrs_ucx_spin). Ranks bound to a core each share nothing. */
+static void note_cpus(nrs_ucx_t *u, bool same_host, const unsigned char *mask, int len)
+{
+    cpu_set_t theirs, both;
+    CPU_ZERO(&theirs);
+    for (int c = 0; c < len * 8; c++)
+        if (mask[c / 8] >> (c % 8) & 1)
+            CPU_SET(c, &theirs);
+    CPU_AND(&both, &u->cpus, &theirs);
+    if (!same_host || !CPU_COUNT(&both))
+        return;
+    if (!u->nshare++)
+        CPU_ZERO(&u->shared);
+    CPU_OR(&u->shared, &u->shared, &theirs);
+}
+
 static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *err,
                        size_t errlen)
 {
@@ -298,7 +337,8 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
         return -1;
     }
     memcpy(&h, blob, sizeof h);
-    if (h.magic != BLOB_MAGIC || sizeof h + h.addr_len != len) {
+    if (h.magic != BLOB_MAGIC || h.cpus_len < 0 || h.cpus_len > CPU_SETSIZE / 8 ||
+        sizeof h + (size_t)h.cpus_len + h.addr_len != len) {
         nrs_seterr(err, errlen, "ucx: rank %d's address blob is malformed (%zu bytes)", i, len);
         return -1;
     }
@@ -309,7 +349,7 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)((const char *)blob + sizeof h),
+        .address = (const ucp_address_t *)((const char *)blob + sizeof h + h.cpus_len),
         .err_mode = err_mode_for(same_host),
         .err_handler = {.cb = ep_error_cb, .arg = p},
     };
@@ -324,7 +364,7 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
         return -1;
     }
     p->watch = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE && i != u->rank;
-    u->nlocal += same_host;
+    note_cpus(u, same_host, (const unsigned char *)blob + sizeof h, h.cpus_len);
     p->pid = h.pid;
     p->start = h.start;
     return 0;
@@ -621,6 +661,7 @@ static void op_fail(nrs_ucx_op_t *op, const char *fmt, ...)
 
 static void slot_finish(slot_t *s, ucs_status_t st)
 {
+    s->op->u->completions++;
     s->status = st;
     s->done = 1;
     s->busy = 0;
@@ -913,16 +954,26 @@ int nrs_ucx_progress(void *arg)
 {
     nrs_ucx_t *u = arg;
     int events = 0;
-    for (int i = 0; i < 64; i++) {
+    uint64_t ended = u->completions;
+    /* Rounds while UCX finds work, but none after one of our requests ended:
+     * a round more is a syscall over TCP, and the waiter of that request
+     * posts the next message (the peer waits for its RTS or RTR meanwhile). */
+    for (int i = 0; i < 64 && u->completions == ended; i++) {
         unsigned n = ucp_worker_progress(u->worker);
         events += (int)n;
         if (!n)
             break;
     }
-    double now = nrs_now_s();
+    double now = nrs_now_s(), inflight = 0;
     watch_peers(u, now);
-    for (nrs_ucx_op_t *op = u->ops; op; op = op->next)
+    for (nrs_ucx_op_t *op = u->ops; op; op = op->next) {
         events += advance(op, now);
+        if (op->state == 0 && op->inflight) {
+            double t = (double)(op->len < op->chunk ? op->len : op->chunk) / SPIN_FLOOR_BYTES_PER_S;
+            inflight = t > inflight ? t : inflight;
+        }
+    }
+    u->inflight_s = inflight;
     if (u->norphans) /* late completions of ops freed while still in UCX */
         reap_orphans(u);
     for (int i = 0; i < u->size; i++) /* a failed endpoint is closed, forcibly */
@@ -944,9 +995,13 @@ bool nrs_ucx_spin(nrs_ucx_t *u, int events)
         u->ops_since_idle = u->ops_posted;
         return true;
     }
-    if (!u->ops || now - u->last_event >= u->o.spin_s)
+    /* oversubscribed: a peer may be waiting for this core, so no longer than
+     * spin_s, and yielding */
+    bool crowded = u->nshare > CPU_COUNT(&u->shared);
+    double window = u->o.spin_s > 0 ? u->o.spin_s + (crowded ? 0 : u->inflight_s) : 0;
+    if (!u->ops || now - u->last_event >= window)
         return false;
-    if (u->nlocal > u->ncpus) /* oversubscribed: a peer may be waiting for this core */
+    if (crowded)
         sched_yield();
     return true;
 }

@@ -38,7 +38,8 @@ typedef struct {
     double keepalive_s;     /* UCX keep-alive (dead-peer detection); 0 = 1 s,
                              * unless UCX_KEEPALIVE_INTERVAL is set */
     double spin_s;          /* waits poll without napping this long after the
-                             * last event (nrs_ucx_spin); 0 = 1 ms, < 0 = never */
+                             * last event (nrs_ucx_spin), plus while a chunk in
+                             * flight could still be moving; 0 = 1 ms, < 0 = never */
 } nrs_ucx_opts_t;
 
 /* Second opinion on peer liveness (e.g. nrs_rdv_peer_failed). */
@@ -100,17 +101,21 @@ void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n);
  * 0, or -1 with the first failure in err. */
 int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_t errlen);
 
-/* Advance the worker and every posted op: the count of events, or -1 when
+/* Advance the worker (up to 64 rounds while it finds work, none after a
+ * request of ours ended) and every posted op: the count of events, or -1 when
  * some op has failed since the last call. Signature of nrs_rdv_progress_fn. */
 int nrs_ucx_progress(void *u);
 
 /* For wait loops, after nrs_ucx_progress returned events: true = poll again
- * at once (something happened, or an op was posted, less than spin_s ago;
- * when this host runs more ranks than we have CPUs it has called sched_yield,
- * so a peer waiting for this core goes first), false = idle for spin_s or no
- * op posted: nap before polling again. A nap costs its timer slack (~50 us on Linux) on top: a 1 MiB
- * message over shared memory takes ~70 us, so naps between the events of a
- * transfer in flight used to halve its throughput. */
+ * at once (something happened, or an op was posted, less than spin_s ago, or
+ * less than the largest chunk in flight takes at 1 GB/s: UCX reports nothing
+ * in the middle of a rendezvous; when more ranks of this host than CPUs share
+ * this rank's CPUs, only spin_s, and it has called sched_yield, so a peer
+ * waiting for this core goes first — ranks bound to a core each share
+ * nothing), false = idle that long or no op posted: nap before polling again. A nap costs its timer slack (~50 us
+ * on Linux) on top, and on a busy host the CPU until the scheduler gives it
+ * back: a 1 MiB message over shared memory takes ~70 us, so naps between the
+ * events of a transfer in flight used to halve its throughput. */
 bool nrs_ucx_spin(nrs_ucx_t *u, int events);
 
 bool nrs_ucx_peer_failed(const nrs_ucx_t *u, int rank);
