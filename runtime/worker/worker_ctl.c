@@ -487,6 +487,30 @@ int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const vo
                           errlen);
 }
 
+int32_t nrs_wk_coll_i32(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine,
+                        const int *out, int nout, int op)
+{
+    int32_t *all = calloc((size_t)w->n + 1, sizeof(*all));
+    unsigned char *got = calloc((size_t)w->n + 1, 1);
+    char err[384];
+    bool ok = all && got &&
+              !nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
+                                  sizeof err);
+    int32_t res = op == NRS_WK_ALL ? ok : -1;
+    for (int r = 0; ok && r < w->n; r++) {
+        bool part = true;
+        for (int i = 0; i < nout; i++)
+            part = part && out[i] != r;
+        if (op == NRS_WK_MAX && got[r] && all[r] > res)
+            res = all[r];
+        else if (op == NRS_WK_ALL && part && !(got[r] && all[r]))
+            res = 0;
+    }
+    free(all);
+    free(got);
+    return res;
+}
+
 /* ---- a growing world: the ranks of a join step (docs/worker-api.md §7) ------------ */
 
 enum { WORLD_BLOB = 8192, WORLD_HDR = 24 };

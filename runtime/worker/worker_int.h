@@ -165,6 +165,12 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
 int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
                        size_t len, const int *out, int nout, void *all, unsigned char *got,
                        char *err, size_t errlen);
+/* One int32 per participant through nrs_wk_coll_gather, reduced alike on
+ * every rank: NRS_WK_MAX the largest that came (-1: none, or the gather
+ * failed), NRS_WK_ALL 1 when every participant's came and is nonzero, else 0. */
+enum { NRS_WK_MAX, NRS_WK_ALL };
+int32_t nrs_wk_coll_i32(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine,
+                        const int *out, int nout, int op);
 /* Switches to the world m describes (every rank, the joiners too). */
 int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m);
 /* A joiner's init: HELLO, wait for its world, join it, take the committed plan. */

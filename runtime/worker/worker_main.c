@@ -150,6 +150,34 @@ static double true_times(const nrs_spec_t *s, const nrs_plan_t *p, double rl, co
     return sum;
 }
 
+/* The rest of step s's boundary, after its transition if any: the actor's
+ * train -> generate weight sync of the current plan, then the checkpoint.
+ * Every rank of the plan runs it at step s, a rank placed after its own last
+ * step too (it then goes on at s + 1). 1 on a mismatch (exit status), else 0. */
+static int step_tail(nrs_worker_t *w, int s, int steps, int ck_every, int trace_sync,
+                     int *sync_err)
+{
+    nrs_plan_t p;
+    int rc, me = nrs_worker_rank(w), bad = 0;
+    nrs_worker_plan(w, &p);
+    if (p.has[NRS_MS_ACTOR_TRAIN] && p.has[NRS_MS_ACTOR_GENERATE]) {
+        rc = nrs_worker_weight_sync(w);
+        bad = rc == NRS_ERR_VERIFY;
+        if (rc && (bad || !(*sync_err)++))
+            printf("rank %d: step %d: weight sync: %s: %s\n", me, s, nrs_worker_strerror(rc),
+                   nrs_worker_last_error(w));
+        if (!rc && trace_sync)
+            printf("rank %d: step %d: weight sync %.6f s, %.0f bytes\n", me, s,
+                   nrs_worker_sync_stat(w, NRS_SS_LAST_S),
+                   nrs_worker_sync_stat(w, NRS_SS_LAST_BYTES));
+    }
+    if (!bad && ck_every > 0 && (s + 1) % ck_every == 0 && s + 1 < steps &&
+        (rc = nrs_worker_checkpoint(w, s + 1)))
+        printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),
+               nrs_worker_last_error(w));
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {{"spec", 1, 0, 's'},       {"steps", 1, 0, 'n'},
@@ -306,28 +334,18 @@ again:
                    nrs_worker_last_error(w));
         }
         /* after the train phase (and the step boundary's transition, if
-         * any): actor.train's weights -> actor.generate's, of the current plan */
-        nrs_worker_plan(w, &p);
-        if (!exitc && p.has[NRS_MS_ACTOR_TRAIN] && p.has[NRS_MS_ACTOR_GENERATE]) {
-            rc = nrs_worker_weight_sync(w);
-            if (rc == NRS_ERR_VERIFY)
-                exitc = 1;
-            if (rc && (rc == NRS_ERR_VERIFY || !sync_err++))
-                printf("rank %d: step %d: weight sync: %s: %s\n", me, s,
-                       nrs_worker_strerror(rc), nrs_worker_last_error(w));
-            if (!rc && trace_sync)
-                printf("rank %d: step %d: weight sync %.6f s, %.0f bytes\n", me, s,
-                       nrs_worker_sync_stat(w, NRS_SS_LAST_S),
-                       nrs_worker_sync_stat(w, NRS_SS_LAST_BYTES));
-        }
-        if (!exitc && ck_every > 0 && (s + 1) % ck_every == 0 && s + 1 < steps &&
-            (rc = nrs_worker_checkpoint(w, s + 1)))
-            printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),
-                   nrs_worker_last_error(w));
+         * any): actor.train's weights -> actor.generate's, then the checkpoint */
+        if (!exitc)
+            exitc = step_tail(w, s, steps, ck_every, trace_sync, &sync_err);
         fflush(stdout);
     }
     /* follow the controller until it is quiet: a transition decided on the last
      * steps is a collective every rank must take part in */
+    if (in_line && controlled && !exitc) {
+        printf("rank %d: its steps done, in line: following the controller (%g s quiet "
+               "at most)\n", me, quiet);
+        fflush(stdout);
+    }
     for (double end = quiet; controlled && !exitc && end > 0;) {
         rc = nrs_worker_control_poll(w, 0.1);
         end -= 0.1;
@@ -338,6 +356,9 @@ again:
                    nrs_worker_epoch(w), nrs_worker_gpu(w));
             int was = in_line, s = take_job_step(w, &in_line, steps);
             if (was && !in_line && s + 1 < steps) { /* placed: the job's steps are not done */
+                /* the others are at the rest of step s's boundary */
+                if ((exitc = step_tail(w, s, steps, ck_every, trace_sync, &sync_err)))
+                    break;
                 s0 = s + 1;
                 goto again;
             }

@@ -64,18 +64,7 @@ static bool is_out(const int *out, int nout, int r)
 static int all_yes(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine, const int *out,
                    int nout)
 {
-    int32_t *all = calloc((size_t)w->n, sizeof(*all));
-    unsigned char *got = calloc((size_t)w->n, 1);
-    char err[256];
-    int yes = all && got &&
-              !nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
-                                  sizeof err);
-    for (int r = 0; yes && r < w->n; r++)
-        if (!is_out(out, nout, r))
-            yes = got[r] && all[r];
-    free(all);
-    free(got);
-    return yes;
+    return nrs_wk_coll_i32(w, key, name, mine, out, nout, NRS_WK_ALL);
 }
 
 /* The ranks taking part, ascending; how many. */

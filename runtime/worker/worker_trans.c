@@ -51,19 +51,10 @@ static void placed_out_of_line(nrs_worker_t *w, const nrs_plan_t *next)
  * the transition places continues from it (nrs_worker_job_step). */
 static int job_step_of(nrs_worker_t *w, uint32_t epoch, const int *out, int nout)
 {
-    int32_t mine = w->my_gpu >= 0 ? w->last_step : -1, best = -1;
-    int32_t *all = calloc((size_t)w->n + 1, sizeof(*all));
-    unsigned char *got = calloc((size_t)w->n + 1, 1);
-    char name[48], err[384];
+    int32_t mine = w->my_gpu >= 0 ? w->last_step : -1;
+    char name[48];
     snprintf(name, sizeof name, "step.%u", w->attempt);
-    if (all && got &&
-        !nrs_wk_coll_gather(w, epoch, name, &mine, sizeof mine, out, nout, all, got, err,
-                            sizeof err))
-        for (int r = 0; r < w->n; r++)
-            if (got[r] && all[r] > best)
-                best = all[r];
-    free(all);
-    free(got);
+    int32_t best = nrs_wk_coll_i32(w, epoch, name, mine, out, nout, NRS_WK_MAX);
     return best >= 0 ? best : mine; /* a failed gather: the transition fails on its own */
 }
 

@@ -133,8 +133,13 @@ def stage_seconds(a, ms, rl, f):
 
 
 def run_step(w, a, rl, f):
-    """Run (sleep through) each stage this rank holds; report what it measured."""
-    for r in w.roles():
+    """Run (sleep through) each stage this rank holds; report what it measured.
+    A rank that holds none (a joiner in line) waits a step's time, as
+    nereus-worker's does, so that it keeps the job's pace."""
+    roles = w.roles()
+    if not roles:
+        time.sleep(sum(stage_seconds(a, ms, rl, f) for ms in range(nw.NRS_MS_COUNT)))
+    for r in roles:
         t0 = time.perf_counter()
         time.sleep(stage_seconds(a, r.ms, rl, f))
         w.report_stage(r.ms, time.perf_counter() - t0)
@@ -297,9 +302,23 @@ class Job:
         self.exitc = 0
         self.partial = False
         self.sync_err = 0
+        # a joiner in line (no GPU) counts steps of its own: at every commit it
+        # takes the job's, announced when a commit (or a partial one) places it
+        self.in_line = w.joined_at >= 0 and w.gpu < 0
+
+    def take_job_step(self, s):
+        """In line: the job's step at this commit (job_step, API 8), else s."""
+        j = self.w.job_step
+        if not self.in_line or j < 0:
+            return s
+        if self.w.gpu >= 0:
+            self.in_line = False
+            say(f"rank {self.me}: step {s}: placed at the job's step {j}: continues from it")
+        return j
 
     def poll(self, s):
-        """The step boundary: take what the controller announced."""
+        """The step boundary: take what the controller announced. The step
+        the loop goes on from: s, or the job's for a joiner in line."""
         w = self.w
         try:
             committed = w.control_step() if self.a.sync else w.control_poll(0)
@@ -310,16 +329,20 @@ class Job:
             self.partial = False
             say(f"rank {self.me}: step {s}: epoch {w.epoch} committed (GPU {w.gpu}, "
                 f"{w.nbuffers} buffer(s), {w.transition_stat(nw.NRS_TS_SECONDS):.3f} s)")
+            s = self.take_job_step(s)
             if w.transition_stat(nw.NRS_TS_RESTORED_STEP) >= 0:
                 say(f"rank {self.me}: step {s}: {w.last_error}")
+        return s
 
     def failed(self, s, e):
+        """A failed step boundary; returns the step to go on from, as poll."""
         me, w = self.me, self.w
         if e.code == nw.NRS_ERR_ABORTED:
             say(f"rank {me}: step {s}: transition aborted, staying on epoch {w.epoch}: "
                 f"{e.message}")
         elif e.code == nw.NRS_ERR_PARTIAL:
             say(f"rank {me}: step {s}: {e.message}")
+            s = self.take_job_step(s)
             if self.controlled:  # the controller's next epoch rebuilds or restores it
                 say(f"rank {me}: step {s}: waiting for the recovery (replicas, else the "
                     "checkpoint)")
@@ -331,6 +354,7 @@ class Job:
             self.exitc = 4
         else:
             say(f"rank {me}: step {s}: {e}")
+        return s
 
     def weight_sync(self, s):
         """--sync: the actor's train -> generate sync, every step."""
@@ -361,15 +385,17 @@ class Job:
         lo, hi = a.rerun
         return list(range(s0, hi + 1)) + list(range(max(lo, s0), a.steps))
 
-    def steps(self):
+    def steps(self, s0=None):
+        """The step loop, from the step this rank joined at (or s0)."""
         a, w, f = self.a, self.w, factors()
-        s0 = max(w.joined_at, 0)
-        if w.joined_at >= 0:
-            say(f"rank {self.me} of {w.size}: joined the job at step {s0}")
+        if s0 is None:
+            s0 = max(w.joined_at, 0)
+            if w.joined_at >= 0:
+                say(f"rank {self.me} of {w.size}: joined the job at step {s0}")
         prev = -1
-        for s in self.schedule(s0):
-            if self.exitc:
-                break
+        todo = self.schedule(s0)
+        while todo and not self.exitc:
+            s = todo.pop(0)
             if s <= prev:
                 say(f"rank {self.me}: step {prev}: re-running from step {s} (as after a "
                     "checkpoint restore)")
@@ -378,16 +404,27 @@ class Job:
                   if a.steps > 1 else a.response_len)
             run_step(w, a, rl, f)
             w.report_step(s, rl)
-            self.poll(s)
-            if not self.exitc and a.sync:
-                self.weight_sync(s)
-            if not self.exitc:
-                self.checkpoint(s)
+            t = self.poll(s)
+            if t != s:  # placed (or in line) at the job's step t: on from t + 1
+                s, prev, todo = t, t, list(range(t + 1, a.steps))
+            self.tail(s)
+
+    def tail(self, s):
+        """The rest of step s's boundary: weight sync (--sync), checkpoint."""
+        if not self.exitc and self.a.sync:
+            self.weight_sync(s)
+        if not self.exitc:
+            self.checkpoint(s)
 
     def follow(self):
         """A transition decided on the last steps is a collective every rank
-        must take part in: poll until the controller is quiet."""
+        must take part in: poll until the controller is quiet. A joiner in
+        line placed here while the job's steps are not done goes back to
+        them: the step to go on from, else None."""
         left = self.a.quiet_s
+        if self.in_line and self.controlled and not self.exitc:
+            say(f"rank {self.me}: its steps done, in line: following the controller "
+                f"({left:g} s quiet at most)")
         while self.controlled and not self.exitc and left > 0:
             left -= 0.1
             try:
@@ -396,6 +433,11 @@ class Job:
                     left = self.a.quiet_s
                     say(f"rank {self.me}: after the last step: epoch {self.w.epoch} "
                         f"committed (GPU {self.w.gpu})")
+                    was = self.in_line
+                    s = self.take_job_step(self.a.steps)
+                    if was and not self.in_line and s + 1 < self.a.steps:
+                        self.tail(s)  # the others are at the rest of step s's boundary
+                        return None if self.exitc else s + 1
             except nw.NereusError as e:
                 if e.code == nw.NRS_ERR_PARTIAL:
                     self.exitc = 3
@@ -494,7 +536,10 @@ def main(argv):
         if rc is None:
             job = Job(w, a)
             job.steps()
-            job.follow()
+            s = job.follow()
+            while s is not None:  # placed after its own last step
+                job.steps(s)
+                s = job.follow()
             job.verify()
             rc = job.exitc
     finally:

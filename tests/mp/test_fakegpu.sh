@@ -98,5 +98,7 @@ mp_case "fake GPU: worker over NCCL, rank 2 SIGKILLed past the PONR" 137 60 env 
     "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2
 got=$(grep -c "census: .* present, .* rebuildable, .* lost" "$mp_out")
 [ "$got" -eq 3 ] && { echo "[       OK ] fake GPU: worker past the PONR: 3 survivors reported the census"; mp_pass=$((mp_pass + 1)); } \
-    || { echo "[  FAILED  ] fake GPU: worker past the PONR: $got of 3 reported"; mp_fail=$((mp_fail + 1)); }
+    || { echo "[  FAILED  ] fake GPU: worker past the PONR: $got of 3 reported"; mp_fail=$((mp_fail + 1))
+         grep -E 'mp_worker\[[0-9]+\]|pmix_srv: rank' "$mp_out" | grep -v 'layer views\|NULL checks' |
+             tail -n 20 | sed 's/^/    | /'; }
 mp_done

@@ -35,7 +35,14 @@
 #      with runtime.emulation_scale 0.25, so that the Python ranks must scale
 #      the spec as nereus-worker does (nrs_worker_init_emulated) for their
 #      graphs to match: they take the same transitions and weight syncs, all
-#      4 verify every shard and generation shard.
+#      4 verify every shard and generation shard;
+#   5. a join step of Python and C ranks, half of it in line: 4
+#      nereus-worker ranks on 4 GPUs, `delta --add 1` and 8 joiners (4
+#      py_worker.py --join --sync, 4 nereus-worker --join): 4 are placed, 4
+#      wait counting steps of their own, two of them ending those steps and
+#      following the controller; a second `delta --add 1` places the 4 and
+#      each takes the job's step (job_step, API 8), the one the C ranks
+#      committed that epoch at; all 12 end 0 and verify every shard.
 # Hard time-outs everywhere; prints the lines scripts/test counts.
 # The build: $NRS_BUILDDIR, else $B (B=<build> bash tests/mp/test_python.sh).
 [ -n "${B:-}" ] && [ -z "${NRS_BUILDDIR:-}" ] && export NRS_BUILDDIR="$B"
@@ -48,7 +55,7 @@ unset NEREUS_SOCKET_DIR NEREUS_JOB_DIR NEREUS_SPEC NEREUS_JOIN NEREUS_CHECKPOINT
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-py.XXXXXX")
 cpid=""
 cleanup() {
-    [ -n "$cpid" ] && kill -KILL "$cpid" 2>/dev/null
+    for p in "$cpid" "${spid:-}" "${jpid:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null; done
     if [ "${mp_fail:-0}" -gt 0 ]; then # a failed run keeps what explains it
         grep -HnE 'Traceback|Error|Sanitizer|Assertion|signal|core dumped' "$tmp"/*.log 2>/dev/null |
             grep -v 'transition aborted\|ABORT before\|signal 15' | head -n 40 | sed 's/^/    ! /'
@@ -219,4 +226,85 @@ check "mixed: 2 Python and 2 C ranks synced every step and verified their genera
 check "mixed: the controller committed epoch 2" "grep -q 'epoch 2 committed in' '$tmp/c4.log'"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/w4.log" 30; grep -v report "$tmp/c4.log" | show /dev/stdin 20; }
 stop_ctl "mixed"
+
+# --- 5. a join step of Python and C ranks, half of it in line -------------------------
+# 4 nereus-worker ranks on node0 (4 GPUs), `delta --add 1` and a join step of 8
+# (world ranks 4-11; Python: py_worker.py --join --sync, C: nereus-worker
+# --join; a wrapper picks by PMIX_RANK): world 4-7 (2 Python, 2 C) take GPUs
+# 4-7, world 8-11 wait in line counting steps of their own. Two of those (8
+# Python, 10 C) run theirs at 1 ms a step, end them in line and follow the
+# controller; the other two (9 Python, 11 C) are still in their steps. Then
+# `delta --add 1` places all four on GPUs 8-11: each takes the job's step
+# (job_step, API 8), the one the C ranks committed that epoch at; 8 and 10
+# run the rest of that step's boundary (the weight sync) and go back to the
+# job's steps, 9 and 11 go on from it; all 12 end 0 and meet in finalize.
+if ! command -v jq >/dev/null; then mp_skip "join" "needs jq"; mp_done; fi
+SPEC="$S/tests/mp/e2e.yaml"
+cat >"$tmp/joinmix.sh" <<EOS
+#!/bin/sh
+# join ranks 0-7 = world 4-11: Python 0 1 4 5, C 2 3 6 7; 4 and 6 fast
+r=\${PMIX_RANK:-0}
+case \$r in 4|6) set -- "\$@" --step-ms 1 --quiet-s 60 ;; *) set -- "\$@" --step-ms 30 ;; esac
+case \$r in 0|1|4|5) exec ${PY[*]} "$PYW" --sync "\$@" ;; esac
+exec "$WK" "\$@"
+EOS
+chmod +x "$tmp/joinmix.sh"
+D="$tmp/s5"
+start_ctl "$D" "$tmp/c5.log" --gpus 4
+spid="" jpid=""
+echo "[ RUN      ] join: 4 C ranks, a join step of 4 Python and 4 C ranks for 4 GPUs, then 4 more"
+NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 150 -- "$WK" --spec "$SPEC" --steps 500 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 256 >"$tmp/w5.log" 2>&1 &
+spid=$!
+wait_for 30 jq_ok "$D" '.nworkers == 4 and .pending_epoch == null'
+timeout 10 "$NRS" delta --add 1 --socket-dir "$D" >"$tmp/d5.out" 2>&1
+NEREUS_SOCKET_DIR="$D" NEREUS_HOSTNAME=node1 "$SRV" -q -n 8 -t 140 --exits -- "$tmp/joinmix.sh" \
+    --join --spec "$SPEC" --steps 500 --response-len 32 --max-response-len 256 \
+    >"$tmp/j5.log" 2>&1 &
+jpid=$!
+wait_for 60 jq_ok "$D" '.plan.total_gpus == 8 and .nworkers == 8 and .pending_epoch == null'
+check "join: 4 joiners placed on an 8-GPU plan, 4 waiting" \
+    "jq_ok '$D' '.plan.total_gpus == 8 and .nworkers == 8'" \
+    "$(status_json "$D" | jq -c '{epoch, nworkers, gpus}' 2>&1)"
+done_in_line() { [ "$(grep -acE '^rank (8|10): its steps done, in line' "$tmp/j5.log")" -eq 2 ]; }
+wait_for 60 done_in_line
+check "join: world ranks 8 (Python) and 10 (C) ended their steps in line, following" \
+    done_in_line "$(grep -a 'its steps done' "$tmp/j5.log" | tr '\n' ';')"
+timeout 10 "$NRS" delta --add 1 --socket-dir "$D" >"$tmp/d6.out" 2>&1
+wait_for 60 jq_ok "$D" '.plan.total_gpus == 12 and .nworkers == 12 and .pending_epoch == null'
+check "join: the 4 that waited placed on a 12-GPU plan" \
+    "jq_ok '$D' '.plan.total_gpus == 12 and .nworkers == 12 and .transitions.aborted == 0'" \
+    "$(status_json "$D" | jq -c '{epoch, nworkers, gpus, transitions}' 2>&1)"
+wait_steps 1600
+check "join: the C ranks' step exited 0" "[ $rc -eq 0 ]" "exit $rc"
+n=$(grep -acE 'pmix_srv: rank [0-7] ended: exit 0' "$tmp/j5.log")
+check "join: every rank of the join step exited 0" "[ $n -eq 8 ]" \
+    "$(grep -ao 'pmix_srv: rank [0-9]* ended: [a-z]* [0-9]*' "$tmp/j5.log" | tr '\n' ' ')"
+n=$(grep -aE '^rank (4|5|6|7): step [0-9]+: epoch [0-9]+ committed \(GPU [4-7],' "$tmp/j5.log" |
+    cut -d: -f1 | sort -u | wc -l)
+check "join: world ranks 4-7 took GPUs 4-7" "[ $n -eq 4 ]" "$n of 4"
+# ... the step at which the C ranks committed the 12-GPU epoch
+e=$(sed -n 's/^rank 9: step [0-9]*: epoch \([0-9]*\) committed (GPU \(9\|1[01]\),.*/\1/p' "$tmp/j5.log" | head -1)
+ws=$(sed -n "s/^rank 0: step \([0-9]*\): epoch ${e:-x} committed.*/\1/p" "$tmp/w5.log" | head -1)
+placed() { sed -n "s/^rank $1: step $2: placed at the job's step \([0-9]*\):.*/\1/p" "$tmp/j5.log" | tail -1; }
+p8=$(placed 8 500) p10=$(placed 10 500) p9=$(placed 9 '[0-9]*') p11=$(placed 11 '[0-9]*')
+check "join: 9 (Python) and 11 (C), in their steps, took the job's step ${ws:-?} (epoch ${e:-?})" \
+    "[ -n '$ws' ] && [ '$p9' = '$ws' ] && [ '$p11' = '$ws' ]" "rank 9 at ${p9:-?}, 11 at ${p11:-?}"
+check "join: 8 (Python) and 10 (C), after their last step, took it too" \
+    "[ -n '$ws' ] && [ '$p8' = '$ws' ] && [ '$p10' = '$ws' ]" "rank 8 at ${p8:-?}, 10 at ${p10:-?}"
+n=$(grep -acE '^rank (8|10): after the last step: epoch [0-9]+ committed \(GPU ([89]|1[01])\)' "$tmp/j5.log")
+check "join: 8 and 10 were placed while following the controller" "[ $n -eq 2 ]" "$n of 2"
+n=$(cat "$tmp/w5.log" "$tmp/j5.log" | grep -acE '^rank [0-9]+: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches')
+check "join: all 12 ranks verified every shard" "[ $n -eq 12 ]" "$n of 12"
+# every joiner synced as many steps as the others placed with it: 8 and 10
+# too, whose first was the boundary of the step they were placed at
+G='weight sync: [0-9]+ steps, [0-9]+ bytes, 0 failed, [0-9.]+ s/step; verified [0-9]+ generation shards, 0 mismatches'
+n=$(grep -acE "^rank ([4-9]|1[01]): $G" "$tmp/j5.log")
+m=$(sed -n 's/^rank \(8\|9\|10\|11\): weight sync: \([0-9]*\) steps,.*/\2/p' "$tmp/j5.log" | sort -u | wc -l)
+check "join: the 8 joiners' weight syncs: none failed, no mismatch; 8-11 synced as many steps" \
+    "[ $n -eq 8 ] && [ $m -eq 1 ]" "$n of 8; $(grep -a 'weight sync: [0-9]* steps' "$tmp/j5.log" | cut -d, -f1 | tr '\n' ';')"
+check "join: no traceback, no finalize barrier completed without a rank, no weight sync vote lost" \
+    "! grep -aq 'Traceback\|already completed without\|did not vote' '$tmp/w5.log' '$tmp/j5.log'"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/j5.log" 30; grep -v report "$tmp/c5.log" | show /dev/stdin 20; }
+stop_ctl "join"
 mp_done
