@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,4 +132,26 @@ int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n)
      * (slurmstepd, init) finds nothing of ours to act on. */
     nrs_reap_bounded(pid, 1000, NULL);
     return rc;
+}
+
+static int nrs_fs_lstat(void *arg, char *out, size_t n)
+{
+    struct stat st;
+
+    (void)out;
+    (void)n;
+    (void)lstat((const char *)arg, &st); /* any answer will do */
+    return 0;
+}
+
+int nrs_fs_answers(const char *path, const char *what, char *why, size_t n)
+{
+    char out[256];
+
+    if (nrs_bounded_call(NRS_FS_WAIT_MS, nrs_fs_lstat, (void *)path, out, sizeof(out)) !=
+        NRS_BOUNDED_TIMEOUT)
+        return 0;
+    snprintf(why, n, "%s %.900s: its filesystem did not answer within %d s (a hung NFS or FUSE "
+             "mount?)", what, path, NRS_FS_WAIT_MS / 1000);
+    return -1;
 }

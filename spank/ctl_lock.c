@@ -718,6 +718,10 @@ static int nrs_ctl_lock_open_remote(const nrs_remote_t *r, char *why, size_t n)
         errno = ENAMETOOLONG;
         return -1;
     }
+    if (nrs_fs_answers(state, "the first node's state_dir", why, n) < 0) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
     sfd = nrs_state_dir_open(state, false, why, n);
     if (sfd < 0)
         return -1;

@@ -112,6 +112,13 @@ typedef int (*nrs_bounded_fn)(void *arg, char *out, size_t n);
  * value with out[n] what it wrote, or NRS_BOUNDED_TIMEOUT (the child is
  * SIGKILLed; out "") or NRS_BOUNDED_ERROR. */
 int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n);
+/* Whether path's filesystem answers: an lstat of path in a bounded child
+ * (whatever it finds). 0; or -1 with why "WHAT PATH: its filesystem did not
+ * answer within 10 s (a hung NFS or FUSE mount?)". Where no child can be
+ * made (fork, pipe) it tells nothing: 0. For root's paths (state_dir), walked
+ * in-process afterwards: a mount that stops answering in between is not
+ * covered. */
+int nrs_fs_answers(const char *path, const char *what, char *why, size_t n);
 /* waitpid(pid) for at most ms (status may be NULL): a child stuck in an
  * unkillable wait is left to whoever reaps it later. */
 void nrs_reap_bounded(pid_t pid, int ms, int *status);

@@ -581,6 +581,13 @@ static int nrs_remote_job_dir(spank_t sp, nrs_remote_t *r)
     }
     snprintf(id, sizeof(id), "%u", r->job_id);
     aside[0] = '\0';
+    /* Root's walk below is in-process: first a bounded look, so that a
+     * state_dir on a hung mount fails this step rather than holding
+     * slurmstepd. */
+    if (nrs_fs_answers(state, "state_dir", why, sizeof(why)) < 0) {
+        nrs_err("%s; refusing it", why);
+        return -1;
+    }
     sfd = nrs_state_dir_open(state, true, why, sizeof(why));
     if (sfd < 0) {
         nrs_err("%s; refusing it", why);

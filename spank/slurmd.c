@@ -423,7 +423,7 @@ static int nrs_epilog_node_name(uint32_t job_id, char *node, size_t n, bool quie
 static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
 {
     char node[256], state[NRS_SPANK_PATH_MAX], dir[NRS_SPANK_PATH_MAX];
-    char mark[NRS_SPANK_PATH_MAX + 16];
+    char mark[NRS_SPANK_PATH_MAX + 16], why[NRS_SPANK_MSG_MAX];
     uint32_t job_id = 0, u32;
     uid_t uid;
     struct stat st;
@@ -442,6 +442,13 @@ static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
             return false;
         uid = (uid_t)u32;
     }
+    /* Every job's epilog comes here: a state_dir on a hung mount must not
+     * hold it (the node would drain), so a bounded look first. */
+    if (nrs_fs_answers(state, "state_dir", why, sizeof(why)) < 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: epilog: %s: cannot tell whether the job ran steps "
+                    "with --nereus here; no clean-up", job_id, why);
+        return false;
+    }
     k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
     if (k <= 0 || (size_t)k >= sizeof(dir) || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != uid)
@@ -457,10 +464,11 @@ void nrs_epilog(spank_t sp, int ac, char **av)
     uint32_t job_id = 0, u32;
     uid_t uid;
     gid_t gid;
-    bool shared;
+    bool shared, given = nrs_spank_option_given(sp);
     int k, hint = 0, sfd, jfd, jerr;
 
-    if (!nrs_spank_option_given(sp) && !nrs_epilog_has_job_dir(sp, ac, av))
+    /* Without --nereus, has_job_dir has had its bounded look at state_dir. */
+    if (!given && !nrs_epilog_has_job_dir(sp, ac, av))
         return;
     /* Slurm calls no slurm_spank_init in this context: parse here (once). */
     if (nrs_spank_config_parse(ac, av) != 0) {
@@ -491,6 +499,10 @@ void nrs_epilog(spank_t sp, int ac, char **av)
     snprintf(id, sizeof(id), "%u", job_id);
     /* The steps' rule (remote.c): an unsafe state dir is left alone, job
      * directory, ctl_node and all; a missing one holds nothing of the job. */
+    if (given && nrs_fs_answers(state, "state_dir", why, sizeof(why)) < 0) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: epilog: %s: no clean-up", job_id, why);
+        return;
+    }
     sfd = nrs_state_dir_open(state, false, why, sizeof(why));
     if (sfd < 0) {
         if (errno == ENOENT)

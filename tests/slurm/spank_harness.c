@@ -604,6 +604,106 @@ static int case_hung_exec(void)
                   "the watcher's exec blocked on a hung FUSE mount: the spawn gives up, says why");
 }
 
+/* The plugstack arguments with state_dir=<mnt>/%n, in hconf, parsed (the
+ * plugin parses once per process). */
+static char *hconf[3];
+static void hung_conf(const char *mnt)
+{
+    static char a0[NRS_SPANK_PATH_MAX + 16];
+
+    snprintf(a0, sizeof(a0), "state_dir=%s/%%n", mnt);
+    hconf[0] = a0;
+    hconf[1] = conf[1];
+    hconf[2] = conf[2];
+    nrs_spank_config_reset();
+    if (nrs_spank_config_parse(3, hconf) != 0)
+        printf("  plugstack arguments: %s\n", nrs_spank_config.error);
+}
+
+/* state_dir on a hung mount: init_post_opt (slurmstepd, root) gives up on
+ * Nereus for the step after its bound instead of blocking in its walk. */
+static int case_hung_state(void)
+{
+    char mnt[NRS_SPANK_PATH_MAX];
+    pid_t w = watchdog(HUNG_LIMIT_S);
+    int fd, rc;
+
+    snprintf(mnt, sizeof(mnt), "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0) {
+        watchdog_stop(w);
+        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
+    }
+    hung_conf(mnt);
+    fake_job = 4310;
+    setenv("SLURMD_NODENAME", "nodeB", 1);
+    fake_setenv("SLURM_JOB_NODELIST", "nodeB");
+    fake_ctx = S_CTX_REMOTE;
+    rc = slurm_spank_init(NULL, 3, hconf);
+    fake_opt->cb(fake_opt->val, (char *)spec, 1);
+    if (rc == 0)
+        rc = slurm_spank_init_post_opt(NULL, 3, hconf);
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    printf("  init_post_opt %d: %s\n", rc, nrs_spank_last_error);
+    return result(strstr(nrs_spank_last_error, "state_dir") &&
+                      strstr(nrs_spank_last_error, "its filesystem did not answer within"),
+                  "state_dir on a hung FUSE mount: init_post_opt gives up on Nereus after its "
+                  "bound, says why");
+}
+
+/* state_dir on a hung mount: root's epilog (every job's: with --nereus or,
+ * given == false, without) returns after its bound and logs why, instead of
+ * holding slurmd's epilog (the node would drain). */
+static int hung_state_epilog(bool given)
+{
+    char mnt[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX], cmd[NRS_SPANK_PATH_MAX + 64];
+    pid_t w = watchdog(HUNG_LIMIT_S);
+    int fd, lfd, saved, said;
+
+    snprintf(mnt, sizeof(mnt), "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0) {
+        watchdog_stop(w);
+        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
+    }
+    hung_conf(mnt);
+    fake_job = given ? 4311 : 4312;
+    fake_uid = 1000;
+    fake_gid = 1000;
+    fake_ctx = S_CTX_JOB_SCRIPT;
+    setenv("SLURMD_NODENAME", "nodeB", 1);
+    if (given)
+        setenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus", spec, 1);
+    else
+        unsetenv("SPANK__SLURM_SPANK_OPTION_nereus_nereus");
+    snprintf(log, sizeof(log), "%s/hung-state-epilog.err", base);
+    lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    saved = dup(2);
+    dup2(lfd, 2);
+    slurm_spank_job_epilog(NULL, 3, hconf);
+    dup2(saved, 2);
+    close(lfd);
+    close(saved);
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    sh("sed 's/^/  | /' %s", log);
+    snprintf(cmd, sizeof(cmd), "grep -q 'did not answer within.*no clean-up' %s", log);
+    said = sh("%s", cmd) == 0;
+    return result(said, given ? "state_dir on a hung FUSE mount: the epilog of a job with "
+                                "--nereus returns after its bound, says why"
+                              : "state_dir on a hung FUSE mount: the epilog of a job without "
+                                "--nereus returns after its bound, says why");
+}
+
+static int case_hung_state_epilog(void)
+{
+    return hung_state_epilog(false);
+}
+
+static int case_hung_state_epilog_ours(void)
+{
+    return hung_state_epilog(true);
+}
+
 /* ---- S5: the hint's whole process group goes -----------------------------------
  *
  * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
@@ -672,7 +772,10 @@ int main(int argc, char **argv)
                  {"epilog-kill-foreign", case_epilog_kill_foreign},
                  {"hung-spec", case_hung_spec},         {"hung-runtime", case_hung_runtime},
                  {"hung-exec", case_hung_exec},         {"hint-group-hang", case_hint_group_hang},
-                 {"hint-group-exit", case_hint_group_exit}};
+                 {"hint-group-exit", case_hint_group_exit},
+                 {"hung-state", case_hung_state},
+                 {"hung-state-epilog", case_hung_state_epilog},
+                 {"hung-state-epilog-ours", case_hung_state_epilog_ours}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)

@@ -19,6 +19,9 @@
 #    NFS or sshfs mount) under the spec, runtime_dir or the watcher's
 #    program: slurmstepd gives up after its bound with the reason instead of
 #    blocking in the kernel for good (skipped where no FUSE mount is possible);
+#  - the same for state_dir (root's) on a hung mount: init_post_opt gives up
+#    on Nereus for the step, and root's epilog of any job, with or without
+#    --nereus, returns and logs why;
 #  - a released node's hint killed at its deadline, or exiting, leaves
 #    nothing it started running (its whole process group is killed).
 # Needs root, a C compiler and the Slurm and libyaml headers (as the build).
@@ -57,7 +60,8 @@ hung_umount() { awk -v t="$sl_tmp/" 'index($2, t) == 1 { print $2 }' /proc/mount
 sl_at_exit hung_umount
 for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreign \
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
-    hung-runtime hung-exec hint-group-hang hint-group-exit; do
+    hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
+    hung-state-epilog-ours; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
     sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
