@@ -176,6 +176,10 @@ int nrs_spank_config_parse(int ac, char **av)
 fail:
     c->parsed = true;
     c->broken = true;
+    /* It quotes plugstack.conf's words: logged, as printable ASCII only. */
+    for (char *e = c->error; *e != '\0'; e++)
+        if ((unsigned char)*e < 0x20 || (unsigned char)*e >= 0x7f)
+            *e = '?';
     /* Never an error where every user would see it (srun, sbatch, each step):
      * slurmd's log is the admin's, and it parses once, at start-up. */
     if (spank_context() == S_CTX_SLURMD)

@@ -302,21 +302,37 @@ static void nrs_spec_encode(const char *spec, char *out, size_t n)
         snprintf(out, n, "-");
 }
 
-/* The other way, for messages (a hash stays as it is). */
+static int nrs_hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                          : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* The other way, for messages (a hash stays as it is): what is not
+ * printable ASCII, encoded or not (the record is the user's), becomes '?'. */
 static void nrs_spec_decode(const char *enc, char *out, size_t n)
 {
     size_t o = 0;
 
     for (const char *c = enc; *c != '\0' && o + 1 < n; c++) {
-        unsigned v;
+        int hi = c[0] == '%' ? nrs_hex_digit(c[1]) : -1, lo = hi >= 0 ? nrs_hex_digit(c[2]) : -1;
+        unsigned char v = (unsigned char)*c;
 
-        if (c[0] == '%' && c[1] != '\0' && c[2] != '\0' && sscanf(c + 1, "%2x", &v) == 1) {
-            out[o++] = v >= 0x20 && v < 0x7f ? (char)v : '?';
+        if (lo >= 0) {
+            v = (unsigned char)(hi * 16 + lo);
             c += 2;
-        } else
-            out[o++] = *c;
+        }
+        out[o++] = v >= 0x20 && v < 0x7f ? (char)v : '?';
     }
     out[o] = '\0';
+}
+
+/* s[] as root's messages may show it: what is not printable ASCII as '?'. */
+static void nrs_printable(char *s)
+{
+    for (; *s != '\0'; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+            *s = '?';
 }
 
 /* The record in fd (the user's file: parsed, never trusted further); state
@@ -353,6 +369,12 @@ static void nrs_ctl_rec_read(int fd, nrs_ctl_rec_t *rec)
     snprintf(rec->why, sizeof(rec->why), "%s", a + used);
     for (size_t l = strlen(rec->why); l > 0 && rec->why[l - 1] == ' '; l--)
         rec->why[l - 1] = '\0';
+    /* The user's bytes: they go into root's messages (slurmd's log, srun's
+     * stderr) only as printable ASCII. */
+    nrs_printable(rec->state);
+    nrs_printable(rec->host);
+    nrs_printable(rec->spec);
+    nrs_printable(rec->why);
 }
 
 /* Rewrite our record (we hold the lock): all NRS_REC_LEN bytes in place, the

@@ -18,7 +18,7 @@ nrs_spank_opt_t nrs_spank_opt;
 
 enum { NRS_OPT_NEREUS = 1 };
 
-static int nrs_opt_nereus(int val, const char *optarg, int remote);
+static int nrs_opt_nereus(int val, const char *arg, int remote);
 
 static struct spank_option nrs_spank_options[] = {
     {"nereus", "FILE",
@@ -147,18 +147,18 @@ static void nrs_opt_export_path(const char *path)
         unsetenv(NRS_SPEC_PATH_ENV); /* never an outer job's for this one */
 }
 
-/* The spec a --nereus with this optarg names, or NULL with the reason logged. */
-static const char *nrs_opt_spec_path(const char *optarg)
+/* The spec a --nereus with this argument (arg) names, or NULL with the reason logged. */
+static const char *nrs_opt_spec_path(const char *arg)
 {
-    if (optarg != NULL && optarg[0] != '\0')
-        return optarg;
+    if (arg != NULL && arg[0] != '\0')
+        return arg;
     if (nrs_spank_config.default_spec[0] != '\0')
         return nrs_spank_config.default_spec;
     nrs_err("--nereus needs a job spec: --nereus=FILE (this cluster sets no default_spec)");
     return NULL;
 }
 
-static int nrs_opt_nereus(int val, const char *optarg, int remote)
+static int nrs_opt_nereus(int val, const char *arg, int remote)
 {
     nrs_spank_opt_t *o = &nrs_spank_opt;
     const char *path, *job;
@@ -169,8 +169,8 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
      * would fail the step even for an "optional" plugin); post_opt and
      * user_init check as the job's user and disable Nereus on error. */
     if (remote) {
-        o->bare = optarg == NULL || optarg[0] == '\0';
-        path = !o->bare ? optarg : nrs_spank_config.default_spec;
+        o->bare = arg == NULL || arg[0] == '\0';
+        path = !o->bare ? arg : nrs_spank_config.default_spec;
         /* post_opt says so: not "no FILE" (which it would look like). */
         o->too_long = nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0;
         if (o->too_long)
@@ -183,7 +183,7 @@ static int nrs_opt_nereus(int val, const char *optarg, int remote)
                 "administrator)", nrs_spank_config.error);
         return -1;
     }
-    path = nrs_opt_spec_path(optarg);
+    path = nrs_opt_spec_path(arg);
     if (path == NULL)
         return -1;
     if ((job = nrs_opt_inherited_spec(path)) != NULL)

@@ -26,11 +26,12 @@ trap cleanup EXIT
 ok() { echo "[       OK ] $1"; pass=$((pass + 1)); }
 ko() { echo "[  FAILED  ] $1: $2"; fail=$((fail + 1)); sed 's/^/    | /' "${CURLOG:-$LOG}" 2>/dev/null | tail -n 25; }
 sk() { echo "[ SKIPPED  ] $1: $2"; skip=$((skip + 1)); }
-check() { # name command...: passes when the command exits 0 within 30 s
-    local name="$1"; shift
+check() { # name command...: passes when the command exits 0 within CHECK_S s (60)
+    local name="$1" rc; shift
     echo "[ RUN      ] $name"
-    if timeout -k 2 60 "$@" >"$tmp/out" 2>&1; then ok "$name"; else
-        sed 's/^/    | /' "$tmp/out" | tail -n 20; ko "$name" "exit $?"; fi
+    if timeout -k 2 "${CHECK_S:-60}" "$@" >"$tmp/out" 2>&1; then ok "$name"; else
+        rc=$?; [ "$rc" -eq 124 ] && echo "    time-out after ${CHECK_S:-60} s"
+        sed 's/^/    | /' "$tmp/out" | tail -n 20; ko "$name" "exit $rc"; fi
 }
 alive() { kill -0 "$cpid" 2>/dev/null; }
 # SIGTERM to a controller of ours only: bash reaps background children as they
@@ -170,7 +171,7 @@ CURLOG="$tmp/c5.log"
 "$CTL" --socket-dir "$D5" --gpus 1024 --log "$tmp/c5.log" "$SPEC" 2>/dev/null &
 c5=$!
 wait_for 10 timeout 5 "$CLI" status --socket-dir "$D5"
-check "1,024 ranks gathering 8 KiB each all get the whole 8 MiB answer" \
+CHECK_S=130 check "1,024 ranks gathering 8 KiB each all get the whole 8 MiB answer" \
     bash -c "timeout -k 2 120 '$FW' --socket-dir '$D5' --ranks 1024 --nranks 1024 --gather-len 8192 --timeout 100 >'$tmp/g5.out' 2>&1; rc=\$?; cat '$tmp/g5.out' >>'$tmp/c5.log'; exit \$rc"
 hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$c5/status" 2>/dev/null)
 echo "    controller peak memory after the 1,024-rank gather: ${hwm:-?} kB; $(grep -o 'got the whole answer in .*' "$tmp/g5.out" 2>/dev/null)"

@@ -21,6 +21,10 @@ char *fake_argv0 = "python";
 static char *fake_env[64];
 static int fake_nenv;
 
+/* The harness's handles on the job's environment. */
+void fake_setenv(const char *name, const char *value);
+const char *fake_getenv(const char *name);
+
 static char *fake_env_get(const char *name)
 {
     size_t l = strlen(name);
