@@ -44,8 +44,10 @@ of a buffer of a stacked layer tensor (NRS_TENSOR_*), as a framework's
 per-layer parameter sees it. API 6 and 7 added the figures of what
 runtime.verify hashed (NRS_TS_BYTES_VERIFIED, NRS_SS_BYTES_VERIFIED). API 8
 added job_step: the job's step at the last commit, where a joiner that
-waited in line for GPUs continues its step loop. This binding is written
-against API 8; load() refuses an older library unless
+waited in line for GPUs continues its step loop. API 9 added
+NRS_SS_NO_VOTE: weight syncs with nothing to move, which cast no vote
+(an older library reports 0). This binding is written
+against API 9; load() refuses an older library unless
 asked for less (want=).
 """
 
@@ -59,7 +61,7 @@ __all__ = ["Worker", "NereusError", "NereusLibraryError", "Role", "Buffer", "Buf
            "API_VERSION"]
 
 # The version of include/nereus/nereus.h this binding was written against.
-API_VERSION = 8
+API_VERSION = 9
 
 # ---- constants, mirrored from include/nereus/nereus.h (and the enums it uses)
 # python/test_nereus_worker.py parses the headers and fails on any drift.
@@ -138,6 +140,7 @@ NRS_SS_LAST_BYTES = 4
 NRS_SS_TOTAL_S = 5
 NRS_SS_SAMPLED = 6
 NRS_SS_BYTES_VERIFIED = 7
+NRS_SS_NO_VOTE = 8  # API 9
 
 # Tensor ids (buffer_desc's tensor; nereus.h's nrs_worker_buffer_desc, from
 # runtime/emu/geometry.h's NRS_EMU_T_* and NRS_EMU_T_GLOBALS + NRS_EMU_LT_*):

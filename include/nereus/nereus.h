@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define NRS_WORKER_API_VERSION 8
+#define NRS_WORKER_API_VERSION 9
 
 typedef struct nrs_worker nrs_worker_t;
 
@@ -318,7 +318,8 @@ int nrs_worker_control_step(nrs_worker_t *w);
 /* The actor's per-step weight sync (train -> generate) of the current plan:
  * actor.train's weights, which stay, are copied into actor.generate's
  * weight buffers in generate's layout (nrs_emu_weight_sync; no transfer at
- * all where the two layouts and pools are the same), with the distributed
+ * all where the two layouts and pools are the same, and then, since API 9,
+ * no collective either: every rank has the same plan), with the distributed
  * executor of the transitions. A collective over the ranks holding GPUs of
  * the plan, after nrs_worker_control_step each step; a rank holding none
  * returns NRS_OK at once. Afterwards one generation shard of this rank (a
@@ -341,8 +342,11 @@ enum {
     NRS_SS_LAST_BYTES = 4, /* bytes this rank received, last sync */
     NRS_SS_TOTAL_S = 5,    /* seconds, all syncs */
     NRS_SS_SAMPLED = 6,    /* generation shards checked after syncs */
-    NRS_SS_BYTES_VERIFIED = 7 /* (API 7) bytes this rank hashed, sent and
-                               * received, all syncs (runtime.verify) */
+    NRS_SS_BYTES_VERIFIED = 7, /* (API 7) bytes this rank hashed, sent and
+                                * received, all syncs (runtime.verify) */
+    NRS_SS_NO_VOTE = 8 /* (API 9) syncs with nothing to move anywhere (generate's
+                        * layout is train's): committed at once, without the
+                        * graph's three votes; counted in NRS_SS_STEPS too */
 };
 /* Figures of the weight syncs on this rank (NRS_SS_*); 0 for NULL or an
  * unknown field. Local. */

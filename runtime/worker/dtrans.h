@@ -99,6 +99,7 @@ typedef struct {
     int64_t my_ops, ops_done, ponr;
     int64_t xfers, bytes_sent, bytes_recv, max_inflight;
     int64_t bytes_verified; /* sent and received bytes hashed here (opts.verify) */
+    bool no_vote;           /* a weight sync with nothing to move: committed, no vote */
     /* NRS_DT_PARTIAL: new-state buffers over all survivors */
     int64_t present, rebuildable, lost;
     double prepare_s, execute_s, vote_s, commit_s, total_s;

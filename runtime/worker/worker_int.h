@@ -65,6 +65,7 @@ struct nrs_worker {
     int synced;             /* the generation buffers hold this epoch's sync */
     unsigned sync_n, agree_n, sync_sample;
     long long sync_steps, sync_failed, sync_bytes, sync_last_bytes, sync_sampled, sync_verified;
+    long long sync_no_vote; /* syncs with nothing to move (NRS_SS_NO_VOTE) */
     double sync_last_s, sync_total_s;
     int defer;              /* control frames: keep a PREPARE for the step's agreement */
     unsigned prep_epoch;    /* the PREPARE kept, 0: none */

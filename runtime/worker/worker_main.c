@@ -397,6 +397,8 @@ again:
                    n_ok > 0 ? nrs_worker_sync_stat(w, NRS_SS_TOTAL_S) / n_ok : 0.0, gver, gbad,
                    nrs_worker_sync_stat(w, NRS_SS_SAMPLED),
                    nrs_worker_sync_stat(w, NRS_SS_BYTES_VERIFIED));
+            printf("rank %d: weight syncs with nothing to move (no vote): %.0f\n", me,
+                   nrs_worker_sync_stat(w, NRS_SS_NO_VOTE));
             if (rc == NRS_ERR_VERIFY)
                 exitc = 1;
         }

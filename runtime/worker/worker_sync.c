@@ -407,6 +407,7 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
         return rc;
     w->synced = 1;
     w->sync_steps++;
+    w->sync_no_vote += res.no_vote;
     w->sync_last_s = res.total_s;
     w->sync_total_s += res.total_s;
     w->sync_last_bytes = res.bytes_recv;
@@ -448,6 +449,7 @@ double nrs_worker_sync_stat(const nrs_worker_t *w, int which)
     case NRS_SS_TOTAL_S: return w->sync_total_s;
     case NRS_SS_SAMPLED: return (double)w->sync_sampled;
     case NRS_SS_BYTES_VERIFIED: return (double)w->sync_verified;
+    case NRS_SS_NO_VOTE: return (double)w->sync_no_vote;
     default: return 0;
     }
 }

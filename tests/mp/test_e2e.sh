@@ -352,6 +352,14 @@ check "mixed: rank 0 says the collectives go over PMIx" \
     "grep -q '4 of 8 ranks have a control channel: collectives over PMIx' '$tmp/w9.log'"
 n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w9.log")
 check "mixed: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
+# One epoch: where its plan gives actor.generate train's layout, every sync
+# had nothing to move and cast no vote (API 9); otherwise none of them.
+differ=$(status_json "$D" 2>/dev/null | jq -r '[.plan.stages[] | select(.name == "actor.generate" or .name == "actor.train") | "\(.tp)x\(.pp)"] | unique | length > 1')
+want=$([ "$differ" = false ] && echo 24 || echo 0)
+n=$(grep -cE "^rank [0-7]: weight syncs with nothing to move \(no vote\): $want$" "$tmp/w9.log")
+s=$(grep -cE '^rank [0-7]: weight sync: 24 steps, ' "$tmp/w9.log")
+check "mixed: every sync of an epoch whose layouts agree casts no vote, else none" \
+    "[ -n '$differ' ] && [ $n -eq 8 ] && [ $s -eq 8 ]" "$n of 8 with $want no-vote syncs ($s synced 24 steps), layouts differ: ${differ:-unknown}"
 stop_ctl "mixed"
 
 # --- 10. ranks that cannot reach the socket connect over TCP -----------------------------
