@@ -155,8 +155,9 @@ stop_ctl "buffers"
 # --- 3. 4 Python ranks: a workload-driven transition --------------------------------------
 D="$tmp/s3"
 start_ctl "$D" "$tmp/c3.log" --gpus 4
-mp_case "python: 4 ranks, 24 steps, response length 32 -> 512" 0 60 \
-    env NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 55 -- "${PY[@]}" "$PYW" --spec "$SPEC" \
+# (a hang detector: 9 s here, 40 s under ASan with another suite beside it)
+mp_case "python: 4 ranks, 24 steps, response length 32 -> 512" 0 110 \
+    env NEREUS_SOCKET_DIR="$D" "$SRV" -q -n 4 -t 100 -- "${PY[@]}" "$PYW" --spec "$SPEC" \
     --steps 24 --step-ms 30 --gpus-per-host 4 --response-len 32 --max-response-len 512 \
     --check-layers
 cp "$mp_out" "$tmp/w3.log"
