@@ -48,6 +48,17 @@ int nrs_spank_strlcpy(char *dst, const char *src, size_t n)
     return 0;
 }
 
+char nrs_spank_printable_char(char c)
+{
+    return (unsigned char)c >= 0x20 && (unsigned char)c < 0x7f ? c : '?';
+}
+
+void nrs_spank_printable(char *s)
+{
+    for (; *s != '\0'; s++)
+        *s = nrs_spank_printable_char(*s);
+}
+
 bool nrs_spank_node_name_ok(const char *name)
 {
     if (name == NULL || name[0] == '\0' || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
@@ -177,9 +188,7 @@ fail:
     c->parsed = true;
     c->broken = true;
     /* It quotes plugstack.conf's words: logged, as printable ASCII only. */
-    for (char *e = c->error; *e != '\0'; e++)
-        if ((unsigned char)*e < 0x20 || (unsigned char)*e >= 0x7f)
-            *e = '?';
+    nrs_spank_printable(c->error);
     /* Never an error where every user would see it (srun, sbatch, each step):
      * slurmd's log is the admin's, and it parses once, at start-up. */
     if (spank_context() == S_CTX_SLURMD)

@@ -322,17 +322,9 @@ static void nrs_spec_decode(const char *enc, char *out, size_t n)
             v = (unsigned char)(hi * 16 + lo);
             c += 2;
         }
-        out[o++] = v >= 0x20 && v < 0x7f ? (char)v : '?';
+        out[o++] = nrs_spank_printable_char((char)v);
     }
     out[o] = '\0';
-}
-
-/* s[] as root's messages may show it: what is not printable ASCII as '?'. */
-static void nrs_printable(char *s)
-{
-    for (; *s != '\0'; s++)
-        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
-            *s = '?';
 }
 
 /* The record in fd (the user's file: parsed, never trusted further); state
@@ -371,10 +363,10 @@ static void nrs_ctl_rec_read(int fd, nrs_ctl_rec_t *rec)
         rec->why[l - 1] = '\0';
     /* The user's bytes: they go into root's messages (slurmd's log, srun's
      * stderr) only as printable ASCII. */
-    nrs_printable(rec->state);
-    nrs_printable(rec->host);
-    nrs_printable(rec->spec);
-    nrs_printable(rec->why);
+    nrs_spank_printable(rec->state);
+    nrs_spank_printable(rec->host);
+    nrs_spank_printable(rec->spec);
+    nrs_spank_printable(rec->why);
 }
 
 /* Rewrite our record (we hold the lock): all NRS_REC_LEN bytes in place, the
@@ -740,7 +732,9 @@ static int nrs_ctl_lock_open_remote(const nrs_remote_t *r, char *why, size_t n)
         errno = ENAMETOOLONG;
         return -1;
     }
-    if (nrs_fs_answers(state, "the first node's state_dir", why, n) < 0) {
+    /* This node's own (state_dir without %n) had its look in init_post_opt. */
+    if (strcmp(r->ctl_dir, r->job_dir) != 0 &&
+        nrs_fs_answers(state, "the first node's state_dir", why, n) < 0) {
         errno = ETIMEDOUT;
         return -1;
     }

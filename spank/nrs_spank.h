@@ -126,6 +126,12 @@ void nrs_reap_bounded(pid_t pid, int ms, int *status);
 /* Copy src into dst of size n; -1 (and dst untouched) if it does not fit. */
 int nrs_spank_strlcpy(char *dst, const char *src, size_t n);
 
+/* c as root's messages may show bytes of others' (a user's file, a
+ * plugstack word): printable ASCII as it is, anything else '?'. */
+char nrs_spank_printable_char(char c);
+/* The same for every byte of s, in place. */
+void nrs_spank_printable(char *s);
+
 /* name can be a node name in a path (state_dir's "%n", ctl_node): one
  * component of [A-Za-z0-9._-], not "." or "..". */
 bool nrs_spank_node_name_ok(const char *name);

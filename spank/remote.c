@@ -152,7 +152,7 @@ static int nrs_remote_check_node(const char *name, bool fits, const char *what, 
         return -1;
     }
     for (i = 0; name[i] != '\0' && i < sizeof(shown) - 4; i++) /* printable, short */
-        shown[i] = name[i] >= 0x20 && name[i] < 0x7f ? name[i] : '?';
+        shown[i] = nrs_spank_printable_char(name[i]);
     snprintf(shown + i, sizeof(shown) - i, "%s", name[i] != '\0' ? "..." : "");
     nrs_err("%s '%s' (from %s) is not a valid node name ([A-Za-z0-9._-]+, not . or ..): "
             "refusing Nereus for this job", what, shown, from);

@@ -525,18 +525,29 @@ static void watchdog_stop(pid_t w)
 /* The plugin gives up after 10 s (NRS_FS_WAIT_MS); a hang is what outlasts this. */
 enum { HUNG_LIMIT_S = 30 };
 
+/* A case's start: the watchdog (*w), then the hung mount at BASE/hung
+ * (mnt[n]): its fd, or -1 (no FUSE here; the watchdog stopped: skip). */
+static int hung_start(char *mnt, size_t n, pid_t *w)
+{
+    int fd;
+
+    *w = watchdog(HUNG_LIMIT_S);
+    snprintf(mnt, n, "%s/hung", base);
+    if ((fd = hung_mount(mnt)) < 0)
+        watchdog_stop(*w);
+    return fd;
+}
+#define NO_FUSE "no FUSE mount possible here (/dev/fuse, mount(2))"
+
 /* --nereus=<hung mount>/spec.yaml: user_init (slurmstepd) gives up. */
 static int case_hung_spec(void)
 {
     char mnt[NRS_SPANK_PATH_MAX], arg[NRS_SPANK_PATH_MAX + 16];
-    pid_t w = watchdog(HUNG_LIMIT_S);
+    pid_t w;
     int fd, rc;
 
-    snprintf(mnt, sizeof(mnt), "%s/hung", base);
-    if ((fd = hung_mount(mnt)) < 0) {
-        watchdog_stop(w);
-        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
-    }
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
     snprintf(arg, sizeof(arg), "%s/spec.yaml", mnt);
     fake_job = 4308;
     setenv("SLURMD_NODENAME", "nodeB", 1);
@@ -559,15 +570,12 @@ static int case_hung_spec(void)
 static int case_hung_runtime(void)
 {
     char mnt[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX];
-    pid_t w = watchdog(HUNG_LIMIT_S);
+    pid_t w;
     nrs_remote_t r;
     int fd, rc;
 
-    snprintf(mnt, sizeof(mnt), "%s/hung", base);
-    if ((fd = hung_mount(mnt)) < 0) {
-        watchdog_stop(w);
-        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
-    }
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
     job_dir(&r, "hung-runtime-job");
     snprintf(saved, sizeof(saved), "%s", nrs_spank_config.runtime_dir);
     snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", mnt);
@@ -585,15 +593,12 @@ static int case_hung_runtime(void)
 static int case_hung_exec(void)
 {
     char mnt[NRS_SPANK_PATH_MAX], prog[NRS_SPANK_PATH_MAX + 32];
-    pid_t w = watchdog(HUNG_LIMIT_S), pid;
+    pid_t w, pid;
     nrs_remote_t r;
     int fd;
 
-    snprintf(mnt, sizeof(mnt), "%s/hung", base);
-    if ((fd = hung_mount(mnt)) < 0) {
-        watchdog_stop(w);
-        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
-    }
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
     job_dir(&r, "hung-exec-job");
     snprintf(prog, sizeof(prog), "%s/nereus-watcher", mnt);
     pid = nrs_remote_spawn(NULL, &r, prog);
@@ -625,14 +630,11 @@ static void hung_conf(const char *mnt)
 static int case_hung_state(void)
 {
     char mnt[NRS_SPANK_PATH_MAX];
-    pid_t w = watchdog(HUNG_LIMIT_S);
+    pid_t w;
     int fd, rc;
 
-    snprintf(mnt, sizeof(mnt), "%s/hung", base);
-    if ((fd = hung_mount(mnt)) < 0) {
-        watchdog_stop(w);
-        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
-    }
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
     hung_conf(mnt);
     fake_job = 4310;
     setenv("SLURMD_NODENAME", "nodeB", 1);
@@ -656,15 +658,12 @@ static int case_hung_state(void)
  * holding slurmd's epilog (the node would drain). */
 static int hung_state_epilog(bool given)
 {
-    char mnt[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX], cmd[NRS_SPANK_PATH_MAX + 64];
-    pid_t w = watchdog(HUNG_LIMIT_S);
+    char mnt[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX];
+    pid_t w;
     int fd, lfd, saved, said;
 
-    snprintf(mnt, sizeof(mnt), "%s/hung", base);
-    if ((fd = hung_mount(mnt)) < 0) {
-        watchdog_stop(w);
-        return skip("no FUSE mount possible here (/dev/fuse, mount(2))");
-    }
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
     hung_conf(mnt);
     fake_job = given ? 4311 : 4312;
     fake_uid = 1000;
@@ -686,8 +685,7 @@ static int hung_state_epilog(bool given)
     watchdog_stop(w);
     hung_umount(mnt, fd);
     sh("sed 's/^/  | /' %s", log);
-    snprintf(cmd, sizeof(cmd), "grep -q 'did not answer within.*no clean-up' %s", log);
-    said = sh("%s", cmd) == 0;
+    said = sh("grep -q 'did not answer within.*no clean-up' %s", log) == 0;
     return result(said, given ? "state_dir on a hung FUSE mount: the epilog of a job with "
                                 "--nereus returns after its bound, says why"
                               : "state_dir on a hung FUSE mount: the epilog of a job without "
