@@ -667,6 +667,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
             D.mem[i] = old_mem[i];
             D.live[i] = 1;
         }
+    size_t data_ops = 0; /* any but the scheduler's communicator notes */
     for (size_t i = 0; i < g->nops; i++) {
         const nrs_emu_op_t *op = &g->ops[i];
         if (op->type == NRS_EMU_OP_XFER || op->type == NRS_EMU_OP_COPY ||
@@ -674,6 +675,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
             D.need[op->dst_buf]++;
         if (mine(&D, op))
             res->my_ops++;
+        data_ops += op->type != NRS_EMU_OP_COMM;
     }
 
     /* A weight sync with nothing to do anywhere (the generation layout is the
@@ -681,9 +683,6 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
      * the communicator set-up the scheduler notes, which runs nothing here).
      * Its graph comes from the epoch's plan, the same on every rank, so every
      * rank skips the votes alike: three collectives a step saved. */
-    size_t data_ops = 0;
-    for (size_t i = 0; i < g->nops; i++)
-        data_ops += g->ops[i].type != NRS_EMU_OP_COMM;
     if (o->sync_tags && data_ops == 0) {
         hand_over(&D, old_mem, new_mem);
         res->outcome = NRS_DT_COMMITTED;

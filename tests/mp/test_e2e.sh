@@ -60,6 +60,11 @@ cleanup() {
     rm -rf "$tmp" "$mp_out"
 }
 trap cleanup EXIT
+# layouts_differ [STATUS.json]: "true" when the plan gives actor.generate
+# another tp/pp than actor.train, "false" when not (jq's error otherwise)
+layouts_differ() {
+    jq -r '[.plan.stages[] | select(.name == "actor.generate" or .name == "actor.train") | "\(.tp)x\(.pp)"] | unique | length > 1' "$@" 2>/dev/null
+}
 # wait_srv TENTHS: wait for the PMIx server $spid to end (SIGKILL after TENTHS
 # tenths of a second); its exit status in $rc, 124 on time-out
 wait_srv() {
@@ -221,7 +226,7 @@ check "remove: the 4 survivors synced every step, every generation shard verifie
 # another tp/pp than actor.train (equal layouts share the buffers: an empty
 # graph). Which plan wins depends on the calibrated speeds, so ask the plan.
 b=$(sed -n 's/^rank [0-3]: weight sync: [0-9]* steps, \([0-9]*\) bytes.*/\1/p' "$tmp/w4.log" | awk '{s += $1} END {print s + 0}')
-differ=$(jq -r '[.plan.stages[] | select(.name == "actor.generate" or .name == "actor.train") | "\(.tp)x\(.pp)"] | unique | length > 1' "$tmp/plan4.json" 2>/dev/null)
+differ=$(layouts_differ "$tmp/plan4.json")
 check "remove: the 4-GPU epoch's sync moved bytes iff generate and train layouts differ" \
     "{ [ '$differ' = true ] && [ $b -gt 0 ]; } || { [ '$differ' = false ] && [ $b -eq 0 ]; }" "$b bytes, layouts differ: ${differ:-unknown}"
 [ "$mp_fail" -gt 0 ] && show "$tmp/w4.log" 30
@@ -354,7 +359,7 @@ n=$(grep -c 'verified [0-9]* shards, 0 mismatches' "$tmp/w9.log")
 check "mixed: 8 ranks verified every shard" "[ $n -eq 8 ]" "$n of 8"
 # One epoch: where its plan gives actor.generate train's layout, every sync
 # had nothing to move and cast no vote (API 9); otherwise none of them.
-differ=$(status_json "$D" 2>/dev/null | jq -r '[.plan.stages[] | select(.name == "actor.generate" or .name == "actor.train") | "\(.tp)x\(.pp)"] | unique | length > 1')
+differ=$(status_json "$D" 2>/dev/null | layouts_differ)
 want=$([ "$differ" = false ] && echo 24 || echo 0)
 n=$(grep -cE "^rank [0-7]: weight syncs with nothing to move \(no vote\): $want$" "$tmp/w9.log")
 s=$(grep -cE '^rank [0-7]: weight sync: 24 steps, ' "$tmp/w9.log")
