@@ -151,7 +151,12 @@ int nrs_fs_answers(const char *path, const char *what, char *why, size_t n)
     if (nrs_bounded_call(NRS_FS_WAIT_MS, nrs_fs_lstat, (void *)path, out, sizeof(out)) !=
         NRS_BOUNDED_TIMEOUT)
         return 0;
+    nrs_fs_hung_why(why, n, what, path);
+    return -1;
+}
+
+void nrs_fs_hung_why(char *why, size_t n, const char *what, const char *path)
+{
     snprintf(why, n, "%s %.900s: its filesystem did not answer within %d s (a hung NFS or FUSE "
              "mount?)", what, path, NRS_FS_WAIT_MS / 1000);
-    return -1;
 }

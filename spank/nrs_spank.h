@@ -67,6 +67,7 @@ typedef struct {
     char arg[NRS_SPANK_PATH_MAX];   /* FILE as given, or default_spec */
     bool too_long;                  /* ... FILE did not fit arg (remote context) */
     char checked[NRS_SPANK_PATH_MAX]; /* last arg validated successfully */
+    char abs[NRS_SPANK_PATH_MAX];   /* ... its absolute path, or "" (submission side) */
 } nrs_spank_opt_t;
 
 extern nrs_spank_opt_t nrs_spank_opt;
@@ -119,6 +120,9 @@ int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n);
  * in-process afterwards: a mount that stops answering in between is not
  * covered. */
 int nrs_fs_answers(const char *path, const char *what, char *why, size_t n);
+/* why[n] = "WHAT PATH: its filesystem did not answer within 10 s (a hung NFS
+ * or FUSE mount?)": what a bounded call that timed out on PATH says. */
+void nrs_fs_hung_why(char *why, size_t n, const char *what, const char *path);
 /* waitpid(pid) for at most ms (status may be NULL): a child stuck in an
  * unkillable wait is left to whoever reaps it later. */
 void nrs_reap_bounded(pid_t pid, int ms, int *status);

@@ -134,17 +134,67 @@ static const char *nrs_opt_inherited_spec(const char *arg)
     return stat(job, &st) == 0 && S_ISREG(st.st_mode) ? job : NULL;
 }
 
-/* Hand the spec's absolute path to the job (NRS_SPEC_PATH_ENV in our own
- * environment, which srun/sbatch/salloc pass on): its steps may run in
- * another directory. */
-static void nrs_opt_export_path(const char *path)
+/* The submission's look at the spec, in a bounded child (nrs_bounded_call):
+ * the spec, the directory it is looked up in or the job's copy may be on a
+ * hung NFS or FUSE mount, where srun, sbatch or salloc would block in the
+ * kernel for good, deaf to Ctrl-C. */
+typedef struct {
+    const char *path;    /* FILE as given, or default_spec */
+    const char *checked; /* validated already: not parsed again */
+} nrs_opt_look_t;
+
+/* In the child: 1 (the job's own spec, NRS_SPEC_PATH_ENV, stands for FILE)
+ * or 0 (FILE), with the spec's absolute path in out ("" where realpath
+ * fails); or -1 with the message. */
+static int nrs_opt_look(void *arg, char *out, size_t n)
 {
+    const nrs_opt_look_t *l = arg;
+    const char *job = nrs_opt_inherited_spec(l->path);
+    const char *path = job != NULL ? job : l->path;
     char abs[PATH_MAX];
 
-    if (realpath(path, abs) != NULL)
-        setenv(NRS_SPEC_PATH_ENV, abs, 1);
+    if (strcmp(path, l->checked) != 0 && nrs_spank_check_spec(path, out, n) != 0)
+        return -1;
+    snprintf(out, n, "%s", realpath(path, abs) != NULL ? abs : "");
+    return job != NULL;
+}
+
+/* Submission side: o->arg the spec path (checked), o->abs its absolute path
+ * ("" if unknown), which the job gets as NRS_SPEC_PATH_ENV in our own
+ * environment (srun/sbatch/salloc pass it on: its steps may run in another
+ * directory; never an outer job's for this one). 0, or -1 (logged). */
+static int nrs_opt_submitted(nrs_spank_opt_t *o, const char *path)
+{
+    char out[PATH_MAX + NRS_SPANK_MSG_MAX], why[NRS_SPANK_MSG_MAX];
+    nrs_opt_look_t l = {path, o->checked};
+    int rc = nrs_bounded_call(NRS_FS_WAIT_MS, nrs_opt_look, &l, out, sizeof(out));
+
+    if (rc == NRS_BOUNDED_TIMEOUT) {
+        nrs_fs_hung_why(why, sizeof(why), "job spec", path);
+        nrs_err("%s", why);
+        return -1;
+    }
+    if (rc == NRS_BOUNDED_ERROR) {
+        nrs_err("--nereus: cannot check the job spec %s: %s", path, out);
+        return -1;
+    }
+    if (rc < 0) {
+        nrs_err("%s", out);
+        return -1;
+    }
+    if (rc == 1)
+        path = getenv(NRS_SPEC_PATH_ENV);
+    if (path == NULL || nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0 ||
+        nrs_spank_strlcpy(o->abs, out, sizeof(o->abs)) < 0) {
+        nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
+        return -1;
+    }
+    nrs_spank_strlcpy(o->checked, o->arg, sizeof(o->checked));
+    if (o->abs[0] != '\0')
+        setenv(NRS_SPEC_PATH_ENV, o->abs, 1);
     else
-        unsetenv(NRS_SPEC_PATH_ENV); /* never an outer job's for this one */
+        unsetenv(NRS_SPEC_PATH_ENV);
+    return 0;
 }
 
 /* The spec a --nereus with this argument (arg) names, or NULL with the reason logged. */
@@ -161,7 +211,7 @@ static const char *nrs_opt_spec_path(const char *arg)
 static int nrs_opt_nereus(int val, const char *arg, int remote)
 {
     nrs_spank_opt_t *o = &nrs_spank_opt;
-    const char *path, *job;
+    const char *path;
 
     (void)val;
     o->given = true;
@@ -186,17 +236,9 @@ static int nrs_opt_nereus(int val, const char *arg, int remote)
     path = nrs_opt_spec_path(arg);
     if (path == NULL)
         return -1;
-    if ((job = nrs_opt_inherited_spec(path)) != NULL)
-        path = job;
-    if (nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0) {
+    if (strlen(path) >= sizeof(o->arg)) {
         nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
         return -1;
     }
-    if (strcmp(o->checked, o->arg) != 0) {
-        if (nrs_spank_validate_spec(o->arg) < 0)
-            return -1;
-        nrs_spank_strlcpy(o->checked, o->arg, sizeof(o->checked));
-    }
-    nrs_opt_export_path(o->arg);
-    return 0;
+    return nrs_opt_submitted(o, path);
 }

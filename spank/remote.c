@@ -1043,8 +1043,8 @@ static int nrs_remote_spec(spank_t sp, nrs_remote_t *r)
         submitted[0] = '\0';
     rc = nrs_bounded_call(NRS_FS_WAIT_MS, nrs_remote_spec_find, &f, out, sizeof(out));
     if (rc == NRS_BOUNDED_TIMEOUT) {
-        nrs_err("job spec %s: its filesystem did not answer within %d s (a hung NFS or FUSE "
-                "mount?)", nrs_spank_opt.arg, NRS_FS_WAIT_MS / 1000);
+        nrs_fs_hung_why(out, sizeof(out), "job spec", nrs_spank_opt.arg);
+        nrs_err("%s", out);
         return -1;
     }
     if (rc < 0 || nrs_spank_strlcpy(r->spec, out, sizeof(r->spec)) < 0) {

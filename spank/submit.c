@@ -3,9 +3,6 @@
  * init_post_opt runs; that refusal is what stops the submission, because
  * Slurm ignores hook failures of an "optional" plugin but never an option
  * callback's. */
-#include <limits.h>
-#include <stdlib.h>
-
 #include "nrs_spank.h"
 
 int nrs_submit_init(spank_t sp, int ac, char **av)
@@ -22,16 +19,14 @@ int nrs_submit_init(spank_t sp, int ac, char **av)
 
 int nrs_submit_post_opt(spank_t sp, int ac, char **av)
 {
-    char abs[PATH_MAX];
-
     (void)ac;
     (void)av;
     if (!nrs_spank_opt.given)
         return 0;
-    /* Prolog/epilog see it as SPANK_NEREUS_SPEC: which file, resolved here
-     * where relative paths mean what the user meant. */
-    if (realpath(nrs_spank_opt.arg, abs) != NULL &&
-        spank_job_control_setenv(sp, "NEREUS_SPEC", abs, 1) != ESPANK_SUCCESS)
+    /* Prolog/epilog see it as SPANK_NEREUS_SPEC: which file, resolved by the
+     * --nereus callback where relative paths mean what the user meant. */
+    if (nrs_spank_opt.abs[0] != '\0' &&
+        spank_job_control_setenv(sp, "NEREUS_SPEC", nrs_spank_opt.abs, 1) != ESPANK_SUCCESS)
         nrs_debug("job control environment not available here");
     nrs_verbose("job spec %s is valid", nrs_spank_opt.arg);
     return 0;

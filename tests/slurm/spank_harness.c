@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -566,6 +567,40 @@ static int case_hung_spec(void)
                   "a spec on a hung FUSE mount: user_init gives up after its bound, says why");
 }
 
+/* The submission side (srun, sbatch, salloc: local context, the user's own
+ * process): --nereus=<hung mount>/spec.yaml is refused after the bound with
+ * the reason; a good spec, given relative, is still taken and resolved. */
+static int case_hung_submit(void)
+{
+    char mnt[NRS_SPANK_PATH_MAX], arg[NRS_SPANK_PATH_MAX + 16], want[PATH_MAX], dir[PATH_MAX];
+    const char *slash = strrchr(spec, '/'), *env;
+    pid_t w;
+    int fd, hung, good;
+
+    if ((fd = hung_start(mnt, sizeof(mnt), &w)) < 0)
+        return skip(NO_FUSE);
+    snprintf(arg, sizeof(arg), "%s/spec.yaml", mnt);
+    fake_ctx = S_CTX_LOCAL;
+    unsetenv(NRS_SPEC_PATH_ENV);
+    slurm_spank_init(NULL, 3, conf);
+    hung = fake_opt->cb(fake_opt->val, arg, 0);
+    watchdog_stop(w);
+    hung_umount(mnt, fd);
+    printf("  hung: %d: %s\n", hung, nrs_spank_last_error);
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - spec) : 1, slash ? spec : ".");
+    if (realpath(spec, want) == NULL || chdir(dir) != 0)
+        return result(0, "the good spec's directory");
+    good = fake_opt->cb(fake_opt->val, slash ? slash + 1 : spec, 0);
+    env = getenv(NRS_SPEC_PATH_ENV);
+    printf("  good: %d: abs %s, %s=%s\n", good, nrs_spank_opt.abs, NRS_SPEC_PATH_ENV,
+           env ? env : "(unset)");
+    return result(hung < 0 && strstr(nrs_spank_last_error, "its filesystem did not answer within") &&
+                      strstr(nrs_spank_last_error, arg) && good == 0 &&
+                      strcmp(nrs_spank_opt.abs, want) == 0 && env && strcmp(env, want) == 0,
+                  "srun --nereus=<a spec on a hung FUSE mount> is refused after its bound, says "
+                  "why; a good relative spec is still resolved and exported");
+}
+
 /* runtime_dir on a hung mount: the controller's start gives up. */
 static int case_hung_runtime(void)
 {
@@ -768,7 +803,7 @@ int main(int argc, char **argv)
                  {"long-arg", case_long_arg},
                  {"epilog-kill-ours", case_epilog_kill_ours},
                  {"epilog-kill-foreign", case_epilog_kill_foreign},
-                 {"hung-spec", case_hung_spec},         {"hung-runtime", case_hung_runtime},
+                 {"hung-spec", case_hung_spec},         {"hung-submit", case_hung_submit},         {"hung-runtime", case_hung_runtime},
                  {"hung-exec", case_hung_exec},         {"hint-group-hang", case_hint_group_hang},
                  {"hint-group-exit", case_hint_group_exit},
                  {"hung-state", case_hung_state},

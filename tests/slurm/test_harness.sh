@@ -19,6 +19,8 @@
 #    NFS or sshfs mount) under the spec, runtime_dir or the watcher's
 #    program: slurmstepd gives up after its bound with the reason instead of
 #    blocking in the kernel for good (skipped where no FUSE mount is possible);
+#  - the same on the submission side: srun/sbatch/salloc --nereus=FILE on a
+#    hung mount is refused after the bound, with the reason;
 #  - the same for state_dir (root's) on a hung mount: init_post_opt gives up
 #    on Nereus for the step, and root's epilog of any job, with or without
 #    --nereus, returns and logs why;
@@ -60,7 +62,7 @@ hung_umount() { awk -v t="$sl_tmp/" 'index($2, t) == 1 { print $2 }' /proc/mount
 sl_at_exit hung_umount
 for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreign \
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
-    hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
+    hung-submit hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
     hung-state-epilog-ours; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
