@@ -428,7 +428,8 @@ static void nrs_ctl_unlock(nrs_remote_t *r, const char *state, const char *why)
  * ctl.sock refuses (a controller whose watcher was killed goes with its
  * parent-death signal, a little later); then let go of the lock, with the
  * record "failed WHY" (why: a start that failed) or "stopped". Never
- * blocks longer. */
+ * blocks longer, but for a first look (nrs_fs_answers, 10 s) at a job
+ * directory whose mount may have stopped answering (nrs_ctl_abandon). */
 enum { NRS_SOCK_GONE_MS = 500 };
 
 /* For at most NRS_SOCK_GONE_MS, until DIR/ctl.sock refuses. We are root
@@ -459,11 +460,30 @@ static void nrs_sock_wait_gone(const nrs_remote_t *r)
     close(fd);
 }
 
+/* The job directory stopped answering while the step ran (a state_dir on a
+ * hung NFS or FUSE mount): a write of the record, the look for ctl.sock, the
+ * unlock (on NFS a call to the server) or the close (a FUSE flush) would
+ * block slurmstepd in the kernel, and with it the end of the step. So none
+ * is made: the lock's descriptor is let go of unclosed (slurmstepd's exit
+ * or the node's epilog is where it ends) and the record stays as it was. */
+static void nrs_ctl_abandon(nrs_remote_t *r, const char *hung)
+{
+    slurm_error(NRS_SPANK_PREFIX "job %u step %u: %s: the watcher is stopped, but the job "
+                "directory's lock and record are left as they are", r->job_id, r->step_id, hung);
+    r->locked = false;
+    r->lock_fd = -1;
+}
+
 void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why)
 {
-    double deadline = nrs_now_ms() + wait_ms;
+    double deadline;
     pid_t pid = r->watcher;
+    char hung[NRS_SPANK_MSG_MAX];
 
+    /* Bounded (10 s) and before the watcher's own bound starts. */
+    if (r->locked && nrs_fs_answers(r->job_dir, "job directory", hung, sizeof(hung)) < 0)
+        nrs_ctl_abandon(r, hung);
+    deadline = nrs_now_ms() + wait_ms;
     if (pid <= 0) {
         nrs_ctl_unlock(r, why ? "failed" : "stopped", why ? why : "");
         return;

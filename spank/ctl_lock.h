@@ -85,7 +85,7 @@ void nrs_remote_controller_find(nrs_remote_t *r);
 int nrs_remote_step_has_first(spank_t sp, const nrs_remote_t *r);
 /* Stop the watcher this step started (TERM, up to wait_ms, then KILL) and
  * let go of the lock, leaving the record "failed WHY" (why) or "stopped".
- * Bounded. */
+ * Bounded: a job directory that no longer answers is left as it is. */
 void nrs_remote_stop_watcher(nrs_remote_t *r, int wait_ms, const char *why);
 
 #endif

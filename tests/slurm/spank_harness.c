@@ -601,6 +601,54 @@ static int case_hung_submit(void)
                   "why; a good relative spec is still resolved and exported");
 }
 
+/* The job directory's mount stops answering while the step runs (a hung
+ * FUSE mount laid over it after the lock was taken): task_exit's
+ * stop_watcher (root) still stops the watcher (a look-alike of it, in the
+ * job dir) and returns after its bound, saying why, instead of blocking in
+ * the look for ctl.sock. The lock's file is under the mount, so its
+ * descriptor still answers: this stages the paths, not a hung descriptor. */
+static int case_hung_jobdir(void)
+{
+    char path[NRS_SPANK_PATH_MAX + 32], log[NRS_SPANK_PATH_MAX + 32], said[2048] = "";
+    nrs_remote_t r;
+    pid_t w, la;
+    int fd, err, k, gone, saved = dup(2);
+
+    job_dir(&r, "hung-jobdir");
+    snprintf(path, sizeof(path), "%s/controller.lock", r.job_dir);
+    snprintf(log, sizeof(log), "%s/hung-jobdir.err", base);
+    r.lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (r.lock_fd < 0 || flock(r.lock_fd, LOCK_EX | LOCK_NB) != 0 ||
+        (la = look_alike(getuid(), r.job_dir)) < 0)
+        return result(0, "cannot stage the case");
+    r.locked = true;
+    r.watcher = la;
+    w = watchdog(HUNG_LIMIT_S);
+    if ((fd = hung_mount(r.job_dir)) < 0) {
+        watchdog_stop(w);
+        kill(la, SIGKILL);
+        return skip(NO_FUSE);
+    }
+    err = open(log, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    dup2(err, 2);
+    nrs_remote_stop_watcher(&r, 3000, NULL);
+    dup2(saved, 2);
+    watchdog_stop(w);
+    hung_umount(r.job_dir, fd);
+    /* Reaped by stop_watcher, or by us now. */
+    gone = waitpid(la, NULL, WNOHANG) == la || (kill(la, 0) != 0 && errno == ESRCH);
+    if (!gone)
+        kill(la, SIGKILL);
+    k = (int)pread(err, said, sizeof(said) - 1, 0);
+    said[k > 0 ? k : 0] = '\0';
+    close(err);
+    printf("  watcher stopped %d, locked %d, said: %s", gone, r.locked, said);
+    return result(gone && !r.locked && strstr(said, "job directory") &&
+                      strstr(said, "its filesystem did not answer within"),
+                  "the job directory's mount hangs mid-step: task_exit stops the watcher, "
+                  "returns after its bound, says why");
+}
+
 /* runtime_dir on a hung mount: the controller's start gives up. */
 static int case_hung_runtime(void)
 {
@@ -803,7 +851,8 @@ int main(int argc, char **argv)
                  {"long-arg", case_long_arg},
                  {"epilog-kill-ours", case_epilog_kill_ours},
                  {"epilog-kill-foreign", case_epilog_kill_foreign},
-                 {"hung-spec", case_hung_spec},         {"hung-submit", case_hung_submit},         {"hung-runtime", case_hung_runtime},
+                 {"hung-spec", case_hung_spec},         {"hung-submit", case_hung_submit},
+                 {"hung-jobdir", case_hung_jobdir},         {"hung-runtime", case_hung_runtime},
                  {"hung-exec", case_hung_exec},         {"hint-group-hang", case_hint_group_hang},
                  {"hint-group-exit", case_hint_group_exit},
                  {"hung-state", case_hung_state},

@@ -21,6 +21,8 @@
 #    blocking in the kernel for good (skipped where no FUSE mount is possible);
 #  - the same on the submission side: srun/sbatch/salloc --nereus=FILE on a
 #    hung mount is refused after the bound, with the reason;
+#  - a job directory whose mount stops answering mid-step: task_exit still
+#    stops the watcher and returns after the bound, saying why;
 #  - the same for state_dir (root's) on a hung mount: init_post_opt gives up
 #    on Nereus for the step, and root's epilog of any job, with or without
 #    --nereus, returns and logs why;
@@ -62,7 +64,7 @@ hung_umount() { awk -v t="$sl_tmp/" 'index($2, t) == 1 { print $2 }' /proc/mount
 sl_at_exit hung_umount
 for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreign \
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
-    hung-submit hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
+    hung-submit hung-jobdir hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
     hung-state-epilog-ours; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
