@@ -85,12 +85,10 @@ bool nrs_spank_option_given(spank_t sp);
 /* Register every option of the table; call from slurm_spank_init only. */
 int nrs_spank_options_register(spank_t sp);
 
-/* Validate a spec file with the runtime's loader; on failure log
- * "nereus: FILE:LINE:COL: message" and return -1. It is opened without
- * blocking and must be a regular file (a FIFO would hang the caller). */
-int nrs_spank_validate_spec(const char *path);
-/* The same, logging nothing: the message in why[n] (safe in a forked child
- * of slurmstepd, nrs_bounded_call). 0 or -1. */
+/* Validate a spec file with the runtime's loader, logging nothing (safe in
+ * a forked child, nrs_bounded_call): 0, or -1 with "FILE:LINE:COL: message"
+ * in why[n]. It is opened without blocking and must be a regular file (a
+ * FIFO would hang the caller). */
 int nrs_spank_check_spec(const char *path, char *why, size_t n);
 
 /* ---- bounded filesystem work (bounded.c) ---------------------------------

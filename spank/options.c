@@ -107,16 +107,6 @@ out:
     return rc;
 }
 
-int nrs_spank_validate_spec(const char *path)
-{
-    char why[NRS_SPANK_MSG_MAX];
-
-    if (nrs_spank_check_spec(path, why, sizeof(why)) == 0)
-        return 0;
-    nrs_err("%s", why);
-    return -1;
-}
-
 /* The job's own spec for a relative FILE that an srun in a batch script or
  * an salloc shell inherited from the job (the option in its environment)
  * and that names no file here (another directory): the file the job was
