@@ -33,6 +33,7 @@ struct nrs_rdv {
     int size;
     bool singleton;
     bool broken; /* a fence timed out: PMIx may still hold it, no more fences */
+    bool partial; /* the last survivors' fence completed without a participant */
     nrs_rdv_progress_fn progress;
     void *progress_arg;
     rdv_trk_t *trks;
@@ -440,6 +441,7 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     if (atomic_load(&t->done)) {
         st = t->status;
         trk_drop(r, t);
+        r->partial = st == PMIX_ERR_PARTIAL_SUCCESS;
         if (survivors && st == PMIX_ERR_PARTIAL_SUCCESS)
             return 0;
         if (st != PMIX_SUCCESS) {
@@ -505,8 +507,14 @@ static int local_get(nrs_rdv_t *r, const char *key, void **blob, size_t *len)
     return -1;
 }
 
-int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
-                size_t *len, double timeout_s, char *err, size_t errlen)
+/* GET_LOCAL: only what this process holds already (PMIX_OPTIONAL), never a
+ * request to the server. GET_ASK: the server may be asked; the wait ends
+ * when the rank is reported dead. GET_ASK_DEAD: asked even of a rank known
+ * dead, the wait bounded by timeout_s alone (what it committed before it
+ * died stays with its server). */
+enum { GET_LOCAL, GET_ASK, GET_ASK_DEAD };
+static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, int how,
+               void **blob, size_t *len, double timeout_s, char *err, size_t errlen)
 {
     char key[NRS_RDV_KEY_MAX];
     if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
@@ -521,8 +529,9 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
         return 0;
     }
     pmix_proc_t p;
-    pmix_info_t info[1];
+    pmix_info_t info[2];
     int tmo = timeout_s < 1 ? 1 : (int)(timeout_s + 0.999);
+    bool yes = true;
     rdv_trk_t *t = trk_new(r);
     if (!t) {
         nrs_seterr(err, errlen, "rdv: out of memory");
@@ -530,8 +539,10 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     }
     PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)rank);
     PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
-    pmix_status_t st = PMIx_Get_nb(&p, key, info, 1, value_cb, t);
+    PMIX_INFO_LOAD(&info[1], PMIX_OPTIONAL, &yes, PMIX_BOOL);
+    pmix_status_t st = PMIx_Get_nb(&p, key, info, how == GET_LOCAL ? 2 : 1, value_cb, t);
     PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
     if (st != PMIX_SUCCESS) {
         atomic_store(&t->done, 1);
         trk_drop(r, t);
@@ -539,7 +550,8 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
         return -1;
     }
     double end = nrs_now_s() + timeout_s + 0.5;
-    while (!atomic_load(&t->done) && nrs_now_s() < end && !nrs_rdv_peer_failed(r, rank))
+    while (!atomic_load(&t->done) && nrs_now_s() < end &&
+           (how != GET_ASK || !nrs_rdv_peer_failed(r, rank)))
         poll_once(r);
     if (!atomic_load(&t->done)) {
         trk_drop(r, t); /* stays until fini: PMIx still holds it */
@@ -562,6 +574,12 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     }
     trk_drop(r, t);
     return rc;
+}
+
+int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
+                size_t *len, double timeout_s, char *err, size_t errlen)
+{
+    return get(r, rank, epoch, name, GET_ASK, blob, len, timeout_s, err, errlen);
 }
 
 void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens)
@@ -612,31 +630,63 @@ fail:
 
 /* ---- a fixed-size all-gather over the survivors ------------------------------------ */
 
-int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,
-                   const int *out, int nout, void *all, unsigned char *got, double timeout_s,
-                   char *err, size_t errlen)
+/* The participants: every rank not in out. The ranks known dead stay in the
+ * list: when each rank learns of a death is its own affair, and ranks whose
+ * lists differ would wait for each other's fences for ever. The server
+ * completes it without the dead. */
+static int participants(const nrs_rdv_t *r, const int *out, int nout, int *part)
 {
-    int n = r->size, np = 0, *part = calloc((size_t)n + 1, sizeof(int));
-    unsigned char *skip = calloc((size_t)n + 1, 1);
-    int rc = -1;
-    if (!part || !skip) {
-        nrs_seterr(err, errlen, "rdv: out of memory");
-        goto out;
-    }
-    memset(got, 0, (size_t)n);
-    for (int i = 0; i < nout; i++)
-        if (out[i] >= 0 && out[i] < n)
-            skip[out[i]] = 1;
-    /* The ranks known dead stay in the list: when each rank learns of a death
-     * is its own affair, and ranks whose lists differ would wait for each
-     * other's fences for ever. The server completes it without the dead. */
-    for (int i = 0; i < n; i++)
-        if (!skip[i])
+    int n = r->size, np = 0;
+    for (int i = 0; i < n; i++) {
+        bool skip = false;
+        for (int k = 0; k < nout && !skip; k++)
+            skip = out[k] == i;
+        if (!skip)
             part[np++] = i;
+    }
+    return np;
+}
+
+int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
+                        size_t len, const int *out, int nout, double timeout_s, char *err,
+                        size_t errlen)
+{
+    int *part = calloc((size_t)r->size + 1, sizeof(int)), rc = -1;
+    if (!part) {
+        nrs_seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    int np = participants(r, out, nout, part);
     /* every rank of the job: the wildcard fence */
-    if (nrs_rdv_put(r, key, name, mine, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
-        nrs_rdv_fence_survivors(r, nout ? part : NULL, np, timeout_s, err, errlen))
-        goto out;
+    if (!nrs_rdv_put(r, key, name, mine, len, err, errlen) && !nrs_rdv_commit(r, err, errlen) &&
+        !nrs_rdv_fence_survivors(r, nout ? part : NULL, np, timeout_s, err, errlen))
+        rc = 0;
+    free(part);
+    return rc;
+}
+
+/* What the fence brought decides got[], never what this rank alone knows of
+ * deaths, so that the votes of runtime/worker/dtrans.c come out the same on
+ * every rank. Each blob is looked up locally first (what the fence's
+ * PMIX_COLLECT_DATA brought), then asked of the server (1 s; a local peer's
+ * bytes stay with the server under PMIx's hash store). A fence that
+ * completed with every participant means every blob exists: it is asked for
+ * also from a rank that died since (it voted; its death fails what comes
+ * next, on every rank). After a partial fence a rank known dead is not
+ * asked for, as it may never have put anything and each ask would wait the
+ * full second; there views may still differ, only for a rank that died
+ * between its commit and its fence. */
+int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
+                        size_t len, const int *out, int nout, void *all, unsigned char *got,
+                        char *err, size_t errlen)
+{
+    int *part = calloc((size_t)r->size + 1, sizeof(int));
+    memset(got, 0, (size_t)r->size);
+    if (!part) {
+        nrs_seterr(err, errlen, "rdv: out of memory");
+        return -1;
+    }
+    int np = participants(r, out, nout, part);
     for (int k = 0; k < np; k++) {
         int i = part[k];
         void *b = NULL;
@@ -645,16 +695,26 @@ int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *min
         if (i == (int)r->me.rank) {
             memcpy((char *)all + (size_t)i * len, mine, len);
             got[i] = 1;
-        } else if (!nrs_rdv_peer_failed(r, i) &&
-                   !nrs_rdv_get(r, i, key, name, &b, &bl, 1.0, e2, sizeof e2) && bl == len) {
+        } else if ((!get(r, i, key, name, GET_LOCAL, &b, &bl, 1.0, e2, sizeof e2) ||
+                    ((!r->partial || !nrs_rdv_peer_failed(r, i)) &&
+                     !get(r, i, key, name, r->partial ? GET_ASK : GET_ASK_DEAD, &b, &bl, 1.0,
+                          e2, sizeof e2))) &&
+                   bl == len) {
             memcpy((char *)all + (size_t)i * len, b, len);
             got[i] = 1;
         }
         free(b);
     }
-    rc = 0;
-out:
     free(part);
-    free(skip);
-    return rc;
+    return 0;
+}
+
+int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,
+                   const int *out, int nout, void *all, unsigned char *got, double timeout_s,
+                   char *err, size_t errlen)
+{
+    memset(got, 0, (size_t)r->size);
+    if (nrs_rdv_gather_post(r, key, name, mine, len, out, nout, timeout_s, err, errlen))
+        return -1;
+    return nrs_rdv_gather_read(r, key, name, mine, len, out, nout, all, got, err, errlen);
 }

@@ -77,11 +77,20 @@ void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens);
 /* A fixed-size all-gather among every rank but out[nout] and those known
  * dead: each publishes len bytes under (key, name); after the survivors'
  * fence, got[i] = 1 and all + i * len hold rank i's bytes for each rank whose
- * bytes came (ours included). -1 with err when the fence failed. The same
- * signature as nrs_dtrans_opts_t.gather (another backend: the controller). */
+ * bytes came (ours included), also when it died since: got[] is what the
+ * fence brought, the same on every rank. -1 with err when the fence failed.
+ * The same signature as nrs_dtrans_opts_t.gather (another backend: the
+ * controller). Its two halves, post (put, commit, fence) and read, are
+ * apart for tests that let a death be known between them. */
 int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,
                    const int *out, int nout, void *all, unsigned char *got, double timeout_s,
                    char *err, size_t errlen);
+int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
+                        size_t len, const int *out, int nout, double timeout_s, char *err,
+                        size_t errlen);
+int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
+                        size_t len, const int *out, int nout, void *all, unsigned char *got,
+                        char *err, size_t errlen);
 
 /* Ranks the resource manager reported dead (PMIx events), for transports
  * that want a second opinion. */

@@ -460,7 +460,8 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
         /* what the gather brought decides, never what this rank alone knows:
          * a rank that voted and died since voted (its death fails what comes
          * next, on every rank); with PMIx's local knowledge some survivors
-         * aborted before the PONR while the others went past it */
+         * aborted before the PONR while the others went past it (the PMIx
+         * gather's got[] is what its fence brought: nrs_rdv_gather_read) */
         if (!got[i]) {
             if (D->res->failed_rank < 0)
                 D->res->failed_rank = i;

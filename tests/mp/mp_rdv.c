@@ -1,12 +1,24 @@
 /* mp_rdv: one rank of a rendezvous test, run under pmix_srv (or alone: singleton).
  *
  *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton]
+ *   mp_rdv --die-after-gather RANK
  *
  * Every rank publishes a rank- and epoch-specific blob for N epochs and checks
  * every peer's. With --nojoin R, rank R never calls PMIx and sleeps; the others
  * must fail within the time-out with a message naming R (exit 3 = the expected
  * failure was seen, 1 = anything else).
+ *
+ * --die-after-gather R: every rank posts a survivors' gather (nrs_rdv_gather
+ * _post: put, commit, fence) and rank R SIGKILLs itself once its fence is
+ * complete; each other rank waits until PMIx has told it of R's death and
+ * only then reads the gather (nrs_rdv_gather_read). What the fence brought
+ * decides: every survivor must find R's bytes and print
+ *   mp_rdv[i]: rank R's contribution counted after its death
+ * (exit 0); finding them missing (a rank's own view of deaths deciding, as
+ * before the fix) exits 4.
  */
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +33,54 @@ static void make_blob(char *buf, size_t len, int rank, unsigned epoch)
              (unsigned)(rank * 2654435761u ^ epoch));
 }
 
+/* --die-after-gather: see the head of the file. */
+static int die_after_gather(nrs_rdv_t *r, int dier, double timeout)
+{
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r), rc = 1;
+    int32_t mine = 1000 + 7 * me, *all = calloc((size_t)n, sizeof(*all));
+    unsigned char *got = calloc((size_t)n, 1);
+    char err[512];
+    if (!all || !got || dier < 0 || dier >= n) {
+        fprintf(stderr, "mp_rdv[%d]: bad --die-after-gather %d of %d\n", me, dier, n);
+        goto out;
+    }
+    if (nrs_rdv_gather_post(r, 7, "vote", &mine, sizeof mine, NULL, 0, timeout, err,
+                            sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: gather: %s\n", me, err);
+        goto out;
+    }
+    if (me == dier)
+        raise(SIGKILL);
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 1000 && !nrs_rdv_peer_failed(r, dier); i++)
+        nanosleep(&ts, NULL);
+    if (!nrs_rdv_peer_failed(r, dier)) {
+        fprintf(stderr, "mp_rdv[%d]: never told of rank %d's death\n", me, dier);
+        goto out;
+    }
+    if (nrs_rdv_gather_read(r, 7, "vote", &mine, sizeof mine, NULL, 0, all, got, err,
+                            sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: read: %s\n", me, err);
+        goto out;
+    }
+    rc = 0;
+    for (int i = 0; i < n; i++)
+        if (!got[i] || all[i] != 1000 + 7 * i) {
+            fprintf(stderr, "mp_rdv[%d]: rank %d's contribution %s\n", me, i,
+                    got[i] ? "is wrong" : "is missing");
+            rc = i == dier ? 4 : 1;
+        }
+    if (!rc)
+        printf("mp_rdv[%d]: rank %d's contribution counted after its death\n", me, dier);
+out:
+    free(all);
+    free(got);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    int epochs = 3, nojoin = -1, expect_singleton = 0;
+    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1;
     double timeout = 10;
     char err[512];
     for (int i = 1; i < argc; i++) {
@@ -33,6 +90,8 @@ int main(int argc, char **argv)
             nojoin = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
             timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--die-after-gather") && i + 1 < argc)
+            dier = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--expect-singleton"))
             expect_singleton = 1;
     }
@@ -50,6 +109,11 @@ int main(int argc, char **argv)
     if (expect_singleton && (!nrs_rdv_is_singleton(r) || n != 1 || me != 0)) {
         fprintf(stderr, "mp_rdv: expected a singleton, got rank %d of %d\n", me, n);
         rc = 1;
+    }
+    if (dier >= 0) {
+        rc = die_after_gather(r, dier, timeout);
+        nrs_rdv_fini(r);
+        return rc;
     }
     for (int e = 1; e <= epochs && !rc; e++) {
         char mine[128], want[128];

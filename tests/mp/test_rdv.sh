@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PMIx rendezvous: 2/4/8 ranks over several epochs, singleton, a rank that never joins.
+# PMIx rendezvous: 2/4/8 ranks over several epochs, singleton, a rank that never joins,
+# a gather whose contributor died before the others read it.
 . "$(dirname "$0")/lib.sh"
 R="$B/tests/mp/mp_rdv"
 for n in 2 4 8; do
@@ -9,4 +10,18 @@ mp_case "rdv singleton (no server)" 0 30 env -u PMIX_SERVER_URI41 -u PMIX_SERVER
 # Rank 2 never calls PMIx: the others must say so within their 3 s time-out.
 mp_case "rdv rank never joins: clear error" 3 40 "$SRV" -q -n 4 -t 30 --kill-on-fail 1 -- "$R" --nojoin 2 --timeout 3
 mp_grep "rdv rank never joins: names rank 2" "rank 2 never arrived"
+# Rank 2 dies once its survivors' fence is complete; the others read the
+# gather only after PMIx told them of the death. What the fence brought
+# decides, the same on every rank: all 3 find rank 2's bytes (before, each
+# rank's own view of deaths left them out: a vote of runtime/worker/dtrans.c
+# then went past the point of no return on some ranks and aborted on others).
+mp_case "rdv gather: a rank that contributed and died is counted" 137 40 "$SRV" -q -n 4 -t 30 --exits -- "$R" --die-after-gather 2
+n=$(grep -c "mp_rdv\[[013]\]: rank 2's contribution counted after its death" "$mp_out")
+e=$(grep -cE "pmix_srv: rank [013] ended: exit 0$" "$mp_out")
+if [ "$n" -eq 3 ] && [ "$e" -eq 3 ]; then
+    echo "[       OK ] rdv gather: 3 of 3 survivors counted the dead rank's bytes and ended 0"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] rdv gather: $n of 3 survivors counted the dead rank's bytes, $e ended 0"; mp_fail=$((mp_fail + 1))
+    grep -E "mp_rdv|pmix_srv: rank" "$mp_out" | tail -n 12 | sed 's/^/    | /'
+fi
 mp_done
