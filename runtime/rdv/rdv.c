@@ -667,15 +667,22 @@ int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void
 
 /* What the fence brought decides got[], never what this rank alone knows of
  * deaths, so that the votes of runtime/worker/dtrans.c come out the same on
- * every rank. Each blob is looked up locally first (what the fence's
- * PMIX_COLLECT_DATA brought), then asked of the server (1 s; a local peer's
+ * every rank. A PMIx_Get looks locally first (what the fence's
+ * PMIX_COLLECT_DATA brought), then asks the server (1 s; a local peer's
  * bytes stay with the server under PMIx's hash store). A fence that
  * completed with every participant means every blob exists: it is asked for
  * also from a rank that died since (it voted; its death fails what comes
- * next, on every rank). After a partial fence a rank known dead is not
- * asked for, as it may never have put anything and each ask would wait the
- * full second; there views may still differ, only for a rank that died
- * between its commit and its fence. */
+ * next, on every rank). After a partial fence a rank known dead is looked
+ * up locally only, as it may never have put anything and each ask would
+ * wait the full second; there views may still differ, only for a rank that
+ * died between its commit and its fence. */
+static int how_to_get(const nrs_rdv_t *r, int rank)
+{
+    if (!r->partial)
+        return GET_ASK_DEAD;
+    return nrs_rdv_peer_failed(r, rank) ? GET_LOCAL : GET_ASK;
+}
+
 int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
                         size_t len, const int *out, int nout, void *all, unsigned char *got,
                         char *err, size_t errlen)
@@ -695,10 +702,7 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
         if (i == (int)r->me.rank) {
             memcpy((char *)all + (size_t)i * len, mine, len);
             got[i] = 1;
-        } else if ((!get(r, i, key, name, GET_LOCAL, &b, &bl, 1.0, e2, sizeof e2) ||
-                    ((!r->partial || !nrs_rdv_peer_failed(r, i)) &&
-                     !get(r, i, key, name, r->partial ? GET_ASK : GET_ASK_DEAD, &b, &bl, 1.0,
-                          e2, sizeof e2))) &&
+        } else if (!get(r, i, key, name, how_to_get(r, i), &b, &bl, 1.0, e2, sizeof e2) &&
                    bl == len) {
             memcpy((char *)all + (size_t)i * len, b, len);
             got[i] = 1;
