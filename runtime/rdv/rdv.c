@@ -20,6 +20,11 @@ typedef struct rdv_trk {
     atomic_int done;
     pmix_status_t status;
     pmix_value_t *val; /* Get_nb result, ours to release */
+    /* what a Get_nb reads after it returned (PMIx 4.2 thread-shifts the
+     * request): valid until the callback fired */
+    char key[NRS_RDV_KEY_MAX];
+    pmix_info_t info[1];
+    bool has_info;
 } rdv_trk_t;
 
 typedef struct {
@@ -33,13 +38,13 @@ struct nrs_rdv {
     int size;
     bool singleton;
     bool broken; /* a fence timed out: PMIx may still hold it, no more fences */
-    bool partial; /* the last survivors' fence completed without a participant */
     nrs_rdv_progress_fn progress;
     void *progress_arg;
     rdv_trk_t *trks;
     size_t evhdlr_id;
     bool evhdlr_ok;
     atomic_uchar *failed; /* [size] set by the event handler */
+    unsigned char *absent; /* [size] dead, and missing from a gather (so from every later one) */
     atomic_int nfailed;
     rdv_local_t *local;   /* singleton store */
     size_t nlocal;
@@ -75,6 +80,8 @@ static void trk_drop(nrs_rdv_t *r, rdv_trk_t *t)
         }
     if (t->val)
         PMIX_VALUE_RELEASE(t->val);
+    if (t->has_info)
+        PMIX_INFO_DESTRUCT(&t->info[0]);
     free(t);
 }
 
@@ -191,7 +198,10 @@ int nrs_rdv_init(nrs_rdv_t **out, char *err, size_t errlen)
     if (r->singleton)
         r->me.rank = 0;
     r->failed = calloc((size_t)r->size, sizeof(*r->failed));
-    if (!r->failed) {
+    r->absent = calloc((size_t)r->size, 1);
+    if (!r->failed || !r->absent) {
+        free(r->failed);
+        free(r->absent);
         nrs_seterr(err, errlen, "rdv: out of memory");
         PMIx_Finalize(NULL, 0);
         free(r);
@@ -217,12 +227,15 @@ void nrs_rdv_fini(nrs_rdv_t *r)
         r->trks = t->next;
         if (t->val)
             PMIX_VALUE_RELEASE(t->val);
+        if (t->has_info)
+            PMIX_INFO_DESTRUCT(&t->info[0]);
         free(t);
     }
     for (size_t i = 0; i < r->nlocal; i++)
         free(r->local[i].blob);
     free(r->local);
     free(r->failed);
+    free(r->absent);
     free(r);
 }
 
@@ -351,27 +364,19 @@ static void list_ranks(char *buf, size_t len, const unsigned char *mark, int n, 
         snprintf(buf + l, len - l, ", ... (%d in all)", *count);
 }
 
+static rdv_trk_t *get_post(nrs_rdv_t *r, int rank, const char *key, double timeout_s,
+                           char *err, size_t errlen);
+
 /* Which ranks never published (epoch, name): ask every peer at once, bounded. */
 static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsigned char *missing)
 {
     rdv_trk_t **t = calloc((size_t)r->size, sizeof(*t));
-    pmix_info_t info[1];
-    int tmo = timeout_s < 1 ? 1 : (int)timeout_s;
+    char e[128];
     if (!t)
         return;
-    PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
-    for (int i = 0; i < r->size; i++) {
-        pmix_proc_t p;
-        if (i == (int)r->me.rank)
-            continue;
-        PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)i);
-        if (!(t[i] = trk_new(r)))
-            continue;
-        if (PMIx_Get_nb(&p, key, info, 1, value_cb, t[i]) != PMIX_SUCCESS) {
-            t[i]->status = PMIX_ERR_NOT_FOUND;
-            atomic_store(&t[i]->done, 1);
-        }
-    }
+    for (int i = 0; i < r->size; i++)
+        if (i != (int)r->me.rank && !(t[i] = get_post(r, i, key, timeout_s, e, sizeof e)))
+            missing[i] = 1;
     double end = nrs_now_s() + timeout_s + 0.5;
     for (int i = 0; i < r->size; i++) {
         if (!t[i])
@@ -381,7 +386,6 @@ static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsign
         missing[i] = !atomic_load(&t[i]->done) || t[i]->status != PMIX_SUCCESS;
         trk_drop(r, t[i]);
     }
-    PMIX_INFO_DESTRUCT(&info[0]);
     free(t);
 }
 
@@ -441,7 +445,6 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     if (atomic_load(&t->done)) {
         st = t->status;
         trk_drop(r, t);
-        r->partial = st == PMIX_ERR_PARTIAL_SUCCESS;
         if (survivors && st == PMIX_ERR_PARTIAL_SUCCESS)
             return 0;
         if (st != PMIX_SUCCESS) {
@@ -507,62 +510,49 @@ static int local_get(nrs_rdv_t *r, const char *key, void **blob, size_t *len)
     return -1;
 }
 
-/* GET_LOCAL: only what this process holds already (PMIX_OPTIONAL), never a
- * request to the server. GET_ASK: the server may be asked; the wait ends
- * when the rank is reported dead. GET_ASK_DEAD: asked even of a rank known
- * dead, the wait bounded by timeout_s alone (what it committed before it
- * died stays with its server). */
-enum { GET_LOCAL, GET_ASK, GET_ASK_DEAD };
-static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, int how,
-               void **blob, size_t *len, double timeout_s, char *err, size_t errlen)
+/* A get in two halves, so that many can be in flight at once: get_post asks
+ * PMIx for rank's (epoch, name) (locally first, then its server, bounded by
+ * timeout_s), get_take hands over what came. */
+static rdv_trk_t *get_post(nrs_rdv_t *r, int rank, const char *key, double timeout_s,
+                           char *err, size_t errlen)
 {
-    char key[NRS_RDV_KEY_MAX];
-    if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
-        nrs_seterr(err, errlen, "rdv: bad get (rank %d of %d, '%s')", rank, r->size, name);
-        return -1;
-    }
-    if (r->singleton) {
-        if (local_get(r, key, blob, len)) {
-            nrs_seterr(err, errlen, "rdv: '%s' was never put", key);
-            return -1;
-        }
-        return 0;
-    }
     pmix_proc_t p;
-    pmix_info_t info[2];
     int tmo = timeout_s < 1 ? 1 : (int)(timeout_s + 0.999);
-    bool yes = true;
     rdv_trk_t *t = trk_new(r);
     if (!t) {
         nrs_seterr(err, errlen, "rdv: out of memory");
-        return -1;
+        return NULL;
     }
     PMIX_LOAD_PROCID(&p, r->me.nspace, (pmix_rank_t)rank);
-    PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
-    PMIX_INFO_LOAD(&info[1], PMIX_OPTIONAL, &yes, PMIX_BOOL);
-    pmix_status_t st = PMIx_Get_nb(&p, key, info, how == GET_LOCAL ? 2 : 1, value_cb, t);
-    PMIX_INFO_DESTRUCT(&info[0]);
-    PMIX_INFO_DESTRUCT(&info[1]);
+    snprintf(t->key, sizeof t->key, "%s", key);
+    PMIX_INFO_LOAD(&t->info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
+    t->has_info = true;
+    pmix_status_t st = PMIx_Get_nb(&p, t->key, t->info, 1, value_cb, t);
     if (st != PMIX_SUCCESS) {
         atomic_store(&t->done, 1);
         trk_drop(r, t);
-        nrs_seterr(err, errlen, "rdv: PMIx_Get_nb(rank %d, %s): %s", rank, key, PMIx_Error_string(st));
-        return -1;
+        nrs_seterr(err, errlen, "rdv: PMIx_Get_nb(rank %d, %s): %s", rank, key,
+                   PMIx_Error_string(st));
+        return NULL;
     }
-    double end = nrs_now_s() + timeout_s + 0.5;
-    while (!atomic_load(&t->done) && nrs_now_s() < end &&
-           (how != GET_ASK || !nrs_rdv_peer_failed(r, rank)))
-        poll_once(r);
+    return t;
+}
+
+/* 0 with *blob (malloc'd) and *len, or -1 saying why; t is released (or
+ * left to nrs_rdv_fini while PMIx still holds it). */
+static int get_take(nrs_rdv_t *r, rdv_trk_t *t, int rank, const char *key, void **blob,
+                    size_t *len, char *err, size_t errlen)
+{
     if (!atomic_load(&t->done)) {
         trk_drop(r, t); /* stays until fini: PMIx still holds it */
         nrs_seterr(err, errlen, "rdv: rank %d's '%s' %s", rank, key,
-               nrs_rdv_peer_failed(r, rank) ? "unavailable: the rank died" : "timed out");
+                   nrs_rdv_peer_failed(r, rank) ? "unavailable: the rank died" : "timed out");
         return -1;
     }
     int rc = -1;
     if (t->status != PMIX_SUCCESS)
         nrs_seterr(err, errlen, "rdv: rank %d never published '%s': %s", rank, key,
-               PMIx_Error_string(t->status));
+                   PMIx_Error_string(t->status));
     else if (!t->val || t->val->type != PMIX_BYTE_OBJECT)
         nrs_seterr(err, errlen, "rdv: rank %d's '%s' is not a byte object", rank, key);
     else if (!(*blob = malloc(t->val->data.bo.size ? t->val->data.bo.size : 1)))
@@ -576,10 +566,35 @@ static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, int how
     return rc;
 }
 
+/* One get; the wait also ends when the rank is reported dead. */
+static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
+               size_t *len, double timeout_s, char *err, size_t errlen)
+{
+    char key[NRS_RDV_KEY_MAX];
+    if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
+        nrs_seterr(err, errlen, "rdv: bad get (rank %d of %d, '%s')", rank, r->size, name);
+        return -1;
+    }
+    if (r->singleton) {
+        if (local_get(r, key, blob, len)) {
+            nrs_seterr(err, errlen, "rdv: '%s' was never put", key);
+            return -1;
+        }
+        return 0;
+    }
+    rdv_trk_t *t = get_post(r, rank, key, timeout_s, err, errlen);
+    if (!t)
+        return -1;
+    double end = nrs_now_s() + timeout_s + 0.5;
+    while (!atomic_load(&t->done) && nrs_now_s() < end && !nrs_rdv_peer_failed(r, rank))
+        poll_once(r);
+    return get_take(r, t, rank, key, blob, len, err, errlen);
+}
+
 int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
                 size_t *len, double timeout_s, char *err, size_t errlen)
 {
-    return get(r, rank, epoch, name, GET_ASK, blob, len, timeout_s, err, errlen);
+    return get(r, rank, epoch, name, blob, len, timeout_s, err, errlen);
 }
 
 void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens)
@@ -665,51 +680,67 @@ int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void
     return rc;
 }
 
-/* What the fence brought decides got[], never what this rank alone knows of
- * deaths, so that the votes of runtime/worker/dtrans.c come out the same on
- * every rank. A PMIx_Get looks locally first (what the fence's
- * PMIX_COLLECT_DATA brought), then asks the server (1 s; a local peer's
- * bytes stay with the server under PMIx's hash store). A fence that
- * completed with every participant means every blob exists: it is asked for
- * also from a rank that died since (it voted; its death fails what comes
- * next, on every rank). After a partial fence a rank known dead is looked
- * up locally only, as it may never have put anything and each ask would
- * wait the full second; there views may still differ, only for a rank that
- * died between its commit and its fence. */
-static int how_to_get(const nrs_rdv_t *r, int rank)
-{
-    if (!r->partial)
-        return GET_ASK_DEAD;
-    return nrs_rdv_peer_failed(r, rank) ? GET_LOCAL : GET_ASK;
-}
-
+/* What PMIx holds decides got[], never what this rank alone knows of deaths,
+ * so that the votes and the census of runtime/worker/dtrans.c come out the
+ * same on every rank. Every participant's blob is asked for at once, also
+ * from a rank known dead, each get bounded by the same 1 s: a PMIx_Get looks
+ * locally first (what the fence's PMIX_COLLECT_DATA brought), then asks the
+ * server, which keeps what a rank committed after it died (a local peer's
+ * bytes stay with the server under PMIx's hash store). A rank that voted and
+ * died since is counted on every rank (its death fails what comes next, on
+ * every rank); one that died before its commit is missing on every rank.
+ * That costs up to 1.5 s of waiting, once, after a fence a rank missed; a
+ * rank known dead and found missing so is not asked again (it cannot be in
+ * a later gather either), so the gathers after it cost nothing more. */
 int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
                         size_t len, const int *out, int nout, void *all, unsigned char *got,
                         char *err, size_t errlen)
 {
-    int *part = calloc((size_t)r->size + 1, sizeof(int));
-    memset(got, 0, (size_t)r->size);
-    if (!part) {
+    int n = r->size, *part = calloc((size_t)n + 1, sizeof(int));
+    rdv_trk_t **t = calloc((size_t)n + 1, sizeof(*t));
+    char k[NRS_RDV_KEY_MAX], e2[128];
+    memset(got, 0, (size_t)n);
+    if (!part || !t) {
+        free(part);
+        free(t);
         nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
+    if (nrs_rdv_key(k, sizeof k, key, name)) {
+        free(part);
+        free(t);
+        nrs_seterr(err, errlen, "rdv: bad gather name '%s'", name);
+        return -1;
+    }
     int np = participants(r, out, nout, part);
-    for (int k = 0; k < np; k++) {
-        int i = part[k];
-        void *b = NULL;
-        size_t bl = 0;
-        char e2[128];
+    for (int j = 0; j < np; j++) {
+        int i = part[j];
         if (i == (int)r->me.rank) {
             memcpy((char *)all + (size_t)i * len, mine, len);
             got[i] = 1;
-        } else if (!get(r, i, key, name, how_to_get(r, i), &b, &bl, 1.0, e2, sizeof e2) &&
-                   bl == len) {
+        } else if (!r->singleton && !r->absent[i]) {
+            t[i] = get_post(r, i, k, 1.0, e2, sizeof e2);
+        }
+    }
+    double end = nrs_now_s() + 1.5;
+    for (int j = 0; j < np; j++) {
+        int i = part[j];
+        void *b = NULL;
+        size_t bl = 0;
+        if (!t[i])
+            continue;
+        while (!atomic_load(&t[i]->done) && nrs_now_s() < end)
+            poll_once(r);
+        if (!get_take(r, t[i], i, k, &b, &bl, e2, sizeof e2) && bl == len) {
             memcpy((char *)all + (size_t)i * len, b, len);
             got[i] = 1;
+        } else if (nrs_rdv_peer_failed(r, i)) {
+            r->absent[i] = 1;
         }
         free(b);
     }
     free(part);
+    free(t);
     return 0;
 }
 

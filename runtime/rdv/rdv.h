@@ -77,8 +77,10 @@ void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens);
 /* A fixed-size all-gather among every rank but out[nout] and those known
  * dead: each publishes len bytes under (key, name); after the survivors'
  * fence, got[i] = 1 and all + i * len hold rank i's bytes for each rank whose
- * bytes came (ours included), also when it died since: got[] is what the
- * fence brought, the same on every rank. -1 with err when the fence failed.
+ * bytes came (ours included), also when it died since: got[] is what PMIx
+ * holds, the same on every rank, whatever each was told of deaths (a rank
+ * that never committed costs a wait of up to 1.5 s, once). -1 with err when
+ * the fence failed.
  * The same signature as nrs_dtrans_opts_t.gather (another backend: the
  * controller). Its two halves, post (put, commit, fence) and read, are
  * apart for tests that let a death be known between them. */

@@ -576,8 +576,12 @@ static void census(dt_t *D, uint64_t epoch)
         memcpy(every + (size_t)me * len, mine, len);
         got[me] = 1;
     }
+    /* what the gather brought, the same on every rank: a rank that contributed
+     * and died since counts (its GPUs are lost in the next epoch anyway); this
+     * rank's own view of deaths made censuses differ, and the recovery's graph
+     * hash vote then failed */
     for (int i = 0; i < n; i++)
-        if (got[i] && (i == me || !(is_out(D, i) || peer_dead(D, i))))
+        if (got[i] && (i == me || !is_out(D, i)))
             nrs_census_unpack(&c, i, every + (size_t)i * len, all);
     if (nrs_census_classify(g, all, D->o->present_out, &cnt))
         goto out;

@@ -1,7 +1,7 @@
 /* mp_rdv: one rank of a rendezvous test, run under pmix_srv (or alone: singleton).
  *
  *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton]
- *   mp_rdv --die-after-gather RANK
+ *   mp_rdv --die-after-gather RANK [--die-before RANK2]
  *
  * Every rank publishes a rank- and epoch-specific blob for N epochs and checks
  * every peer's. With --nojoin R, rank R never calls PMIx and sleeps; the others
@@ -15,7 +15,11 @@
  * decides: every survivor must find R's bytes and print
  *   mp_rdv[i]: rank R's contribution counted after its death
  * (exit 0); finding them missing (a rank's own view of deaths deciding, as
- * before the fix) exits 4.
+ * before the fix) exits 4. With --die-before R2, rank R2 SIGKILLs itself
+ * before it puts anything, so the fence completes without it (partial) and
+ * the others also wait to be told of its death: R's bytes must still be
+ * found and R2's must be missing, on every survivor. A second gather
+ * follows: the survivors' bytes only (mp_rdv[i]: second gather: ...).
  */
 #include <signal.h>
 #include <stdint.h>
@@ -34,16 +38,27 @@ static void make_blob(char *buf, size_t len, int rank, unsigned epoch)
 }
 
 /* --die-after-gather: see the head of the file. */
-static int die_after_gather(nrs_rdv_t *r, int dier, double timeout)
+static int told(nrs_rdv_t *r, int rank)
+{
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 1000 && rank >= 0 && !nrs_rdv_peer_failed(r, rank); i++)
+        nanosleep(&ts, NULL);
+    return rank < 0 || nrs_rdv_peer_failed(r, rank);
+}
+
+static int die_after_gather(nrs_rdv_t *r, int dier, int before, double timeout)
 {
     int me = nrs_rdv_rank(r), n = nrs_rdv_size(r), rc = 1;
     int32_t mine = 1000 + 7 * me, *all = calloc((size_t)n, sizeof(*all));
     unsigned char *got = calloc((size_t)n, 1);
     char err[512];
-    if (!all || !got || dier < 0 || dier >= n) {
-        fprintf(stderr, "mp_rdv[%d]: bad --die-after-gather %d of %d\n", me, dier, n);
+    if (!all || !got || dier < 0 || dier >= n || before >= n || before == dier) {
+        fprintf(stderr, "mp_rdv[%d]: bad --die-after-gather %d / --die-before %d of %d\n", me,
+                dier, before, n);
         goto out;
     }
+    if (me == before)
+        raise(SIGKILL);
     if (nrs_rdv_gather_post(r, 7, "vote", &mine, sizeof mine, NULL, 0, timeout, err,
                             sizeof err)) {
         fprintf(stderr, "mp_rdv[%d]: gather: %s\n", me, err);
@@ -51,11 +66,8 @@ static int die_after_gather(nrs_rdv_t *r, int dier, double timeout)
     }
     if (me == dier)
         raise(SIGKILL);
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    for (int i = 0; i < 1000 && !nrs_rdv_peer_failed(r, dier); i++)
-        nanosleep(&ts, NULL);
-    if (!nrs_rdv_peer_failed(r, dier)) {
-        fprintf(stderr, "mp_rdv[%d]: never told of rank %d's death\n", me, dier);
+    if (!told(r, dier) || !told(r, before)) {
+        fprintf(stderr, "mp_rdv[%d]: never told of rank %d's or %d's death\n", me, dier, before);
         goto out;
     }
     if (nrs_rdv_gather_read(r, 7, "vote", &mine, sizeof mine, NULL, 0, all, got, err,
@@ -65,13 +77,33 @@ static int die_after_gather(nrs_rdv_t *r, int dier, double timeout)
     }
     rc = 0;
     for (int i = 0; i < n; i++)
-        if (!got[i] || all[i] != 1000 + 7 * i) {
+        if (i == before) {
+            if (got[i]) {
+                fprintf(stderr, "mp_rdv[%d]: rank %d, dead before it put, counted\n", me, i);
+                rc = 1;
+            }
+        } else if (!got[i] || all[i] != 1000 + 7 * i) {
             fprintf(stderr, "mp_rdv[%d]: rank %d's contribution %s\n", me, i,
                     got[i] ? "is wrong" : "is missing");
             rc = i == dier ? 4 : 1;
         }
     if (!rc)
         printf("mp_rdv[%d]: rank %d's contribution counted after its death\n", me, dier);
+    /* and a gather after it: the survivors' bytes only, the dead missing */
+    mine += 1;
+    if (!rc && nrs_rdv_gather(r, 8, "vote", &mine, sizeof mine, NULL, 0, all, got, timeout,
+                              err, sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: second gather: %s\n", me, err);
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++)
+        if (i == dier || i == before ? got[i] : !got[i] || all[i] != 1001 + 7 * i) {
+            fprintf(stderr, "mp_rdv[%d]: second gather: rank %d %s\n", me, i,
+                    got[i] ? "wrong or counted though dead" : "missing");
+            rc = 1;
+        }
+    if (!rc)
+        printf("mp_rdv[%d]: second gather: the survivors' bytes only\n", me);
 out:
     free(all);
     free(got);
@@ -80,7 +112,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1;
+    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1, before = -1;
     double timeout = 10;
     char err[512];
     for (int i = 1; i < argc; i++) {
@@ -92,6 +124,8 @@ int main(int argc, char **argv)
             timeout = atof(argv[++i]);
         else if (!strcmp(argv[i], "--die-after-gather") && i + 1 < argc)
             dier = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--die-before") && i + 1 < argc)
+            before = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--expect-singleton"))
             expect_singleton = 1;
     }
@@ -111,7 +145,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     if (dier >= 0) {
-        rc = die_after_gather(r, dier, timeout);
+        rc = die_after_gather(r, dier, before, timeout);
         nrs_rdv_fini(r);
         return rc;
     }

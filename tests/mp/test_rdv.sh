@@ -24,4 +24,20 @@ else
     echo "[  FAILED  ] rdv gather: $n of 3 survivors counted the dead rank's bytes, $e ended 0"; mp_fail=$((mp_fail + 1))
     grep -E "mp_rdv|pmix_srv: rank" "$mp_out" | tail -n 12 | sed 's/^/    | /'
 fi
+# The same with rank 1 dead before it put anything: the fence completes
+# without it (partial) and the survivors read once told of both deaths.
+# Every survivor must still find rank 2's bytes, and none rank 1's (before,
+# after a partial fence a rank known dead was looked up locally only: not
+# found, under PMIx's hash store, on a rank that had not asked before).
+# A second gather then brings the survivors' bytes only.
+mp_case "rdv gather after a partial fence: the dead contributor is counted" 137 40 "$SRV" -q -n 4 -t 30 --exits -- "$R" --die-after-gather 2 --die-before 1
+n=$(grep -c "mp_rdv\[[03]\]: rank 2's contribution counted after its death" "$mp_out")
+s=$(grep -c "mp_rdv\[[03]\]: second gather: the survivors' bytes only" "$mp_out")
+e=$(grep -cE "pmix_srv: rank [03] ended: exit 0$" "$mp_out")
+if [ "$n" -eq 2 ] && [ "$s" -eq 2 ] && [ "$e" -eq 2 ]; then
+    echo "[       OK ] rdv gather, partial fence: 2 of 2 survivors counted rank 2, not rank 1, and ended 0"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] rdv gather, partial fence: $n of 2 survivors counted rank 2 (and not rank 1), $s had the survivors only in the next gather, $e ended 0"; mp_fail=$((mp_fail + 1))
+    grep -E "mp_rdv|pmix_srv: rank" "$mp_out" | tail -n 12 | sed 's/^/    | /'
+fi
 mp_done
