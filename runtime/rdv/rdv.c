@@ -92,9 +92,14 @@ static void op_cb(pmix_status_t st, void *cbdata)
     atomic_store(&t->done, 1);
 }
 
+/* Get_nb answers so far, in this process: a wait on many gets is bounded by
+ * the time without any answer, not by their number. */
+static atomic_uint answers;
+
 static void value_cb(pmix_status_t st, pmix_value_t *kv, void *cbdata)
 {
     rdv_trk_t *t = cbdata;
+    atomic_fetch_add(&answers, 1);
     t->status = st;
     /* PMIx 4.2 hands the value over ("protect the value" in
      * pmix_client_get.c): it is ours to release. */
@@ -689,7 +694,9 @@ int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void
  * bytes stay with the server under PMIx's hash store). A rank that voted and
  * died since is counted on every rank (its death fails what comes next, on
  * every rank); one that died before its commit is missing on every rank.
- * That costs up to 1.5 s of waiting, once, after a fence a rank missed; a
+ * That costs up to 1.5 s of waiting, once, after a fence a rank missed (the
+ * wait ends 1.5 s after PMIx's last answer; PMIx's own time-out, 1 s and 1 s
+ * more per 100 participants, allows for many gets queued at a server); a
  * rank known dead and found missing so is not asked again (it cannot be in
  * a later gather either), so the gathers after it cost nothing more. */
 int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
@@ -713,24 +720,32 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
         return -1;
     }
     int np = participants(r, out, nout, part);
+    double tmo = 1 + np / 100;
     for (int j = 0; j < np; j++) {
         int i = part[j];
         if (i == (int)r->me.rank) {
             memcpy((char *)all + (size_t)i * len, mine, len);
             got[i] = 1;
         } else if (!r->singleton && !r->absent[i]) {
-            t[i] = get_post(r, i, k, 1.0, e2, sizeof e2);
+            t[i] = get_post(r, i, k, tmo, e2, sizeof e2);
         }
     }
-    double end = nrs_now_s() + 1.5;
+    double now = nrs_now_s(), last = now, cap = now + tmo + 0.5;
+    unsigned seen = atomic_load(&answers);
     for (int j = 0; j < np; j++) {
         int i = part[j];
         void *b = NULL;
         size_t bl = 0;
         if (!t[i])
             continue;
-        while (!atomic_load(&t[i]->done) && nrs_now_s() < end)
+        while (!atomic_load(&t[i]->done) && (now = nrs_now_s()) < last + 1.5 && now < cap) {
             poll_once(r);
+            unsigned a = atomic_load(&answers);
+            if (a != seen) {
+                seen = a;
+                last = nrs_now_s();
+            }
+        }
         if (!get_take(r, t[i], i, k, &b, &bl, e2, sizeof e2) && bl == len) {
             memcpy((char *)all + (size_t)i * len, b, len);
             got[i] = 1;
