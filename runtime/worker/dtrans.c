@@ -68,6 +68,7 @@ void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks)
     o->window = 32;
     o->timeout_s = 30;
     o->kill_after = -1;
+    o->kill_census = -1;
     o->corrupt_recv = -1;
 }
 
@@ -542,6 +543,26 @@ static int census_owner(const void *arg, int32_t id)
     return rank_of(arg, id);
 }
 
+/* The census's gather; with the kill_census test hook (PMIx gathers only),
+ * that rank dies once its part is in and the others read once told of it. */
+static int census_gather(dt_t *D, uint64_t epoch, const char *name, const void *mine,
+                         size_t len, void *every, unsigned char *got, char *err, size_t errlen)
+{
+    const nrs_dtrans_opts_t *o = D->o;
+    int k = o->kill_census;
+    if (k < 0 || k >= o->nranks || o->gather || !D->r)
+        return gather(D, epoch, name, mine, len, every, got, err, errlen);
+    if (nrs_rdv_gather_post(D->r, epoch, name, mine, len, o->out_ranks, o->nout, o->timeout_s,
+                            err, errlen))
+        return -1;
+    if (o->me == k)
+        die_now(D);
+    for (int i = 0; i < 1000 && !peer_dead(D, k); i++)
+        nrs_nap_us(10000);
+    return nrs_rdv_gather_read(D->r, epoch, name, mine, len, o->out_ranks, o->nout, every, got,
+                               err, errlen);
+}
+
 /* Every survivor contributes a bit per buffer it owns (1 = held here,
  * complete) in the gather, and each computes the same census of the new
  * state (census.h). */
@@ -571,7 +592,7 @@ static void census(dt_t *D, uint64_t epoch)
                   !(D->corrupt && D->late && D->late[i]);
     nrs_census_pack(&c, me, held, mine);
     snprintf(name, sizeof name, "dt%u.census", D->o->attempt);
-    if (gather(D, epoch, name, mine, len, every, got, err, sizeof err)) {
+    if (census_gather(D, epoch, name, mine, len, every, got, err, sizeof err)) {
         memset(got, 0, (size_t)n); /* only what this rank holds is known */
         memcpy(every + (size_t)me * len, mine, len);
         got[me] = 1;

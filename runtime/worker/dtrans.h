@@ -45,6 +45,9 @@ typedef struct {
     double timeout_s;      /* any wait: op stall, vote; 0 = 30 */
     int64_t kill_after;    /* test hook: SIGKILL self after this many own ops; -1 none;
                             * -2: right after the PONR vote passed */
+    int kill_census;       /* test hook (PMIx gathers): this rank SIGKILLs itself once
+                            * its census part is in, and the others read the census
+                            * only once told of its death; -1 none */
     void (*cancel)(void *arg); /* drop the transport's posted ops (abort); may be NULL */
     void *cancel_arg;
     /* the transport's own view of a peer (e.g. nrs_ucx_peer_failed); may be NULL */

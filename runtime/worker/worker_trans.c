@@ -209,6 +209,9 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (nccl)
         nrs_wk_nccl_opts(w, &o);
     o.kill_after = kill_hook(w);
+    const char *kc = getenv("NRS_WORKER_KILL_CENSUS"); /* test hook: dtrans.h */
+    if (kc && *kc)
+        o.kill_census = atoi(kc);
     o.verify = !nccl && nrs_wk_verify_on(w); /* GPU memory over NCCL: not hashed */
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;

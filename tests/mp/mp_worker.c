@@ -1,7 +1,8 @@
 /* mp_worker: one rank driving the public worker API (include/nereus/nereus.h)
  * under tests/mp/pmix_srv.
  *
- *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK] [--transports MASK]
+ *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
+ *             [--transports MASK]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -16,7 +17,10 @@
  *   mp_worker[i]: aborted after X s (Y s after the kill): old state intact (N shards)
  * and exits 3. --kill-ponr R: R dies right after the PONR vote of the first
  * transition; survivors print the census (present / rebuildable / lost)
- * and exit 6.
+ * and exit 6. --kill-census R2 (with --kill-ponr): R2 dies too, once its
+ * part of the census is in (NRS_WORKER_KILL_CENSUS), and the others read
+ * the census only once told of its death: what it contributed must count
+ * all the same.
  *
  * Before the chain every rank calls each public function with a NULL
  * handle (each must return its failure value and name itself in
@@ -358,7 +362,7 @@ static void show_roles(nrs_worker_t *w)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 4, kill = -1, kill_ponr = -1, rc = 1;
+    int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, rc = 1;
     unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed"))
@@ -369,6 +373,8 @@ int main(int argc, char **argv)
             kill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kill-ponr"))
             kill_ponr = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kill-census"))
+            kill_census = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--transports"))
             transports = (unsigned)atoi(argv[++i]);
     }
@@ -433,6 +439,11 @@ int main(int argc, char **argv)
             char v[64];
             snprintf(v, sizeof v, "%d:ponr", kill_ponr);
             setenv("NRS_WORKER_KILL", v, 1);
+        }
+        if (kill_census >= 0 && t == 1) { /* every rank: the others wait for its death */
+            char v[32];
+            snprintf(v, sizeof v, "%d", kill_census);
+            setenv("NRS_WORKER_KILL_CENSUS", v, 1);
         }
         nrs_worker_report_stage(w, NRS_MS_ACTOR_TRAIN, 0.25 * t);
         nrs_worker_report_memory(w, 1 << 20, 1 << 21, 0);

@@ -66,6 +66,24 @@ if [ "$got" -eq 3 ]; then
 else
     echo "[  FAILED  ] worker past the PONR: $got of 3 survivor(s) reported"; mp_fail=$((mp_fail + 1))
 fi
+# The census counts what its gather brought, not what each survivor was told
+# of deaths: rank 1 dies too, once its part of the census is in, and the
+# others read the census only once told of that (NRS_WORKER_KILL_CENSUS).
+# Its part must count all the same: the census of ranks 0 and 3 is the one of
+# the run without that death (seed 4: with rank 1 left out, as before, it
+# was 60 present, 33 rebuildable, 15 lost instead of 71, 22, 15).
+mp_case "worker sm 4 ranks, seed 4: rank 2 SIGKILLed past the PONR" 137 60 env UCX_TLS=sm \
+    "$SRV" -n 4 -t 50 -- "$W" --seed 4 --count 2 --kill-ponr 2
+want=$(grep -oE "census: .* present, .* rebuildable, .* lost" "$mp_out" | sort -u)
+mp_case "worker sm 4 ranks, seed 4: and rank 1 once its census part is in" 137 60 env UCX_TLS=sm \
+    "$SRV" -n 4 -t 50 -- "$W" --seed 4 --count 2 --kill-ponr 2 --kill-census 1
+got=$(grep -cE "mp_worker\[[03]\]: $want\$" "$mp_out")
+if [ -n "$want" ] && [ "$(echo "$want" | wc -l)" -eq 1 ] && [ "$got" -eq 2 ]; then
+    echo "[       OK ] worker census: rank 1's part counted after its death on 2 of 2 survivors ($want)"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] worker census: $got of 2 survivors reported '$want' once rank 1 died"; mp_fail=$((mp_fail + 1))
+    grep "census:" "$mp_out" | sed 's/^/    | /'
+fi
 
 # runtime.verify on the weight syncs (nereus-worker, the GRPO example on 4
 # ranks: its syncs move bytes between ranks). NRS_WORKER_CORRUPT_SYNC=1:0
