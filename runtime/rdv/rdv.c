@@ -148,8 +148,9 @@ static void reg_cb(pmix_status_t st, size_t refid, void *cbdata)
 
 static void register_failures(nrs_rdv_t *r)
 {
-    pmix_status_t codes[] = {PMIX_ERR_PROC_ABORTED, PMIX_ERR_PROC_ABORTED_BY_SIG,
-                             PMIX_PROC_TERMINATED, PMIX_ERR_PROC_TERM_WO_SYNC};
+    /* static: PMIx 4.2 reads them in its own thread, perhaps after we gave up */
+    static pmix_status_t codes[] = {PMIX_ERR_PROC_ABORTED, PMIX_ERR_PROC_ABORTED_BY_SIG,
+                                    PMIX_PROC_TERMINATED, PMIX_ERR_PROC_TERM_WO_SYNC};
     rdv_trk_t *t = trk_new(r);
     if (!t)
         return;
