@@ -686,57 +686,93 @@ int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void
     return rc;
 }
 
+/* Rank i's bytes from t into all and got[] (len of them, else not got); a
+ * rank known dead whose bytes did not come is absent from now on. */
+static void take_part(nrs_rdv_t *r, rdv_trk_t *t, int i, const char *k, size_t len, void *all,
+                      unsigned char *got)
+{
+    void *b = NULL;
+    size_t bl = 0;
+    char e[128];
+    if (!get_take(r, t, i, k, &b, &bl, e, sizeof e) && bl == len) {
+        memcpy((char *)all + (size_t)i * len, b, len);
+        got[i] = 1;
+    } else if (nrs_rdv_peer_failed(r, i)) {
+        r->absent[i] = 1;
+    }
+    free(b);
+}
+
 /* What PMIx holds decides got[], never what this rank alone knows of deaths,
  * so that the votes and the census of runtime/worker/dtrans.c come out the
- * same on every rank. Every participant's blob is asked for at once, also
- * from a rank known dead, each get bounded by the same 1 s: a PMIx_Get looks
- * locally first (what the fence's PMIX_COLLECT_DATA brought), then asks the
- * server, which keeps what a rank committed after it died (a local peer's
- * bytes stay with the server under PMIx's hash store). A rank that voted and
- * died since is counted on every rank (its death fails what comes next, on
- * every rank); one that died before its commit is missing on every rank.
- * That costs up to 1.5 s of waiting, once, after a fence a rank missed (the
- * wait ends 1.5 s after PMIx's last answer; PMIx's own time-out, 1 s and 1 s
- * more per 100 participants, allows for many gets queued at a server); a
- * rank known dead and found missing so is not asked again (it cannot be in
- * a later gather either), so the gathers after it cost nothing more. */
+ * same on every rank. Every participant's blob is asked for, also from a
+ * rank known dead: a PMIx_Get looks locally first (what the fence's
+ * PMIX_COLLECT_DATA brought), then asks the server, which keeps what a rank
+ * committed after it died (a local peer's bytes stay with the server under
+ * PMIx's hash store). A rank that voted and died since is counted on every
+ * rank (its death fails what comes next, on every rank); one that died
+ * before its commit is missing on every rank.
+ *
+ * The ranks not known dead are asked one after another, each bounded by
+ * 1.5 s: PMIx 4.2's client talks to its server over TCP, and a second
+ * request sent before the first is answered waited ~40 ms (8 ranks: 42 ms
+ * for 7 gets at once, 4 ms one after another). Those known dead are asked
+ * all at once after them, as some may never answer: the wait ends 1.5 s
+ * after PMIx's last answer (PMIx's own time-out, 1 s and 1 s more per 100
+ * of them, allows for many queued at a server). A rank known dead and found
+ * missing is not asked again (it cannot be in a later gather either), so
+ * only the first gather after a death pays that wait. */
 int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
                         size_t len, const int *out, int nout, void *all, unsigned char *got,
                         char *err, size_t errlen)
 {
     int n = r->size, *part = calloc((size_t)n + 1, sizeof(int));
     rdv_trk_t **t = calloc((size_t)n + 1, sizeof(*t));
-    char k[NRS_RDV_KEY_MAX], e2[128];
+    unsigned char *asked = calloc((size_t)n + 1, 1);
+    char k[NRS_RDV_KEY_MAX], e[128];
+    int rc = -1;
     memset(got, 0, (size_t)n);
-    if (!part || !t) {
-        free(part);
-        free(t);
+    if (!part || !t || !asked) {
         nrs_seterr(err, errlen, "rdv: out of memory");
-        return -1;
+        goto out;
     }
     if (nrs_rdv_key(k, sizeof k, key, name)) {
-        free(part);
-        free(t);
         nrs_seterr(err, errlen, "rdv: bad gather name '%s'", name);
-        return -1;
+        goto out;
     }
-    int np = participants(r, out, nout, part);
-    double tmo = 1 + np / 100;
-    for (int j = 0; j < np; j++) {
+    int np = participants(r, out, nout, part), ndead = 0;
+    for (int j = 0; j < np; j++) { /* ours, then the living, one by one */
         int i = part[j];
         if (i == (int)r->me.rank) {
             memcpy((char *)all + (size_t)i * len, mine, len);
             got[i] = 1;
-        } else if (!r->singleton && !r->absent[i]) {
-            t[i] = get_post(r, i, k, tmo, e2, sizeof e2);
+            continue;
         }
+        if (r->singleton || r->absent[i] || nrs_rdv_peer_failed(r, i))
+            continue;
+        asked[i] = 1;
+        rdv_trk_t *ti = get_post(r, i, k, 1.0, e, sizeof e);
+        double end = nrs_now_s() + 1.5;
+        while (ti && !atomic_load(&ti->done) && nrs_now_s() < end)
+            poll_once(r);
+        if (ti)
+            take_part(r, ti, i, k, len, all, got);
+    }
+    for (int j = 0; j < np; j++) { /* the dead, all at once */
+        int i = part[j];
+        if (i != (int)r->me.rank && !r->singleton && !r->absent[i] && !asked[i])
+            ndead++;
+    }
+    double tmo = 1 + ndead / 100;
+    for (int j = 0; j < np && ndead; j++) {
+        int i = part[j];
+        if (i != (int)r->me.rank && !r->singleton && !r->absent[i] && !asked[i])
+            t[i] = get_post(r, i, k, tmo, e, sizeof e);
     }
     double now = nrs_now_s(), last = now, cap = now + tmo + 0.5;
     unsigned seen = atomic_load(&answers);
-    for (int j = 0; j < np; j++) {
+    for (int j = 0; j < np && ndead; j++) {
         int i = part[j];
-        void *b = NULL;
-        size_t bl = 0;
         if (!t[i])
             continue;
         while (!atomic_load(&t[i]->done) && (now = nrs_now_s()) < last + 1.5 && now < cap) {
@@ -747,17 +783,14 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
                 last = nrs_now_s();
             }
         }
-        if (!get_take(r, t[i], i, k, &b, &bl, e2, sizeof e2) && bl == len) {
-            memcpy((char *)all + (size_t)i * len, b, len);
-            got[i] = 1;
-        } else if (nrs_rdv_peer_failed(r, i)) {
-            r->absent[i] = 1;
-        }
-        free(b);
+        take_part(r, t[i], i, k, len, all, got);
     }
+    rc = 0;
+out:
     free(part);
     free(t);
-    return 0;
+    free(asked);
+    return rc;
 }
 
 int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,

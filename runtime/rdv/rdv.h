@@ -80,7 +80,7 @@ void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens);
  * bytes came (ours included), also when it died since: got[] is what PMIx
  * holds, the same on every rank, whatever each was told of deaths (a rank
  * that never committed costs a wait of up to 1.5 s, once). -1 with err when
- * the fence failed.
+ * the fence failed or out of memory.
  * The same signature as nrs_dtrans_opts_t.gather (another backend: the
  * controller). Its two halves, post (put, commit, fence) and read, are
  * apart for tests that let a death be known between them. */
