@@ -573,8 +573,8 @@ static int get_take(nrs_rdv_t *r, rdv_trk_t *t, int rank, const char *key, void 
 }
 
 /* One get; the wait also ends when the rank is reported dead. */
-static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
-               size_t *len, double timeout_s, char *err, size_t errlen)
+int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
+                size_t *len, double timeout_s, char *err, size_t errlen)
 {
     char key[NRS_RDV_KEY_MAX];
     if (nrs_rdv_key(key, sizeof key, epoch, name) || rank < 0 || rank >= r->size) {
@@ -595,12 +595,6 @@ static int get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **
     while (!atomic_load(&t->done) && nrs_now_s() < end && !nrs_rdv_peer_failed(r, rank))
         poll_once(r);
     return get_take(r, t, rank, key, blob, len, err, errlen);
-}
-
-int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
-                size_t *len, double timeout_s, char *err, size_t errlen)
-{
-    return get(r, rank, epoch, name, blob, len, timeout_s, err, errlen);
 }
 
 void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens)
@@ -727,12 +721,12 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
                         char *err, size_t errlen)
 {
     int n = r->size, *part = calloc((size_t)n + 1, sizeof(int));
+    int *dead = calloc((size_t)n + 1, sizeof(int));
     rdv_trk_t **t = calloc((size_t)n + 1, sizeof(*t));
-    unsigned char *asked = calloc((size_t)n + 1, 1);
     char k[NRS_RDV_KEY_MAX], e[128];
     int rc = -1;
     memset(got, 0, (size_t)n);
-    if (!part || !t || !asked) {
+    if (!part || !dead || !t) {
         nrs_seterr(err, errlen, "rdv: out of memory");
         goto out;
     }
@@ -740,7 +734,7 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
         nrs_seterr(err, errlen, "rdv: bad gather name '%s'", name);
         goto out;
     }
-    int np = participants(r, out, nout, part), ndead = 0;
+    int np = participants(r, out, nout, part), nd = 0;
     for (int j = 0; j < np; j++) { /* ours, then the living, one by one */
         int i = part[j];
         if (i == (int)r->me.rank) {
@@ -748,9 +742,12 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
             got[i] = 1;
             continue;
         }
-        if (r->singleton || r->absent[i] || nrs_rdv_peer_failed(r, i))
+        if (r->singleton || r->absent[i])
             continue;
-        asked[i] = 1;
+        if (nrs_rdv_peer_failed(r, i)) {
+            dead[nd++] = i; /* asked below */
+            continue;
+        }
         rdv_trk_t *ti = get_post(r, i, k, 1.0, e, sizeof e);
         double end = nrs_now_s() + 1.5;
         while (ti && !atomic_load(&ti->done) && nrs_now_s() < end)
@@ -758,24 +755,15 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
         if (ti)
             take_part(r, ti, i, k, len, all, got);
     }
-    for (int j = 0; j < np; j++) { /* the dead, all at once */
-        int i = part[j];
-        if (i != (int)r->me.rank && !r->singleton && !r->absent[i] && !asked[i])
-            ndead++;
-    }
-    double tmo = 1 + ndead / 100;
-    for (int j = 0; j < np && ndead; j++) {
-        int i = part[j];
-        if (i != (int)r->me.rank && !r->singleton && !r->absent[i] && !asked[i])
-            t[i] = get_post(r, i, k, tmo, e, sizeof e);
-    }
+    double tmo = 1 + nd / 100; /* the dead, all at once */
+    for (int j = 0; j < nd; j++)
+        t[j] = get_post(r, dead[j], k, tmo, e, sizeof e);
     double now = nrs_now_s(), last = now, cap = now + tmo + 0.5;
     unsigned seen = atomic_load(&answers);
-    for (int j = 0; j < np && ndead; j++) {
-        int i = part[j];
-        if (!t[i])
+    for (int j = 0; j < nd; j++) {
+        if (!t[j])
             continue;
-        while (!atomic_load(&t[i]->done) && (now = nrs_now_s()) < last + 1.5 && now < cap) {
+        while (!atomic_load(&t[j]->done) && (now = nrs_now_s()) < last + 1.5 && now < cap) {
             poll_once(r);
             unsigned a = atomic_load(&answers);
             if (a != seen) {
@@ -783,13 +771,13 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
                 last = nrs_now_s();
             }
         }
-        take_part(r, t[i], i, k, len, all, got);
+        take_part(r, t[j], dead[j], k, len, all, got);
     }
     rc = 0;
 out:
     free(part);
+    free(dead);
     free(t);
-    free(asked);
     return rc;
 }
 

@@ -462,7 +462,7 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
          * a rank that voted and died since voted (its death fails what comes
          * next, on every rank); with PMIx's local knowledge some survivors
          * aborted before the PONR while the others went past it (the PMIx
-         * gather's got[] is what its fence brought: nrs_rdv_gather_read) */
+         * gather's got[] is what PMIx holds: nrs_rdv_gather_read) */
         if (!got[i]) {
             if (D->res->failed_rank < 0)
                 D->res->failed_rank = i;
