@@ -170,8 +170,11 @@ int nrs_state_dir_open(const char *path, bool create, char *why, size_t n);
 /* Remove everything under the open directory dfd, never following a link
  * (unlinkat relative to each directory's fd, at most a few levels deep);
  * keep_logs: but the regular *.log files at the top (*kept: some were).
- * 0, or -1 when something could not be removed. */
-int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept);
+ * 0; -1 when something could not be removed; NRS_RM_LATE when budget_ms
+ * ran out first (the rest left: root's walk is in-process, and slurmd
+ * fails, and drains the node on, an epilog past its time-out). */
+enum { NRS_RM_LATE = -2, NRS_RM_BUDGET_MS = 10000 };
+int nrs_rm_below(int dfd, bool keep_logs, bool *kept, int budget_ms);
 /* Run runtime_dir/nereus-watcher --hint NODE ... as uid/gid, in a process
  * group of its own, for at most NRS_HINT_MS, its output logged; then its
  * whole group is SIGKILLed (what it left behind; itself at the deadline):

@@ -504,11 +504,14 @@ static void nrs_job_dir_remove(int sfd, const char *state, const char *aside)
 {
     int fd = openat(sfd, aside, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     bool kept = false;
-    int rc = fd >= 0 ? nrs_rm_below(fd, 0, false, &kept) : 0;
+    int rc = fd >= 0 ? nrs_rm_below(fd, false, &kept, NRS_RM_BUDGET_MS) : 0;
 
     if (fd >= 0)
         close(fd);
-    if (rc != 0)
+    if (rc == NRS_RM_LATE)
+        slurm_error(NRS_SPANK_PREFIX "stopped removing %s/%s (an earlier job's directory) after "
+                    "%d s: the rest is left there", state, aside, NRS_RM_BUDGET_MS / 1000);
+    else if (rc != 0)
         slurm_error(NRS_SPANK_PREFIX "cannot remove all of %s/%s (an earlier job's directory): "
                     "left there", state, aside);
     else if (unlinkat(sfd, aside, fd >= 0 ? AT_REMOVEDIR : 0) != 0)
@@ -656,8 +659,12 @@ static bool nrs_remote_argv_is_spec(spank_t sp)
     l = strlen(argv[0]);
     for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++)
         if (l > strlen(ext[i]) && strcasecmp(argv[0] + l - strlen(ext[i]), ext[i]) == 0) {
+            char cmd[257];
+
+            nrs_spank_strlcpy(cmd, argv[0], sizeof(cmd));
+            nrs_spank_printable(cmd); /* the user's words, in root's log */
             nrs_err("'--nereus FILE' takes FILE as the command; write --nereus=FILE (the "
-                    "command is %.256s)", argv[0]);
+                    "command is %s)", cmd);
             return true;
         }
     return false;
@@ -941,7 +948,9 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
                 NRS_FS_WAIT_MS / 1000);
         pid = -1;
     } else if (e != 0) {
-        waitpid(pid, NULL, 0);
+        /* It exits at once, but with slurmstepd's descriptors still open
+         * (it failed before closefrom): bounded, as every other wait. */
+        nrs_reap_bounded(pid, 1000, NULL);
         nrs_err("cannot run %s as uid %u: %s", prog, (unsigned)r->uid, strerror(e));
         pid = -1;
     }

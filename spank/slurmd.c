@@ -269,7 +269,15 @@ static bool nrs_rm_may_enter(int sub, const struct stat *top)
     return fstat(sub, &st) == 0 && st.st_uid == top->st_uid && st.st_dev == top->st_dev;
 }
 
-static int nrs_rm_walk(int dfd, int depth, const struct stat *top, bool keep_logs, bool *kept)
+/* One removal: the rule for subdirectories (top), what to keep, and when
+ * to stop. */
+typedef struct {
+    struct stat top;
+    bool keep_logs, *kept, late;
+    double deadline;
+} nrs_rm_t;
+
+static int nrs_rm_walk(nrs_rm_t *rm, int dfd, int depth)
 {
     int fd = dup(dfd), rc = 0;
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -280,11 +288,16 @@ static int nrs_rm_walk(int dfd, int depth, const struct stat *top, bool keep_log
             close(fd);
         return -1;
     }
-    while ((e = readdir(d)) != NULL) {
+    rewinddir(d); /* the dup shares dfd's offset: an earlier walk's */
+    while (!rm->late && (e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if (keep_logs && nrs_keep(dfd, e->d_name, depth)) {
-            *kept = true;
+        if (nrs_now_ms() >= rm->deadline) {
+            rm->late = true;
+            break;
+        }
+        if (rm->keep_logs && nrs_keep(dfd, e->d_name, depth)) {
+            *rm->kept = true;
             continue;
         }
         if (unlinkat(dfd, e->d_name, 0) == 0)
@@ -299,7 +312,7 @@ static int nrs_rm_walk(int dfd, int depth, const struct stat *top, bool keep_log
             continue;
         }
         /* The check is on the directory opened, so a swap after it is moot. */
-        if (!nrs_rm_may_enter(sub, top) || nrs_rm_walk(sub, depth + 1, top, keep_logs, kept) != 0) {
+        if (!nrs_rm_may_enter(sub, &rm->top) || nrs_rm_walk(rm, sub, depth + 1) != 0) {
             close(sub);
             rc = -1;
             continue;
@@ -309,17 +322,19 @@ static int nrs_rm_walk(int dfd, int depth, const struct stat *top, bool keep_log
             rc = -1;
     }
     closedir(d);
-    return rc;
+    return rm->late ? -1 : rc;
 }
 
 /* Shared with remote.c (an earlier job's directory at a reused job id). */
-int nrs_rm_below(int dfd, int depth, bool keep_logs, bool *kept)
+int nrs_rm_below(int dfd, bool keep_logs, bool *kept, int budget_ms)
 {
-    struct stat top;
+    nrs_rm_t rm = {.keep_logs = keep_logs, .kept = kept, .deadline = nrs_now_ms() + budget_ms};
+    int rc;
 
-    if (fstat(dfd, &top) != 0)
+    if (fstat(dfd, &rm.top) != 0)
         return -1;
-    return nrs_rm_walk(dfd, depth, &top, keep_logs, kept);
+    rc = nrs_rm_walk(&rm, dfd, 0);
+    return rm.late ? NRS_RM_LATE : rc;
 }
 
 /* <state>/<job id> (jfd: opened in the checked state dir sfd, no link
@@ -348,7 +363,13 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int
     }
     if (nrs_dir_wait_free(job_id, uid, jfd, dir) != 0)
         return;
-    rc = nrs_rm_below(jfd, 0, true, &kept);
+    rc = nrs_rm_below(jfd, true, &kept, NRS_RM_BUDGET_MS);
+    if (rc == NRS_RM_LATE) {
+        slurm_error(NRS_SPANK_PREFIX "job %u: stopped removing %s after %d s (so many files "
+                    "that slurmd's epilog time-out could drain the node): the rest is left there",
+                    job_id, dir, NRS_RM_BUDGET_MS / 1000);
+        return;
+    }
     if (rc == 0 && kept) {
         nrs_verbose("job %u: cleaned %s (its *.log kept)", job_id, dir);
         return;

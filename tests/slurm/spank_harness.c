@@ -785,6 +785,36 @@ static int case_hung_state_epilog_ours(void)
     return hung_state_epilog(true);
 }
 
+/* A job directory too big to remove within the epilog's budget: root's
+ * walk stops at its deadline (slurmd fails an epilog past its time-out, and
+ * drains the node), leaves the rest, and a later walk with time finishes.
+ * A budget of 0 stands for the 10 s that millions of files would take. */
+static int case_rm_late(void)
+{
+    char d[NRS_SPANK_PATH_MAX];
+    bool kept = false;
+    int fd, late, left, full, gone;
+
+    snprintf(d, sizeof(d), "%s/rm-late", base);
+    if (sh("rm -rf %s && mkdir -p %s/sub && cd %s && touch $(seq 1 300) sub/a sub/b", d, d, d) != 0)
+        return result(0, "cannot stage the case");
+    fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return result(0, "cannot open the staged directory");
+    alarm(30);
+    late = nrs_rm_below(fd, false, &kept, 0);
+    left = sh("test $(find %s -mindepth 1 | wc -l) -eq 303", d) == 0;
+    full = nrs_rm_below(fd, false, &kept, NRS_RM_BUDGET_MS);
+    alarm(0);
+    close(fd);
+    gone = sh("test -z \"$(ls -A %s)\"", d) == 0;
+    printf("  budget 0: %d (%s); budget %d ms: %d (%s)\n", late,
+           left ? "all 303 entries left" : "SOME REMOVED", NRS_RM_BUDGET_MS, full,
+           gone ? "empty" : "NOT EMPTY");
+    return result(late == NRS_RM_LATE && left && full == 0 && gone,
+                  "root's removal stops at its deadline, leaves the rest, finishes later");
+}
+
 /* ---- S5: the hint's whole process group goes -----------------------------------
  *
  * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
@@ -857,7 +887,8 @@ int main(int argc, char **argv)
                  {"hint-group-exit", case_hint_group_exit},
                  {"hung-state", case_hung_state},
                  {"hung-state-epilog", case_hung_state_epilog},
-                 {"hung-state-epilog-ours", case_hung_state_epilog_ours}};
+                 {"hung-state-epilog-ours", case_hung_state_epilog_ours},
+                 {"rm-late", case_rm_late}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)
