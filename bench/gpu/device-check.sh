@@ -134,9 +134,28 @@ worker_nccl1() {
     rm -f "$out"
     [ "$rc" -eq 0 ]
 }
+# The same 4 ranks, each a host of its own to NCCL (NCCL_HOSTID, NCCL's host
+# hash: no "Duplicate GPU"), so their transitions of GPU state go over NCCL
+# for real, between ranks (its socket transport on lo, all on GPU 0).
+worker_nccl4() {
+    local out rc ok
+    out=$(mktemp)
+    # shellcheck disable=SC2016 # expanded by the rank's shell
+    env UCX_TLS=sm UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15 "$D/tests/mp/pmix_srv" -q -n 4 \
+        -t 110 -- bash -c 'NCCL_HOSTID="nrs-h$PMIX_RANK" exec "$0" --seed 15 --count 4' \
+        "$D/tests/mp/mp_worker" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    ok=$(grep -c "4 transition(s) committed, every shard verified" "$out")
+    [ "$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$out")" -eq 4 ] ||
+        { echo "worker_nccl4: not every rank used the NCCL transport"; rc=1; }
+    echo "worker_nccl4: exit $rc, $ok of 4 ranks verified"
+    rm -f "$out"
+    [ "$rc" -eq 0 ] && [ "$ok" -eq 4 ]
+}
 if [ -x "$D/tests/mp/mp_worker" ]; then
     step worker_gpu 90 bash -c "$(declare -f worker_gpu); worker_gpu"
     step worker_nccl1 60 bash -c "$(declare -f worker_nccl1); worker_nccl1"
+    step worker_nccl4 120 bash -c "$(declare -f worker_nccl4); worker_nccl4"
 fi
 step gpu_bench 190 bash "$R/bench/gpu/run.sh" "$D"
 [ -f "$LOG/gpu_bench.log" ] && ! grep -q '^gpu_bench: ok$' "$LOG/gpu_bench.log" &&

@@ -587,8 +587,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int n, ncclUniqueId id, in
 {
     if (n < 1 || rank < 0 || rank >= n || !cfg || cfg->blocking != 0 || cfg->magic != 0xcafebeef)
         return ncclInvalidArgument;
-    if (getenv("FAKE_NCCL_DUPLICATE") && n > 1)
-        return ncclInvalidUsage; /* real NCCL: "Duplicate GPU detected" */
+    if (getenv("FAKE_NCCL_DUPLICATE") && n > 1 && !getenv("NCCL_HOSTID"))
+        return ncclInvalidUsage; /* real NCCL: "Duplicate GPU detected" (same host hash) */
     char token[256];
     snprintf(token, sizeof token, "%.*s", (int)sizeof id.internal, id.internal);
     *comm = (ncclComm_t)mkcomm(token, rank, n);
@@ -702,6 +702,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *ex, int nex, ncclComm_t *newco
     fcomm_t *c = (fcomm_t *)comm;
     if (!c || c->destroyed || c->aborted || !ex || nex <= 0 || nex >= c->size)
         return ncclInvalidArgument;
+    if (c->failed) /* real NCCL (2.28 ncclCommInitChildComm): the parent's async error */
+        return ncclRemoteError;
     qsort(ex, nex, sizeof(int), cmpi);
     if (bsearch(&c->rank, ex, nex, sizeof(int), cmpi))
         return ncclInvalidArgument;
@@ -717,7 +719,6 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *ex, int nex, ncclComm_t *newco
     c->child->polls = 0;
     c->pending = newcomm;
     c->polls = POLLS;
-    c->failed = 0; /* what failed was the excluded ranks */
     return ncclInProgress;
 }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *r)

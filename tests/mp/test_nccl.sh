@@ -34,6 +34,17 @@ if [ "${ngpu:-0}" -ge 2 ]; then
         "$SRV" -q -n "$ngpu" -t 170 -- "$N"
     mp_grep "nccl $ngpu ranks: rank 0 verified all three" "mp_nccl\[0/$((ngpu - 1))\]: shrunk: "
 else
-    mp_skip "nccl multi-rank" "one GPU: NCCL refuses two ranks on one GPU"
+    # NCCL refuses two ranks on one GPU of one host; NCCL_HOSTID (NCCL's
+    # host hash) makes each rank a host of its own, so 3 ranks share the GPU
+    # over NCCL's socket transport on lo: ring, split, shrink across ranks.
+    # shellcheck disable=SC2016 # expanded by the rank's shell
+    mp_case "nccl 3 ranks on one GPU (a host each: NCCL_HOSTID): ring, split halves, then shrink" \
+        0 170 "$SRV" -q -n 3 -t 160 -- bash -c 'NCCL_HOSTID="nrs-h$PMIX_RANK" exec "$0" --bytes 16777219' "$N"
+    got=$(grep -c "mp_nccl\[[0-9]*/2\]: shrunk: 16777219 bytes from rank [0-9]* verified" "$mp_out")
+    if [ "$got" -eq 2 ]; then
+        echo "[       OK ] nccl 3 ranks on one GPU: 2 survivors verified the shrunk ring"; mp_pass=$((mp_pass + 1))
+    else
+        echo "[  FAILED  ] nccl 3 ranks on one GPU: $got of 2 survivor(s) verified the shrunk ring"; mp_fail=$((mp_fail + 1))
+    fi
 fi
 mp_done
