@@ -42,6 +42,7 @@ typedef struct {
     void **dfree; /* device frees deferred while transfers were posted */
     size_t ndfree, dfcap;
     int failed;
+    int rounds; /* at most this many rounds in a group (run_length); 0: no bound */
     char err[256];
 } xn_t;
 
@@ -242,17 +243,37 @@ static int n_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, n
 }
 
 /* How many of the k posts at p go out together: the longest run with at
- * most one transfer per peer and direction. NCCL progresses the transfers
- * of a group to different peers independently, but runs a second one to
- * the same peer after the first, behind whatever shares its channel; a
- * rank whose peer waits for that second one could wait for ever. */
-static size_t run_length(const npost_t *p, size_t k)
+ * most one transfer per peer and direction, and at most RUN_ROUNDS
+ * rounds. NCCL progresses the transfers of a group to different peers
+ * independently, but runs a second one to the same peer after the first,
+ * behind whatever shares its channel; a rank whose peer waits for that
+ * second one could wait for ever. Rounds: NCCL files a group's transfers
+ * by round, the distance to the peer (a send to me + r and a receive from
+ * me - r are round r), and a channel's batch holds at most 8 transfers,
+ * each of another round; a channel runs its batches one after another
+ * (NVIDIA/nccl enqueue.cc, NCCL_MAX_DEV_WORK_P2P_PER_BATCH). So a group
+ * of more than 8 rounds could hold a transfer whose peer has not posted it
+ * yet in front of the one the peer waits for: beyond 9 ranks only.
+ * NRS_NCCL_GROUP_ROUNDS=N (1-64; 0: no bound) changes the 8, for the tests
+ * (test_fakegpu.sh: the strict double counts rounds the same way). */
+#define RUN_ROUNDS 8
+#define RUN_ROUNDS_MAX 64
+static size_t run_length(const xn_t *X, const npost_t *p, size_t k)
 {
+    int me = nrs_nccl_rank(X->c), size = nrs_nccl_size(X->c), round[RUN_ROUNDS_MAX], nround = 0;
     size_t n = 0;
-    for (; n < k; n++)
+    for (; n < k; n++) {
         for (size_t j = 0; j < n; j++)
             if (p[j].peer == p[n].peer && p[j].is_send == p[n].is_send)
                 return n;
+        int r = ((p[n].is_send ? p[n].peer - me : me - p[n].peer) % size + size) % size, seen = 0;
+        for (int j = 0; j < nround && !seen; j++)
+            seen = round[j] == r;
+        if (!seen && X->rounds && nround == X->rounds)
+            return n;
+        if (!seen && nround < RUN_ROUNDS_MAX)
+            round[nround++] = r;
+    }
     return n;
 }
 
@@ -261,7 +282,7 @@ static size_t run_length(const npost_t *p, size_t k)
 static int issue(xn_t *X)
 {
     npost_t *p = X->q + X->head + X->nout;
-    size_t k = run_length(p, X->n - X->nout);
+    size_t k = run_length(X, p, X->n - X->nout);
     nrs_cuda_copy2d_t *pre = calloc(k, sizeof(*pre)), *post = calloc(k, sizeof(*post));
     nrs_nccl_xfer_t *x = calloc(k, sizeof(*x));
     int npre = 0, npost = 0, rc = -1;
@@ -383,6 +404,10 @@ int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_ran
     X->arg = arg;
     X->nranks = nranks;
     X->timeout_s = timeout_s > 0 ? timeout_s : 30;
+    const char *rounds = getenv("NRS_NCCL_GROUP_ROUNDS");
+    X->rounds = rounds ? atoi(rounds) : RUN_ROUNDS;
+    if (X->rounds < 0 || X->rounds > RUN_ROUNDS_MAX)
+        X->rounds = RUN_ROUNDS;
     x->ops = &nccl_ops;
     x->ctx = X;
     return 0;

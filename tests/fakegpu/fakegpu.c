@@ -28,7 +28,12 @@
  * group may hold one transfer per peer and direction, and the first group
  * that reaches a peer must go both ways with it: the rules the NCCL
  * transport keeps so that NCCL's lazy connection set-up and per-channel
- * order cannot deadlock it; a group that breaks them fails). */
+ * order cannot deadlock it; a group that breaks them fails),
+ * FAKE_NCCL_ROUNDS=N (with STRICT: a group of transfers over one byte may
+ * span at most N rounds, a round being the distance to the peer: NCCL's
+ * channels run more than 8 rounds in batches one after another; the
+ * preconnect's one-byte group, the same pattern on every rank, is the
+ * schedule NCCL makes round by round alike on every rank). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -819,6 +824,23 @@ static int strict_ok(void)
                     "NCCL would set up the connection mid-transfer\n", a->c->rank, a->peer);
             return -1;
         }
+    }
+    const char *e = getenv("FAKE_NCCL_ROUNDS");
+    int most = e ? atoi(e) : 0, nround = 0, big = 0;
+    for (int i = 0; most > 0 && i < ngrp; i++) {
+        fcomm_t *c = grp[i].c;
+        int r = ((grp[i].send ? grp[i].peer - c->rank : c->rank - grp[i].peer) % c->size +
+                 c->size) % c->size, seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = r == (((grp[j].send ? grp[j].peer - c->rank : c->rank - grp[j].peer) % c->size +
+                          c->size) % c->size);
+        nround += !seen;
+        big |= grp[i].n > 1;
+    }
+    if (big && nround > most) {
+        fprintf(stderr, "fake: strict: a group of %d rounds (more than %d): NCCL would run some "
+                "of them behind the others\n", nround, most);
+        return -1;
     }
     for (int i = 0; i < ngrp; i++)
         grp[i].c->conn[grp[i].peer] = 1;

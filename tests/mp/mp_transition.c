@@ -1,6 +1,6 @@
 /* mp_transition: one rank of a distributed transition, run under pmix_srv.
  *
- *   mp_transition [--seed N] [--count K] [--chunk BYTES] [--timeout S]
+ *   mp_transition [--seed N] [--count K] [--chunk BYTES] [--timeout S] [--fan]
  *
  * Every rank draws the same K random (spec, old plan, new plan) triples from
  * the seed (reshards, dp up and down, migrations, pools moving), builds the
@@ -24,6 +24,10 @@
  * own operations (dtrans' test hook); the others must see the transition
  * abort with their old state intact, which they check and report as
  * "aborted, old state intact", exiting 3.
+ *
+ * --fan: instead of random plans, one actor at tp 1 (all on GPU 0) to tp N
+ * over all N ranks and back, in turn: rank 0 sends to (then receives from)
+ * every other rank, the widest fan-out a rank can have.
  *
  * --verify: the executor checksums every transfer (runtime.verify).
  * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
@@ -301,10 +305,21 @@ static void draw(tu_rng_t *rng, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t 
     tu_plan(s, rng, nb * gpn, b);
 }
 
+/* --fan: transition t of tp 1 -> tp n (odd t) or back (even t). */
+static void fan(int t, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
+{
+    nrs_model_t m;
+    nrs_layout_t one = {1, 1, 1, 1}, wide = {n, 1, 1, 1};
+    tu_model(&m, 2, 4 * n, 4 * n, n, n, 4 * n);
+    tu_spec_fixed(s, &m, n < 8 ? n : 8);
+    tu_plan_single(s, n, t % 2 ? &one : &wide, a);
+    tu_plan_single(s, n, t % 2 ? &wide : &one, b);
+}
+
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 6, rc = 1;
+    int count = 6, rc = 1, use_fan = 0;
     double timeout = 20;
     char err[512];
     nrs_ucx_opts_t uo;
@@ -325,6 +340,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         use_nccl |= !strcmp(argv[i], "--nccl");
         use_verify |= !strcmp(argv[i], "--verify");
+        use_fan |= !strcmp(argv[i], "--fan");
     }
 #ifndef HAVE_NCCL
     if (use_nccl) {
@@ -378,7 +394,10 @@ int main(int argc, char **argv)
         nrs_spec_t s;
         nrs_plan_t a, b;
         nrs_emu_graph_t *g = NULL;
-        draw(&rng, n, &s, &a, &b);
+        if (use_fan)
+            fan(t, n, &s, &a, &b);
+        else
+            draw(&rng, n, &s, &a, &b);
         int grc = nrs_emu_transition(&s, &a, &b, &eo, &g, err, sizeof err);
         if (grc) {
             fprintf(stderr, "mp_transition[%d]: transition %d: graph: %s\n", me, t, err);

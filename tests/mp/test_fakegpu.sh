@@ -53,6 +53,18 @@ rm -f "$stamp"
 mp_case "fake GPU: the strict double refuses a one-way first group" 1 60 env "$fake" FAKE_NCCL_STRICT=1 \
     FAKE_GPUS=3 "$SRV" -q -n 3 -t 50 -- "$N" --bytes 4096
 mp_grep "fake GPU: strict: the ring's first groups are one-way" "NCCL would set up the connection mid-transfer"
+# Rounds (a peer's distance): NCCL runs more than 8 of them in one group
+# batch after batch, so the transport bounds a group's rounds (8; beyond 9
+# ranks only). The fan-out (tp 1 on rank 0 to tp 8 and back) with the bound
+# and the double's limit both at 2: every group within it; without the
+# bound the double refuses a group (both count rounds alike).
+mp_case "fake GPU: fan-out over NCCL, groups of at most 2 rounds" 0 60 env "$fake" FAKE_NCCL_STRICT=1 \
+    FAKE_NCCL_ROUNDS=2 NRS_NCCL_GROUP_ROUNDS=2 "$SRV" -q -n 8 -t 50 -- "$T" --nccl --fan --count 4
+mp_grep "fake GPU: fan-out: 8 ranks moved their shards" "4 transition(s) over nccl"
+mp_case "fake GPU: fan-out over NCCL without the bound: the double refuses a group" 1 60 env "$fake" \
+    FAKE_NCCL_STRICT=1 FAKE_NCCL_ROUNDS=2 NRS_NCCL_GROUP_ROUNDS=0 "$SRV" -q -n 8 -t 50 --kill-on-fail 2 \
+    -- "$T" --nccl --fan --count 4
+mp_grep "fake GPU: fan-out without the bound: too many rounds" "rounds (more than 2)"
 # The worker API with its state in (fake) GPU memory: transitions over NCCL.
 mp_case "fake GPU: worker 4 ranks, state on the GPU, 4 transitions over NCCL" 0 120 \
     env "$fake" FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
