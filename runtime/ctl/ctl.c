@@ -271,6 +271,12 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
 
     memset(&d, 0, sizeof(d));
     err[0] = 0;
+    if (c->tr != TR_IDLE) { /* c->a is the announced plan, not the committed one */
+        snprintf(err, errlen, "epoch %u is being announced", c->tr_epoch);
+        memset(out, 0, sizeof(*out));
+        logf_(c, "decision (%s) skipped: %s", source, err);
+        return -1;
+    }
     rc = nrs_adapt_step(&c->a, step < 0 ? 0 : (int)step, &cond, c->rz_nlost ? &rz : NULL, memfail,
                         out, err, errlen);
     d.step = step;
@@ -696,10 +702,12 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
         return;
     retire_worker(c, k, "disconnected");
     stale_end(c, k, "disconnected");
+    bool held = k->rank >= 0 && k->rank < NRS_PROTO_MAX_RANKS && c->by_rank[k->rank] &&
+                c->by_rank[k->rank] != k; /* its rank is another connection's now */
     if (k->role == NRS_ROLE_WORKER && k->rank >= 0 && k->rank < NRS_PROTO_MAX_RANKS &&
         c->by_rank[k->rank] == k)
         c->by_rank[k->rank] = NULL;
-    if (k->role == NRS_ROLE_WORKER)
+    if (k->role == NRS_ROLE_WORKER && !held) /* (a refused joiner, closing, whose rank a live one took) */
         nrs_ctl_gather_gone(c, k->rank);
     /* a joiner gone before its step's world was complete: its place is free
      * again (the step, restarted, takes it); none left, also after WORLD (the
@@ -1298,14 +1306,24 @@ static void lose_gave_up(nrs_ctl_t *c)
     decide(c, src, c->step_closed, false, &out, err, sizeof(err));
 }
 
+/* The deltas queued during a COMMIT, in their order, each applied (and
+ * decided) on its own. Not re-entered: a delta that aborts the transition
+ * the one before it started must not apply the next one inside its own
+ * application (abort_transition comes back here), or its decision would
+ * run with that next one's transition open and take its plan for the
+ * committed one. */
 static void run_queued_deltas(nrs_ctl_t *c)
 {
+    if (c->dq_running)
+        return;
+    c->dq_running = true;
     while (c->ndq > 0 && c->tr != TR_COMMIT) {
         queued_delta_t q = c->dq[0];
         memmove(c->dq, c->dq + 1, sizeof(c->dq[0]) * (size_t)(--c->ndq));
         apply_delta(c, q.from, q.m);
         free(q.m);
     }
+    c->dq_running = false;
 }
 
 static void on_delta(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)

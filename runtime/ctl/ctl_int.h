@@ -84,6 +84,7 @@ struct nrs_ctl {
 
     queued_delta_t dq[DQ_MAX];
     int ndq;
+    bool dq_running; /* run_queued_deltas is applying them */
 
     decision_t dec[DEC_MAX];
     char last_fail[NRS_ERR_MAX]; /* the last 'cannot plan' (logged once) */

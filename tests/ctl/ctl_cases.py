@@ -13,7 +13,12 @@ with tests/ctl/nc.py:
   ctl_cases.py SOCKET gather-slots  a gather of more ranks than the world is
       refused, and so is a rank's fifth open gather: the others' gathers go on;
   ctl_cases.py SOCKET prehello-length  a HELLO header announcing 64 KiB is
-      refused at once with ERROR(LENGTH), before its payload.
+      refused at once with ERROR(LENGTH), before its payload;
+  ctl_cases.py SOCKET queued-deltas  three deltas queued during a COMMIT
+      are applied one after another once it completes: each transition the
+      next one supersedes is aborted, and every plan announced follows the
+      committed epoch (before: the abort applied the third delta inside the
+      second's, and a plan never committed was taken for the committed one).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -120,6 +125,44 @@ if case == 'gaveup-lost':
     if st['pending_plan']['total_gpus'] != 4 or st['gpus'] != 7:
         fail('pending plan of %s GPUs, allocation %s' % (st['pending_plan']['total_gpus'], st['gpus']))
     print('ok: the GPU of the rank that gave up is lost; epoch', st['pending_epoch'], 'announced')
+    sys.exit(0)
+
+if case == 'queued-deltas':
+    cli.send(nc.delta(3, hosts=('n2',)))
+    cli.recv(10)
+    S = W[:8]
+    for p in S:
+        x = find(p, 'PREPARE')
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            fail('no COMMIT')
+    # during the commit of epoch ep: lose GPU 7, add a node, lose GPU 6
+    cli.send(nc.delta(3, gpus=(7,)))
+    cli.send(nc.delta(1, add=1))
+    cli.send(nc.delta(3, gpus=(6,)))
+    time.sleep(0.3)
+    for p in S:
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    time.sleep(0.5)
+    seen, last, bad = [], ep, []
+    for t, f, pl in S[0].drain(0.5):
+        if t == 'PLAN':
+            e, prev = struct.unpack_from('<II', pl)
+            seen.append('PLAN(%d prev %d)' % (e, prev))
+            if prev != ep:
+                bad.append('PLAN(%d prev %d)' % (e, prev))
+        elif t in ('PREPARE', 'ABORT'):
+            e = struct.unpack_from('<I', pl)[0]
+            seen.append('%s(%d)' % (t, e))
+            last = e
+    st = nc.status(path)
+    if bad or st['epoch'] != ep or st['pending_epoch'] != last:
+        fail('rank 0 got', ' '.join(seen), '; status: epoch', st['epoch'], 'pending',
+             st['pending_epoch'], '(committed', ep, ', last announced', last, ')')
+    print('ok: three deltas queued during a commit: every plan follows epoch', ep, ':',
+          ' '.join(seen))
     sys.exit(0)
 
 if case == 'gather-slots':
