@@ -147,6 +147,13 @@ static void complete(nrs_ctl_t *c, int at)
     }
     if (frames && frames->len > INT_MAX)
         bad = true;
+    if (!bad && frames->len < cap) { /* each chunk took ~half its slot: give the rest back */
+        nrs_shared_t *f = realloc(frames, sizeof(*frames) + frames->len + 1);
+        if (f) { /* still only ours */
+            frames = f;
+            frames->cap = frames->len;
+        }
+    }
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY || k->rank < 0 ||
