@@ -9,6 +9,8 @@
 
 #define STALE_S 60.0
 
+/* A peer's text (a host name) as JSON: control bytes and bytes over 0x7e as
+ * \u00XX, so the reply is valid JSON whatever the peer sent. */
 static void json_str(FILE *f, const char *s)
 {
     fputc('"', f);
@@ -16,12 +18,23 @@ static void json_str(FILE *f, const char *s)
         unsigned char ch = (unsigned char)*s;
         if (ch == '"' || ch == '\\')
             fprintf(f, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
+        else if (ch < 0x20 || ch >= 0x7f)
             fprintf(f, "\\u%04x", ch);
         else
             fputc(ch, f);
     }
     fputc('"', f);
+}
+
+/* A peer's text for the table: every byte not printable ASCII as '?' (an
+ * escape sequence would reach the terminal of whoever runs nereus status). */
+static const char *text_str(const char *s, char *out, size_t n)
+{
+    size_t i = 0;
+    for (; s[i] && i + 1 < n; i++)
+        out[i] = (unsigned char)s[i] < 0x20 || (unsigned char)s[i] >= 0x7f ? '?' : s[i];
+    out[i] = 0;
+    return out;
 }
 
 static const char *health(const nrs_conn_t *k, double now)
@@ -147,11 +160,13 @@ static void status_text(nrs_ctl_t *c, double now, FILE *f)
         if (!k)
             continue;
         n++;
+        char host[sizeof(k->host)];
+        text_str(k->host, host, sizeof(host));
         if (k->nreports)
-            fprintf(f, "       %-6d %-20s %-9s %10ld %8.1f %s\n", g, k->host, k->tcp ? "tcp" : "unix",
+            fprintf(f, "       %-6d %-20s %-9s %10ld %8.1f %s\n", g, host, k->tcp ? "tcp" : "unix",
                     k->last_step, now - k->t_report, health(k, now));
         else
-            fprintf(f, "       %-6d %-20s %-9s %10s %8s %s\n", g, k->host, k->tcp ? "tcp" : "unix",
+            fprintf(f, "       %-6d %-20s %-9s %10s %8s %s\n", g, host, k->tcp ? "tcp" : "unix",
                     "-", "-", health(k, now));
     }
     fprintf(f, "\ndecisions (latest last):\n");

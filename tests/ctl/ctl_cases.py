@@ -18,7 +18,10 @@ with tests/ctl/nc.py:
       are applied one after another once it completes: each transition the
       next one supersedes is aborted, and every plan announced follows the
       committed epoch (before: the abort applied the third delta inside the
-      second's, and a plan never committed was taken for the committed one).
+      second's, and a plan never committed was taken for the committed one);
+  ctl_cases.py SOCKET host-escape  a worker whose host name holds an escape
+      sequence and a non-ASCII letter: `nereus status` shows them as '?',
+      its JSON escapes them (\\u00XX), and the JSON parses (before: raw bytes).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -54,11 +57,45 @@ if case == 'prehello-length':
 
 W = [nc.Peer(path) for r in range(N)]
 for r, p in enumerate(W):
-    p.send(nc.hello(1, r, N, host='n%d' % (r // 4)))
+    p.send(nc.hello(1, r, N, host='n%d' % (r // 4) + ('\x1b[2J\u00e9' if case == 'host-escape' and r == 0 else '')))
 for p in W:
     x = p.recv(5)
     if not x or x[0] != 'PLAN':
         fail('worker got', x and x[0])
+
+if case == 'host-escape':
+    c = nc.Peer(path)
+    c.send(nc.hello(3, 0, 0) + nc.status_req(0))
+    txt = b''
+    while True:
+        x = c.recv(10)
+        if x is None or x[0] != 'STATUS':
+            fail('text status: got', x and x[0])
+        txt += x[2]
+        if not (x[1] & 1):
+            break
+    raw = nc.Peer(path)
+    raw.send(nc.hello(3, 0, 0) + nc.status_req(1))
+    js = b''
+    while True:
+        x = raw.recv(10)
+        if x is None or x[0] != 'STATUS':
+            fail('JSON status: got', x and x[0])
+        js += x[2]
+        if not (x[1] & 1):
+            break
+    import json
+    try:
+        st = json.loads(js.decode('ascii'))
+    except (UnicodeDecodeError, ValueError) as e:
+        fail('the JSON status is not ASCII JSON:', e)
+    hosts = [r['host'] for r in st.get('workers', []) if r['host'].startswith('n0\x1b')]
+    if b'\x1b' in txt or b'\xc3' in txt or b'n0?[2J??' not in txt:
+        fail('text status shows the host as', [l for l in txt.split(b'\n') if b'n0' in l][:1])
+    if hosts != ['n0\x1b[2J\u00c3\u00a9']:
+        fail('JSON status hosts:', hosts)
+    print('ok: a host name with an escape and a non-ASCII letter: text', b'n0?[2J??'.decode(),
+          ', JSON', json.dumps(hosts[0])); sys.exit(0)
 
 if case == 'rejoin-gone':
     W[1].s.close()

@@ -256,8 +256,9 @@ done
 # gathers again; a HELLO as a survivor's world rank is refused; a rank that gives
 # up after COMMIT loses its GPU; gathers beyond the world or a rank's share are
 # refused; a long frame before HELLO is refused at once; deltas queued during
-# a COMMIT are applied one after another, each plan following the committed epoch.
-for case in rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas; do
+# a COMMIT are applied one after another, each plan following the committed epoch;
+# a host name with an escape sequence is shown escaped by nereus status.
+for case in rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape; do
     DJ="$tmp/sw-$case"
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout 15 --log "$tmp/cw-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
