@@ -64,26 +64,9 @@ for p in W:
         fail('worker got', x and x[0])
 
 if case == 'host-escape':
-    c = nc.Peer(path)
-    c.send(nc.hello(3, 0, 0) + nc.status_req(0))
-    txt = b''
-    while True:
-        x = c.recv(10)
-        if x is None or x[0] != 'STATUS':
-            fail('text status: got', x and x[0])
-        txt += x[2]
-        if not (x[1] & 1):
-            break
-    raw = nc.Peer(path)
-    raw.send(nc.hello(3, 0, 0) + nc.status_req(1))
-    js = b''
-    while True:
-        x = raw.recv(10)
-        if x is None or x[0] != 'STATUS':
-            fail('JSON status: got', x and x[0])
-        js += x[2]
-        if not (x[1] & 1):
-            break
+    txt, js = nc.status_raw(path, 0), nc.status_raw(path, 1)
+    if txt is None or js is None:
+        fail('no whole status reply: text', txt is not None, 'JSON', js is not None)
     import json
     try:
         st = json.loads(js.decode('ascii'))
@@ -117,6 +100,23 @@ if case == 'rejoin-gone':
 cli = nc.Peer(path)
 cli.send(nc.hello(2, 0, 0))
 
+
+def commit_without_n2():
+    """Node n2 removed: ranks 0-7 prepare the next epoch and get its COMMIT
+    (not yet acknowledged). Returns them and that epoch."""
+    cli.send(nc.delta(3, hosts=('n2',)))
+    cli.recv(10)
+    S = W[:8]
+    for p in S:
+        x = find(p, 'PREPARE')
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            fail('no COMMIT')
+    return S, ep
+
+
 if case == 'dup-world-rank':
     cli.send(nc.delta(3, hosts=('n0',)))
     cli.recv(10)
@@ -138,16 +138,7 @@ if case == 'dup-world-rank':
     print('ok: a HELLO as a survivor\'s world rank is refused'); sys.exit(0)
 
 if case == 'gaveup-lost':
-    cli.send(nc.delta(3, hosts=('n2',)))
-    cli.recv(10)
-    S = W[:8]
-    for p in S:
-        x = find(p, 'PREPARE')
-        ep = struct.unpack_from('<I', x[2])[0]
-        p.send(nc.ack(ep, 8))
-    for p in S:
-        if find(p, 'COMMIT')[0] != 'COMMIT':
-            fail('no COMMIT')
+    S, ep = commit_without_n2()
     S[3].send(nc.ack(ep, 8, 4))  # rank 3 gives up after all
     g = got(S[3])
     if not g or g[0][0] != 'ERROR' or 'retired' not in g[0][1]:
@@ -165,16 +156,7 @@ if case == 'gaveup-lost':
     sys.exit(0)
 
 if case == 'queued-deltas':
-    cli.send(nc.delta(3, hosts=('n2',)))
-    cli.recv(10)
-    S = W[:8]
-    for p in S:
-        x = find(p, 'PREPARE')
-        ep = struct.unpack_from('<I', x[2])[0]
-        p.send(nc.ack(ep, 8))
-    for p in S:
-        if find(p, 'COMMIT')[0] != 'COMMIT':
-            fail('no COMMIT')
+    S, ep = commit_without_n2()
     # during the commit of epoch ep: lose GPU 7, add a node, lose GPU 6
     cli.send(nc.delta(3, gpus=(7,)))
     cli.send(nc.delta(1, add=1))

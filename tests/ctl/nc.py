@@ -74,11 +74,14 @@ def transition(peers):
     time.sleep(0.3)
 def errtext(p):
     code,=struct.unpack('<I',p[:4]); l,=struct.unpack('<H',p[4:6]); return code,p[6:6+l].decode(errors='replace')
-def status(path):
-    c=Peer(path); c.send(hello(3,0,0)+status_req(1)); txt=b''
+def status_raw(path,fmt=1):
+    """The whole STATUS reply's bytes (fmt 0 text, 1 JSON); None if it broke off."""
+    c=Peer(path); c.send(hello(3,0,0)+status_req(fmt)); txt=b''
     while True:
         x=c.recv(10)
-        if x is None or x[0]!='STATUS': return (x, txt)
+        if x is None or x[0]!='STATUS': return None
         txt+=x[2]
         if not (x[1]&1): break
-    c.s.close(); import json; return json.loads(txt)
+    c.s.close(); return txt
+def status(path):
+    import json; return json.loads(status_raw(path))

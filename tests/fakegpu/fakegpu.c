@@ -801,6 +801,14 @@ ncclResult_t ncclRecv(void *b, size_t n, ncclDataType_t t, int peer, ncclComm_t 
 {
     return p2p(0, b, n, t, peer, c, s);
 }
+/* NCCL's round of a transfer: the distance to its peer (a send to rank + r
+ * and a receive from rank - r are round r). */
+static int round_of(const p2p_t *g)
+{
+    int d = g->send ? g->peer - g->c->rank : g->c->rank - g->peer;
+    return (d % g->c->size + g->c->size) % g->c->size;
+}
+
 /* FAKE_NCCL_STRICT's rules (see the top): 0, or -1 with why on stderr. */
 static int strict_ok(void)
 {
@@ -828,12 +836,9 @@ static int strict_ok(void)
     const char *e = getenv("FAKE_NCCL_ROUNDS");
     int most = e ? atoi(e) : 0, nround = 0, big = 0;
     for (int i = 0; most > 0 && i < ngrp; i++) {
-        fcomm_t *c = grp[i].c;
-        int r = ((grp[i].send ? grp[i].peer - c->rank : c->rank - grp[i].peer) % c->size +
-                 c->size) % c->size, seen = 0;
+        int seen = 0;
         for (int j = 0; j < i && !seen; j++)
-            seen = r == (((grp[j].send ? grp[j].peer - c->rank : c->rank - grp[j].peer) % c->size +
-                          c->size) % c->size);
+            seen = round_of(&grp[j]) == round_of(&grp[i]);
         nround += !seen;
         big |= grp[i].n > 1;
     }
