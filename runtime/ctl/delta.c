@@ -117,6 +117,7 @@ int nrs_cmd_delta(int argc, char **argv)
     if (!m)
         return 1;
     optind = 1;
+    opterr = 0;
     while ((ch = getopt_long(argc, argv, "a:r:l:L:R:g:d:h", opts, NULL)) != -1) {
         char *end;
         switch (ch) {
@@ -160,10 +161,17 @@ int nrs_cmd_delta(int argc, char **argv)
             break;
         case 'd': dir = optarg; break;
         case 'h': fputs(delta_usage, stdout); rc = 0; goto out;
-        default: fputs(delta_usage, stderr); goto out;
+        default:
+            fprintf(stderr, "nereus delta: unknown or incomplete option '%s'\n%s", argv[optind - 1],
+                    delta_usage);
+            goto out;
         }
     }
-    if (kinds != 1 || optind != argc) {
+    if (optind != argc) {
+        fprintf(stderr, "nereus delta: unexpected argument '%s'\n", argv[optind]);
+        goto out;
+    }
+    if (kinds != 1) {
         fprintf(stderr, "nereus delta: give exactly one of --add, --remove, --lost, --lost-gpus, --remove-gpus\n");
         goto out;
     }

@@ -85,24 +85,32 @@ int nrs_cmd_status(int argc, char **argv)
     char err[1280];
     int ch;
     optind = 1;
+    opterr = 0;
     while ((ch = getopt_long(argc, argv, "jd:t:h", opts, NULL)) != -1) {
+        char *end;
         switch (ch) {
         case 'j': json = true; break;
         case 'd': dir = optarg; break;
         case 't':
-            timeout = strtod(optarg, NULL);
-            if (!(timeout > 0 && timeout <= 3600)) {
+            timeout = strtod(optarg, &end);
+            if (end == optarg || *end || !(timeout > 0 && timeout <= 3600)) {
                 fprintf(stderr, "nereus status: --timeout: '%s' is not in (0, 3600]\n", optarg);
                 return 2;
             }
             break;
         case 'h': fputs(status_usage, stdout); return 0;
-        default: fputs(status_usage, stderr); return 2;
+        default:
+            fprintf(stderr, "nereus status: unknown or incomplete option '%s'\n%s", argv[optind - 1],
+                    status_usage);
+            return 2;
         }
     }
-    if (optind != argc || !(dir = nrs_client_socket_dir(dir))) {
-        fprintf(stderr, "nereus status: %s\n",
-                optind != argc ? "unexpected argument" : "no --socket-dir and no $NEREUS_SOCKET_DIR");
+    if (optind != argc) {
+        fprintf(stderr, "nereus status: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!(dir = nrs_client_socket_dir(dir))) {
+        fprintf(stderr, "nereus status: no --socket-dir and no $NEREUS_SOCKET_DIR\n");
         return 2;
     }
     int fd = nrs_client_connect_unix(dir, err, sizeof(err));

@@ -56,6 +56,24 @@ check "validate YAML syntax" 1 "bad2.yaml:[0-9]+:[0-9]+: " "$bin" validate "$tmp
 check "validate no file" 2 "no FILE given" "$bin" validate
 check "plan on a bad spec" 1 "bad1.yaml:3:3: " "$bin" plan "$tmp/bad1.yaml"
 
+# nereus status / delta: what they check before they reach a controller.
+nosock() { env -u NEREUS_SOCKET_DIR "$@"; }
+check "status --help" 0 "Usage: nereus status" "$bin" status --help
+check "status without a job directory" 2 "no --socket-dir and no \\\$NEREUS_SOCKET_DIR" nosock "$bin" status
+check "status stray argument" 2 "nereus status: unexpected argument 'extra'" "$bin" status -d "$tmp" extra
+check "status unknown option" 2 "nereus status: unknown or incomplete option '--frob'" "$bin" status --frob
+check "status --timeout junk" 2 "--timeout: '5x' is not in" "$bin" status -d "$tmp" --timeout 5x
+check "status no controller" 1 "cannot connect to the controller at $tmp/ctl.sock" "$bin" status -d "$tmp"
+check "delta --help" 0 "--lost-gpus LIST" "$bin" delta --help
+check "delta needs one kind" 2 "give exactly one of --add" "$bin" delta -d "$tmp"
+check "delta two kinds" 2 "give exactly one of --add" "$bin" delta -d "$tmp" --add 1 --lost a
+check "delta stray argument" 2 "nereus delta: unexpected argument 'extra'" "$bin" delta -d "$tmp" --add 1 extra
+check "delta unknown option" 2 "nereus delta: unknown or incomplete option '--frob'" "$bin" delta --frob
+check "delta --add 0" 2 "'0' is not a node count in 1..4096" "$bin" delta -d "$tmp" --add 0
+check "delta --lost-gpus junk" 2 "'1,x': expected GPU" "$bin" delta -d "$tmp" --lost-gpus 1,x
+check "delta --lost empty" 2 "',': expected HOST" "$bin" delta -d "$tmp" --lost ,
+check "delta no controller" 1 "cannot connect to the controller at $tmp/ctl.sock" "$bin" delta -d "$tmp" --add 1
+
 # nereus transition: build, schedule, execute in-process, verify.
 tiny="$top/examples/tiny-cpu.yaml"
 check "transition --help" 0 "--lost-nodes" "$bin" transition --help
