@@ -25,7 +25,8 @@ static const char usage[] =
     "                    openrlhf-like, verl-like: MODELLED placements of those\n"
     "                    systems priced by the same cost model, not runs of them\n"
     "                    (docs/baselines.md)\n"
-    "  --csv OUT         write one row per policy and step to OUT ('-': stdout)\n"
+    "  --csv OUT         write one row per policy and step to OUT ('-': stdout,\n"
+    "                    and the summary goes to stderr)\n"
     "  --quiet           no progress on the terminal\n"
     "  -h, --help        show this help\n"
     "\n"
@@ -78,18 +79,18 @@ static double throughput(const nrs_spec_t *s, const nrs_sim_summary_t *m)
     return m->mean_step_s > 0 ? w.samples / m->mean_step_s : 0;
 }
 
-static void print_summary(const nrs_spec_t *s, nrs_sim_policy_t pol, const nrs_sim_summary_t *m)
+static void print_summary(FILE *out, const nrs_spec_t *s, nrs_sim_policy_t pol, const nrs_sim_summary_t *m)
 {
-    printf("%-14s %12.3f %10.2f %10.3f %8d (%d forced) %12.4f%% %10.2f%%",
-           nrs_sim_policy_name(pol), m->mean_step_s, throughput(s, m), m->total_s / 3600,
-           m->transitions, m->forced, m->transition_share * 100, m->pred_err * 100);
+    fprintf(out, "%-14s %12.3f %10.2f %10.3f %8d (%d forced) %12.4f%% %10.2f%%",
+            nrs_sim_policy_name(pol), m->mean_step_s, throughput(s, m), m->total_s / 3600,
+            m->transitions, m->forced, m->transition_share * 100, m->pred_err * 100);
     if (nrs_sim_policy_modelled(pol))
-        printf("  (modelled)");
+        fprintf(out, "  (modelled)");
     if (m->checkpoints)
-        printf("  %d checkpoint restores", m->checkpoints);
+        fprintf(out, "  %d checkpoint restores", m->checkpoints);
     if (m->infeasible_step >= 0)
-        printf("  STOPPED at step %d: %s", m->infeasible_step, m->infeasible_why);
-    printf("\n");
+        fprintf(out, "  STOPPED at step %d: %s", m->infeasible_step, m->infeasible_why);
+    fprintf(out, "\n");
 }
 
 int nrs_cmd_simulate(int argc, char **argv)
@@ -180,28 +181,28 @@ int nrs_cmd_simulate(int argc, char **argv)
     if (o.progress)
         fprintf(stderr, "\r%40s\r", "");
     FILE *info = csv && !strcmp(csv, "-") ? stderr : stdout;
-    if (rc == NRS_EXIT_OK && info == stdout) {
-        printf("Simulated %s over %s: %d steps\n\n", argv[optind], trace, t.steps);
-        printf("%-14s %12s %10s %10s %20s %13s %11s\n", "policy", "mean step s", "samples/s",
+    if (rc == NRS_EXIT_OK) {
+        fprintf(info, "Simulated %s over %s: %d steps\n\n", argv[optind], trace, t.steps);
+        fprintf(info, "%-14s %12s %10s %10s %20s %13s %11s\n", "policy", "mean step s", "samples/s",
                "total h", "transitions", "in transit.", "pred. err");
         for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++)
             if (ran[p])
-                print_summary(&s, (nrs_sim_policy_t)p, &sum[p]);
+                print_summary(info, &s, (nrs_sim_policy_t)p, &sum[p]);
         if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_FIXED] && sum[NRS_SIM_FIXED].infeasible_step < 0)
-            printf("\nnereus vs fixed: %.1f%% lower mean step latency, %.1f%% less total time\n",
+            fprintf(info, "\nnereus vs fixed: %.1f%% lower mean step latency, %.1f%% less total time\n",
                    100 * (1 - sum[NRS_SIM_NEREUS].mean_step_s / sum[NRS_SIM_FIXED].mean_step_s),
                    100 * (1 - sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_FIXED].total_s));
         if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_STATIC_BEST])
-            printf("nereus vs static-best: %+.1f%% total time\n",
+            fprintf(info, "nereus vs static-best: %+.1f%% total time\n",
                    100 * (sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_STATIC_BEST].total_s - 1));
         for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
             if (!ran[p] || !ran[NRS_SIM_NEREUS] || !nrs_sim_policy_modelled((nrs_sim_policy_t)p))
                 continue;
             if (sum[p].infeasible_step >= 0 || sum[p].steps == 0)
-                printf("nereus vs %s: no ratio, the baseline stopped\n",
+                fprintf(info, "nereus vs %s: no ratio, the baseline stopped\n",
                        nrs_sim_policy_name((nrs_sim_policy_t)p));
             else
-                printf("nereus vs %s: %.2fx throughput (MODELLED baseline, not a run of it; "
+                fprintf(info, "nereus vs %s: %.2fx throughput (MODELLED baseline, not a run of it; "
                        "docs/baselines.md)\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
                        throughput(&s, &sum[NRS_SIM_NEREUS]) / throughput(&s, &sum[p]));
         }

@@ -41,9 +41,10 @@ static int parse_nodes(const char *list, int gpn, int from_gpus, int *lost, int 
     *nlost = 0;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int node;
-        if (nrs_cli_int("--lost-nodes", tok, 0, from_gpus / gpn - 1, &node))
+        /* a plan below one node holds part of node 0 */
+        if (nrs_cli_int("--lost-nodes", tok, 0, (from_gpus + gpn - 1) / gpn - 1, &node))
             return -1;
-        for (int g = node * gpn; g < (node + 1) * gpn; g++) {
+        for (int g = node * gpn; g < (node + 1) * gpn && g < from_gpus; g++) {
             for (int i = 0; i < *nlost; i++)
                 if (lost[i] == g) {
                     fprintf(stderr, "nereus transition: --lost-nodes: node %d given twice\n", node);

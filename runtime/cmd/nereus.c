@@ -34,8 +34,9 @@ static const char usage[] =
     "  version          print the version\n"
     "\n"
     "Run 'nereus COMMAND --help' for a command's options. Exit status: 0 success,\n"
-    "1 the spec, the trace or the plan failed, 2 usage error. Documentation: docs/job-spec.md,\n"
-    "docs/cost-model.md, docs/planner.md.\n";
+    "1 the spec, the trace or the plan failed (status, delta: the controller could not\n"
+    "be reached, refused, or rejected the delta), 2 usage error. Documentation:\n"
+    "docs/job-spec.md, docs/cost-model.md, docs/planner.md.\n";
 
 int nrs_cli_load(const char *path, nrs_spec_t *s)
 {

@@ -178,6 +178,22 @@ static int step_tail(nrs_worker_t *w, int s, int steps, int ck_every, int trace_
     return bad;
 }
 
+/* Option opt's number in [lo, hi] (a whole one where whole), else a usage
+ * error: atoi and atof read "abc" as 0. */
+static int num(const char *opt, const char *arg, double lo, double hi, bool whole, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (errno || end == arg || *end || !(v >= lo && v <= hi) || (whole && v != (double)(long)v)) {
+        fprintf(stderr, "nereus-worker: --%s: '%s' is not %s in [%.15g, %.15g]\n", opt, arg,
+                whole ? "an integer" : "a number", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {{"spec", 1, 0, 's'},       {"steps", 1, 0, 'n'},
@@ -189,26 +205,32 @@ int main(int argc, char **argv)
                                        {"join", 0, 0, 'j'},
                                        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     const char *spec_path = getenv("NEREUS_SPEC");
-    int steps = -1, gph = 0, c, ck_every = 0;
+    int steps = -1, gph = 0, c, ck_every = 0, badarg = 0;
     const char *ck_dir = getenv("NEREUS_CHECKPOINT_DIR");
-    double step_ms = 30, r0 = -1, r1 = -1, quiet = 2;
+    double step_ms = 30, r0 = -1, r1 = -1, quiet = 2, v = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 's': spec_path = optarg; break;
-        case 'n': steps = atoi(optarg); break;
-        case 'm': step_ms = atof(optarg); break;
-        case 'a': r0 = atof(optarg); break;
-        case 'b': r1 = atof(optarg); break;
-        case 'g': gph = atoi(optarg); break;
-        case 'q': quiet = atof(optarg); break;
+        case 'n': badarg |= num("steps", optarg, 0, 1e9, true, &v), steps = (int)v; break;
+        case 'm': badarg |= num("step-ms", optarg, 1e-3, 3.6e6, false, &step_ms); break;
+        case 'a': badarg |= num("response-len", optarg, 1, 1e9, false, &r0); break;
+        case 'b': badarg |= num("max-response-len", optarg, 1, 1e9, false, &r1); break;
+        case 'g': badarg |= num("gpus-per-host", optarg, 1, 1e6, true, &v), gph = (int)v; break;
+        case 'q': badarg |= num("quiet-s", optarg, 0, 1e6, false, &quiet); break;
         case 'd': ck_dir = optarg; break;
-        case 'k': ck_every = atoi(optarg); break;
+        case 'k': badarg |= num("checkpoint-every", optarg, 0, 1e9, true, &v), ck_every = (int)v; break;
         case 'j': setenv("NEREUS_JOIN", "1", 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc || !spec_path || step_ms <= 0 || quiet < 0 || ck_every < 0 ||
+    if (badarg) /* said which */
+        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "nereus-worker: unexpected argument '%s' (--help)\n", argv[optind]);
+        return 2;
+    }
+    if (!spec_path || step_ms <= 0 || quiet < 0 || ck_every < 0 ||
         (ck_every > 0 && !(ck_dir && *ck_dir))) {
         fprintf(stderr, "nereus-worker: %s\n", !spec_path ? "no spec: --spec FILE or NEREUS_SPEC"
                 : ck_every > 0 && !(ck_dir && *ck_dir)

@@ -82,6 +82,8 @@ check "transition --execute verifies every shard" 0 "verified [0-9]+ shards, 0 m
     "$bin" transition "$tiny" --from-gpus 4 --to-gpus 8 --execute
 check "transition after a loss (zero1: optimizer shards lost)" 1 "restore from a checkpoint" \
     "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 1
+check "transition after a loss below one node (its GPUs alone)" 1 "restore from a checkpoint" \
+    "$bin" transition "$tiny" --from-gpus 2 --to-gpus 4 --lost-nodes 0
 check "transition bad node" 2 "--lost-nodes: '7' is not an integer in 0..1" \
     "$bin" transition "$tiny" --from-gpus 8 --to-gpus 4 --lost-nodes 7
 # ZeRO-3 + optimizer offload: the transition state has the bytes the planner
@@ -103,6 +105,8 @@ check "simulate --csv rows" 0 "^nereus,29,4," tail -n 1 "$tmp/t.csv"
 printf 'nereus-trace 1\nsteps 30\ngpus 40 8\n' >"$tmp/bad.trace"
 check "simulate bad trace" 1 "bad.trace:3:6: '40' is not a number in \[0, 29\]" "$bin" simulate "$tiny" --trace "$tmp/bad.trace"
 check "simulate unknown policy" 2 "unknown policy 'best'" "$bin" simulate "$tiny" --trace "$tmp/t.trace" --policy best
+check "simulate --csv - keeps the summary (stderr)" 0 "^oracle " sh -c '"$1" simulate "$2" --trace "$3" --csv - --quiet 2>&1 >/dev/null' _ "$bin" "$tiny" "$tmp/t.trace"
+check "simulate --csv - rows alone on stdout" 0 "^policy,step," sh -c '"$1" simulate "$2" --trace "$3" --csv - --quiet 2>/dev/null | head -n 1' _ "$bin" "$tiny" "$tmp/t.trace"
 check "simulate needs a trace" 2 "expected FILE and --trace" "$bin" simulate "$tiny"
 
 # Every shipped trace (but the slow 1,024-GPU one, run by bench/sim-baselines.sh):
@@ -123,6 +127,21 @@ for tr in "$top"/examples/traces/*.trace; do
     "$bin" simulate "$spec" --trace "$tr" --csv "$tmp/$name.csv" --quiet >/dev/null 2>&1
     check "trace $name: nereus <= fixed, <= 1.05 static-best, oracle lowest" 0 "nereus [0-9]+ s" order_ok "$tmp/$name.csv"
 done
+
+# nereus-worker's own options (built where PMIx and UCX are): a bad number is a
+# usage error that names it, before any spec is read.
+wbin="$(dirname "$bin")/nereus-worker"
+if [ -x "$wbin" ]; then
+    check "worker --help" 0 "nereus-worker - a synthetic PPO/GRPO job" "$wbin" --help
+    check "worker --steps junk" 2 "--steps: 'abc' is not an integer in \[0, 1000000000\]" "$wbin" --spec "$tiny" --steps abc
+    check "worker --steps not whole" 2 "--steps: '2.5' is not an integer" "$wbin" --spec "$tiny" --steps 2.5
+    check "worker --step-ms 0" 2 "--step-ms: '0' is not a number in \[0.001, " "$wbin" --spec "$tiny" --step-ms 0
+    check "worker --gpus-per-host 0" 2 "--gpus-per-host: '0' is not an integer in \[1, " "$wbin" --spec "$tiny" --gpus-per-host 0
+    check "worker stray argument" 2 "unexpected argument 'extra'" "$wbin" --spec "$tiny" extra
+    check "worker bad spec is FILE:LINE:COL" 1 "bad1.yaml:3:3: " "$wbin" --spec "$tmp/bad1.yaml"
+else
+    echo "skip nereus-worker options: not built (no PMIx or UCX)"
+fi
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
