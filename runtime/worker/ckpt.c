@@ -80,12 +80,30 @@ static int write_all(int fd, const void *p, size_t n)
         ssize_t k = write(fd, c, n);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k <= 0)
+        if (k <= 0) {
+            if (!k)
+                errno = EIO; /* no progress, and no errno to say why */
             return -1;
+        }
         c += k;
         n -= (size_t)k;
     }
     return 0;
+}
+
+/* fsync of directory d: the names made in it are on disk (a file system
+ * that cannot sync a directory says EINVAL: nothing to do there). */
+static int sync_dir(const char *d)
+{
+    int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc && (e == EINVAL || e == ENOTSUP))
+        rc = 0;
+    errno = e;
+    return rc;
 }
 
 int nrs_ckpt_write(const char *dir, long step, const nrs_emu_state_t *st, const int *idx, int n,
@@ -110,15 +128,94 @@ int nrs_ckpt_write(const char *dir, long step, const nrs_emu_state_t *st, const 
         file_name(name, sizeof name, b->role, b->tensor, b->kind, &b->box);
         snprintf(path, sizeof path, "%s/%s", tmp, name);
         snprintf(part, sizeof part, "%s.%d.part", path, (int)getpid());
-        int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || write_all(fd, head, sizeof head) ||
-            write_all(fd, bytes[k], (size_t)b->bytes) || close(fd) || rename(part, path)) {
-            nrs_seterr(err, errlen, "checkpoint: %s: %s", path, strerror(errno));
-            if (fd >= 0)
+        int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = 0;
+        if (fd < 0) {
+            e = errno;
+        } else {
+            /* a failed write (ENOSPC, EIO) still closes and removes the part */
+            if (write_all(fd, head, sizeof head) || write_all(fd, bytes[k], (size_t)b->bytes) ||
+                fsync(fd)) /* on disk before it is named: a vote says it is there */
+                e = errno;
+            if (close(fd) && !e)
+                e = errno;
+            if (!e && rename(part, path))
+                e = errno;
+            if (e)
                 unlink(part);
+        }
+        if (e) {
+            nrs_seterr(err, errlen, "checkpoint: %s: %s", path, strerror(e));
             return -1;
         }
     }
+    if (sync_dir(tmp)) { /* the names of this rank's files */
+        nrs_seterr(err, errlen, "checkpoint: fsync %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Files by (model, tensor, kind), then box: a buffer's candidates are one run. */
+static int file_cmp(const void *x, const void *y)
+{
+    const ck_file_t *a = x, *b = y;
+    const int ka[] = {a->role, a->tensor, a->kind, a->box.r0, a->box.c0, a->box.r1, a->box.c1};
+    const int kb[] = {b->role, b->tensor, b->kind, b->box.r0, b->box.c0, b->box.r1, b->box.c1};
+    for (size_t i = 0; i < sizeof ka / sizeof ka[0]; i++)
+        if (ka[i] != kb[i])
+            return ka[i] < kb[i] ? -1 : 1;
+    return 0;
+}
+
+/* Name n as a checkpoint file's into f; 0 if it is not one. */
+static int parse_name(const char *n, ck_file_t *f)
+{
+    int used = 0;
+    return sscanf(n, "m%d-t%d-k%d-%d_%d_%d_%d.bin%n", &f->role, &f->tensor, &f->kind, &f->box.r0,
+                  &f->box.r1, &f->box.c0, &f->box.c1, &used) == 7 &&
+           n[used] == '\0' &&
+           /* a box as written: not one whose width or area overflows */
+           f->box.r0 >= 0 && f->box.r1 > f->box.r0 && f->box.c0 >= 0 && f->box.c1 > f->box.c0;
+}
+
+/* Remove from tmp whatever is not a file of st's checkpoint: files left by
+ * an attempt at the same step that never published (another layout: their
+ * boxes overlap ours and the checkpoint would not restore), stale parts. */
+static int prune_strays(const char *tmp, const nrs_emu_state_t *st, char *err, size_t errlen)
+{
+    ck_file_t *want = calloc(st->nbuf + 1, sizeof(*want));
+    size_t n = 0;
+    if (!want) {
+        nrs_seterr(err, errlen, "checkpoint: out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < st->nbuf; i++) {
+        const nrs_emu_buf_t *b = &st->buf[i];
+        if (!nrs_ckpt_wanted(st, b))
+            continue;
+        want[n].role = b->role;
+        want[n].tensor = b->tensor;
+        want[n].kind = b->kind;
+        want[n].box = b->box;
+        n++;
+    }
+    qsort(want, n, sizeof(*want), file_cmp);
+    DIR *dp = opendir(tmp);
+    if (!dp) {
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", tmp, strerror(errno));
+        free(want);
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        ck_file_t f;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (!parse_name(e->d_name, &f) || !bsearch(&f, want, n, sizeof(*want), file_cmp))
+            unlinkat(dirfd(dp), e->d_name, 0);
+    }
+    closedir(dp);
+    free(want);
     return 0;
 }
 
@@ -135,7 +232,8 @@ static int rm_tree(const char *d)
     return rmdir(d);
 }
 
-int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen)
+int nrs_ckpt_publish(const char *dir, long step, const nrs_emu_state_t *st, char *err,
+                     size_t errlen)
 {
     char tmp[4200], fin[4200], latest[4200], ltmp[4200];
     long prev = nrs_ckpt_latest(dir);
@@ -143,13 +241,39 @@ int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen)
     snprintf(fin, sizeof fin, "%s/step-%ld", dir, step);
     snprintf(latest, sizeof latest, "%s/LATEST", dir);
     snprintf(ltmp, sizeof ltmp, "%s/LATEST.%d.tmp", dir, (int)getpid());
+    if (st && prune_strays(tmp, st, err, errlen))
+        return -1;
+    /* a step-S there already (a run before this one in DIR got further, or a
+     * publish that stopped before LATEST): set aside, dropped once ours is in
+     * (a directory is not renamed over one that is not empty) */
+    char old[4300] = "";
+    struct stat sb;
+    if (!lstat(fin, &sb)) {
+        snprintf(old, sizeof old, "%s/step-%ld.old.%d", dir, step, (int)getpid());
+        if (rename(fin, old)) {
+            nrs_seterr(err, errlen, "checkpoint: rename %s: %s", fin, strerror(errno));
+            return -1;
+        }
+    }
     if (rename(tmp, fin)) {
         nrs_seterr(err, errlen, "checkpoint: rename %s: %s", tmp, strerror(errno));
+        if (old[0])
+            rename(old, fin);
         return -1;
     }
+    /* LATEST and both renames on disk before an older checkpoint goes */
     FILE *f = fopen(ltmp, "w");
-    if (!f || fprintf(f, "%ld\n", step) < 0 || fclose(f) || rename(ltmp, latest)) {
-        nrs_seterr(err, errlen, "checkpoint: %s: %s", latest, strerror(errno));
+    int bad = !f || fprintf(f, "%ld\n", step) < 0 || fflush(f) || fsync(fileno(f)), le = errno;
+    if (f && fclose(f) && !bad)
+        bad = 1, le = errno;
+    if (!bad && rename(ltmp, latest))
+        bad = 1, le = errno;
+    if (!bad && sync_dir(dir))
+        bad = 1, le = errno;
+    if (bad) {
+        if (f)
+            unlink(ltmp);
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", latest, strerror(le));
         return -1;
     }
     /* keep this one and the previous; drop older ones and stale partial ones */
@@ -160,7 +284,7 @@ int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen)
         char rest[16] = "";
         if (sscanf(e->d_name, "step-%ld%15s", &s, rest) < 1 || s >= step)
             continue;
-        if ((!rest[0] && s != prev) || !strcmp(rest, ".tmp")) {
+        if ((!rest[0] && s != prev) || !strcmp(rest, ".tmp") || !strncmp(rest, ".old.", 5)) {
             char p[4400];
             if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
                 rm_tree(p);
@@ -168,6 +292,8 @@ int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen)
     }
     if (dp)
         closedir(dp);
+    if (old[0])
+        rm_tree(old);
     return 0;
 }
 
@@ -185,18 +311,6 @@ long nrs_ckpt_latest(const char *dir)
     fclose(f);
     snprintf(p, sizeof p, "%s/step-%ld", dir, s);
     return s >= 0 && !stat(p, &sb) && S_ISDIR(sb.st_mode) ? s : -1;
-}
-
-/* Files by (model, tensor, kind), then box: a buffer's candidates are one run. */
-static int file_cmp(const void *x, const void *y)
-{
-    const ck_file_t *a = x, *b = y;
-    const int ka[] = {a->role, a->tensor, a->kind, a->box.r0, a->box.c0, a->box.r1, a->box.c1};
-    const int kb[] = {b->role, b->tensor, b->kind, b->box.r0, b->box.c0, b->box.r1, b->box.c1};
-    for (size_t i = 0; i < sizeof ka / sizeof ka[0]; i++)
-        if (ka[i] != kb[i])
-            return ka[i] < kb[i] ? -1 : 1;
-    return 0;
 }
 
 /* The first file of (role, tensor, kind), or c->n. */
@@ -236,10 +350,7 @@ int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_
     struct dirent *e;
     while ((e = readdir(dp))) {
         ck_file_t f;
-        int used = 0;
-        if (sscanf(e->d_name, "m%d-t%d-k%d-%d_%d_%d_%d.bin%n", &f.role, &f.tensor, &f.kind,
-                   &f.box.r0, &f.box.r1, &f.box.c0, &f.box.c1, &used) != 7 ||
-            e->d_name[used] != '\0')
+        if (!parse_name(e->d_name, &f))
             continue;
         if (c->n == cap) {
             cap = cap ? 2 * cap : 256;
@@ -270,7 +381,8 @@ static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, c
 {
     char p[4200];
     unsigned char head[CK_HEAD];
-    int64_t want = nrs_emu_rect_area(&f->box) * esize;
+    int64_t area = nrs_emu_rect_area(&f->box);
+    int64_t want = esize > 0 && area <= (INT64_MAX - 1) / esize ? area * esize : -1;
     snprintf(p, sizeof p, "%s/%s", c->dir, f->name);
     FILE *fp = fopen(p, "rb");
     unsigned char *d = NULL;
@@ -278,7 +390,8 @@ static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, c
     if (got == sizeof head && !memcmp(head, CK_MAGIC_V1, 8)) {
         nrs_seterr(err, errlen, "checkpoint: %s: format 1 (one tensor per layer, written by an "
                    "older Nereus): this version reads format 2 (layers stacked)", p);
-    } else if (!fp || got != sizeof head || memcmp(head, CK_MAGIC, 8) || head[8] != esize ||
+    } else if (!fp || want < 0 || got != sizeof head || memcmp(head, CK_MAGIC, 8) ||
+               head[8] != esize ||
         (int64_t)get64(head + 16) != want ||
         !(d = malloc((size_t)want + 1)) || fread(d, 1, (size_t)want, fp) != (size_t)want ||
         fgetc(fp) != EOF || nrs_emu_checksum(d, (size_t)want) != get64(head + 24)) {

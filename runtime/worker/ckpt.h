@@ -21,7 +21,11 @@ int nrs_ckpt_wanted(const nrs_emu_state_t *st, const nrs_emu_buf_t *b);
  * st that are wanted into DIR/step-S.tmp. 0, or -1 with err. */
 int nrs_ckpt_write(const char *dir, long step, const nrs_emu_state_t *st, const int *idx, int n,
                    void *const *bytes, char *err, size_t errlen);
-int nrs_ckpt_publish(const char *dir, long step, char *err, size_t errlen);
+/* Publish DIR/step-S.tmp as DIR/step-S. st is the plan that wrote it: what
+ * else is there (an earlier attempt's files at step S under another layout
+ * that never published, a dead writer's .part) is removed first. */
+int nrs_ckpt_publish(const char *dir, long step, const nrs_emu_state_t *st, char *err,
+                     size_t errlen);
 /* The newest published step, -1 if none. */
 long nrs_ckpt_latest(const char *dir);
 

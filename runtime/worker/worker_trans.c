@@ -445,7 +445,7 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step)
     for (int i = 0; i < w->n && lowest < 0; i++)
         if (in[i])
             lowest = i;
-    if (lowest == w->me && nrs_ckpt_publish(w->ckpt_dir, step, err, sizeof err))
+    if (lowest == w->me && nrs_ckpt_publish(w->ckpt_dir, step, &w->st, err, sizeof err))
         rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "%s", err);
 done:
     free(part);

@@ -9,6 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -75,7 +80,7 @@ static void test_restore_any_layout(void **st)
         snprintf(dir, sizeof dir, "%s/c%d", root, k);
         write_all(dir, 10, &sa);
         assert_int_equal(nrs_ckpt_latest(dir), -1); /* not published yet */
-        assert_int_equal(nrs_ckpt_publish(dir, 10, err, sizeof err), 0);
+        assert_int_equal(nrs_ckpt_publish(dir, 10, &sa, err, sizeof err), 0);
         assert_int_equal(nrs_ckpt_latest(dir), 10);
         nrs_ckpt_t *c;
         assert_int_equal(nrs_ckpt_open(&c, dir, 10, err, sizeof err), 0);
@@ -113,7 +118,7 @@ static void test_refusals_and_pruning(void **st)
     snprintf(dir, sizeof dir, "%s/p", root);
     for (long step = 5; step <= 15; step += 5) {
         write_all(dir, step, &sa);
-        assert_int_equal(nrs_ckpt_publish(dir, step, err, sizeof err), 0);
+        assert_int_equal(nrs_ckpt_publish(dir, step, &sa, err, sizeof err), 0);
     }
     write_all(dir, 20, &sa); /* written, never published */
     assert_int_equal(nrs_ckpt_latest(dir), 15);
@@ -174,11 +179,288 @@ static void test_refusals_and_pruning(void **st)
     nrs_emu_state_free(&sa);
 }
 
+/* fsync, as the library calls it, recorded: which files and directories
+ * were made durable (by inode). */
+static struct {
+    dev_t dev;
+    ino_t ino;
+} synced[4096];
+static int nsynced;
+
+int fsync(int fd)
+{
+    struct stat sb;
+    if (!fstat(fd, &sb) && nsynced < (int)(sizeof synced / sizeof synced[0])) {
+        synced[nsynced].dev = sb.st_dev;
+        synced[nsynced].ino = sb.st_ino;
+        nsynced++;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+static int was_synced(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb))
+        return 0;
+    for (int i = 0; i < nsynced; i++)
+        if (synced[i].dev == sb.st_dev && synced[i].ino == sb.st_ino)
+            return 1;
+    return 0;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static void build(nrs_spec_t *s, nrs_plan_t *p, nrs_emu_state_t *st, uint64_t seed, int gpus)
+{
+    tu_rng_t r = {seed};
+    char err[512];
+    tu_spec(s, &r);
+    tu_plan(s, &r, gpus, p);
+    memset(st, 0, sizeof *st);
+    assert_int_equal(nrs_emu_state_build(s, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, st, err, sizeof err), 0);
+}
+
+/* A write that fails half-way (the file size limit: as ENOSPC would) leaves
+ * no descriptor open and no .part file behind. */
+static void test_write_failure_cleans_up(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_emu_state_t sa;
+    char err[512], dir[300], tmp[400];
+    build(&s, &a, &sa, 42, 4);
+    snprintf(dir, sizeof dir, "%s/f", root);
+    int *idx = calloc(sa.nbuf + 1, sizeof(int));
+    void **bytes = calloc(sa.nbuf + 1, sizeof(void *));
+    for (size_t i = 0; i < sa.nbuf; i++) {
+        idx[i] = (int)i;
+        bytes[i] = calloc(1, (size_t)sa.buf[i].bytes + 1);
+    }
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 40; /* the header fits, the payload does not */
+    void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
+    int before = count_fds();
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = nrs_ckpt_write(dir, 7, &sa, idx, (int)sa.nbuf, bytes, err, sizeof err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, was);
+    assert_int_equal(rc, -1);
+    assert_int_equal(count_fds(), before);
+    snprintf(tmp, sizeof tmp, "%s/step-7.tmp", dir);
+    DIR *d = opendir(tmp);
+    struct dirent *e;
+    assert_non_null(d);
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".part"))
+            fail_msg("left behind: %s", e->d_name);
+    closedir(d);
+    for (size_t i = 0; i < sa.nbuf; i++)
+        free(bytes[i]);
+    free(bytes);
+    free(idx);
+    nrs_emu_state_free(&sa);
+}
+
+/* Every buffer of b restores to its pattern from DIR's checkpoint of step. */
+static void check_all(const char *dir, long step, const nrs_emu_state_t *b)
+{
+    char err[512];
+    nrs_ckpt_t *c;
+    assert_int_equal(nrs_ckpt_open(&c, dir, step, err, sizeof err), 0);
+    for (size_t i = 0; i < b->nbuf; i++) {
+        const nrs_emu_buf_t *bb = &b->buf[i];
+        unsigned char *got = malloc((size_t)bb->bytes + 1), *scratch = malloc((size_t)bb->bytes + 1);
+        if (nrs_ckpt_fill(c, bb, got, err, sizeof err))
+            fail_msg("buffer %zu: %s", i, err);
+        assert_true(nrs_emu_checksum(got, (size_t)bb->bytes) == nrs_emu_pattern_checksum(bb, scratch));
+        free(got);
+        free(scratch);
+    }
+    nrs_ckpt_close(c);
+}
+
+/* An attempt at step 30 under one layout that never published (a rank died
+ * half-way, or the job was requeued) leaves files in step-30.tmp; a later
+ * checkpoint of step 30 under another layout must not publish them with
+ * its own: the checkpoint restores. */
+static void test_stale_attempt_not_published(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_emu_state_t sa, sb;
+    char err[512], dir[300], path[700];
+    tu_rng_t r = {7};
+    tu_spec(&s, &r);
+    tu_plan(&s, &r, 8, &a);
+    tu_plan(&s, &r, 3, &b);
+    memset(&sa, 0, sizeof sa);
+    memset(&sb, 0, sizeof sb);
+    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
+    assert_int_equal(nrs_emu_state_build(&s, &b, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sb, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/s", root);
+    write_all(dir, 20, &sb);
+    assert_int_equal(nrs_ckpt_publish(dir, 20, &sb, err, sizeof err), 0);
+    write_all(dir, 30, &sa); /* under layout a: never published */
+    snprintf(path, sizeof path, "%s/step-30.tmp/m0-t0-k0-0_1_0_1.bin.1234.part", dir);
+    FILE *f = fopen(path, "w"); /* and a dead writer's partial file */
+    assert_non_null(f);
+    fclose(f);
+    write_all(dir, 30, &sb); /* step 30 again, under layout b */
+    assert_int_equal(nrs_ckpt_publish(dir, 30, &sb, err, sizeof err), 0);
+    assert_int_equal(nrs_ckpt_latest(dir), 30);
+    check_all(dir, 30, &sb);
+    check_all(dir, 30, &sa);
+    snprintf(path, sizeof path, "%s/step-30/m0-t0-k0-0_1_0_1.bin.1234.part", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    nrs_emu_state_free(&sa);
+    nrs_emu_state_free(&sb);
+}
+
+/* What publishing names is on disk first: every file, the step's directory,
+ * LATEST and DIR are fsynced (the previous checkpoint is pruned next). */
+static void test_published_is_durable(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_emu_state_t sa;
+    char err[512], dir[300], path[700];
+    build(&s, &a, &sa, 42, 4);
+    snprintf(dir, sizeof dir, "%s/d", root);
+    nsynced = 0;
+    write_all(dir, 5, &sa);
+    assert_int_equal(nrs_ckpt_publish(dir, 5, &sa, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/step-5", dir);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    int files = 0;
+    assert_non_null(d);
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/step-5/%s", dir, e->d_name);
+        if (!was_synced(path))
+            fail_msg("not fsynced: %s", path);
+        files++;
+    }
+    closedir(d);
+    assert_true(files > 0);
+    snprintf(path, sizeof path, "%s/step-5", dir);
+    assert_true(was_synced(path));
+    snprintf(path, sizeof path, "%s/LATEST", dir);
+    assert_true(was_synced(path));
+    assert_true(was_synced(dir));
+    nrs_emu_state_free(&sa);
+}
+
+/* A file whose name's box is not one (coordinates that overflow its width
+ * and area: 2^64 bytes, 0 in int64) is not read as one: no crash. */
+static void test_malformed_box_name(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_emu_state_t sa;
+    char err[512], dir[300], path[700];
+    build(&s, &a, &sa, 42, 4);
+    snprintf(dir, sizeof dir, "%s/m", root);
+    write_all(dir, 5, &sa);
+    assert_int_equal(nrs_ckpt_publish(dir, 5, &sa, err, sizeof err), 0);
+    const nrs_emu_buf_t *w = NULL;
+    for (size_t i = 0; i < sa.nbuf && !w; i++)
+        if (nrs_ckpt_wanted(&sa, &sa.buf[i]) && sa.buf[i].esize == 4)
+            w = &sa.buf[i];
+    assert_non_null(w);
+    /* rows and columns [-1, 2^31-1): 2^31 each, 2^62 elements, 2^64 bytes */
+    snprintf(path, sizeof path, "%s/step-5/m%d-t%d-k%d-%d_%d_%d_%d.bin", dir, w->role, w->tensor,
+             w->kind, -1, 2147483647, -1, 2147483647);
+    unsigned char head[32] = "NRSCKPT2", z = 0;
+    head[8] = 4;
+    uint64_t sum = nrs_emu_checksum(&z, 0);
+    for (int i = 0; i < 8; i++)
+        head[24 + i] = (unsigned char)(sum >> (8 * i));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, sizeof head, f), sizeof head);
+    fclose(f);
+    nrs_ckpt_t *c;
+    unsigned char *buf = malloc((size_t)w->bytes + 1);
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, sizeof err), 0);
+    /* not read as a box (no crash): the files as written restore it */
+    if (nrs_ckpt_fill(c, w, buf, err, sizeof err))
+        fail_msg("%s", err);
+    nrs_ckpt_close(c);
+    free(buf);
+    nrs_emu_state_free(&sa);
+}
+
+/* A step-S already in DIR that LATEST does not name (a run before this one
+ * got further; a publish that stopped before LATEST): publishing step S
+ * again replaces it, not fails on it. */
+static void test_republish_over_old_step(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_emu_state_t sa, sb;
+    char err[512], dir[300], path[700];
+    tu_rng_t r = {11};
+    tu_spec(&s, &r);
+    tu_plan(&s, &r, 8, &a);
+    tu_plan(&s, &r, 3, &b);
+    memset(&sa, 0, sizeof sa);
+    memset(&sb, 0, sizeof sb);
+    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
+    assert_int_equal(nrs_emu_state_build(&s, &b, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sb, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/o", root);
+    write_all(dir, 30, &sa); /* the earlier run, layout a */
+    assert_int_equal(nrs_ckpt_publish(dir, 30, &sa, err, sizeof err), 0);
+    write_all(dir, 20, &sb); /* this run, layout b */
+    assert_int_equal(nrs_ckpt_publish(dir, 20, &sb, err, sizeof err), 0);
+    assert_int_equal(nrs_ckpt_latest(dir), 20);
+    write_all(dir, 30, &sb);
+    if (nrs_ckpt_publish(dir, 30, &sb, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(nrs_ckpt_latest(dir), 30);
+    check_all(dir, 30, &sb);
+    snprintf(path, sizeof path, "%s/step-20", dir); /* the previous one stays */
+    assert_int_equal(access(path, F_OK), 0);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    assert_non_null(d);
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".old") || strstr(e->d_name, ".tmp"))
+            fail_msg("left behind: %s", e->d_name);
+    closedir(d);
+    nrs_emu_state_free(&sa);
+    nrs_emu_state_free(&sb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_restore_any_layout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals_and_pruning, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_failure_cleans_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_attempt_not_published, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_published_is_durable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_box_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_republish_over_old_step, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
