@@ -237,7 +237,9 @@ int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir);
  * nowhere (a node lost with every replica of some box) then restores the
  * new plan's state from the newest checkpoint instead of failing: the state
  * goes back to that step (nrs_worker_transition_stat NRS_TS_RESTORED_STEP).
- * NRS_OK, or NRS_ERR_CHECKPOINT (nothing published; the old one stays). */
+ * NRS_OK, or NRS_ERR_CHECKPOINT (nothing published; the old one stays; a
+ * publish that fails after every rank wrote is reported by the lowest rank
+ * only, docs/worker-api.md §6). */
 int nrs_worker_checkpoint(nrs_worker_t *w, long step);
 
 /* ---- joining a running job (API 3, docs/worker-api.md §7) ------------------ */

@@ -514,10 +514,7 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
         o.attempt = attempt;
         d = nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), next->epoch, d, why, sizeof why);
     }
-    if (d) {
-        for (size_t i = 0; nm && i < st2.nbuf; i++)
-            if (nm[i].ptr)
-                w->x.ops->mem_free(w->x.ctx, &nm[i]);
+    if (d) { /* the buffers read go at out */
         rc = nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: state lost on every replica; "
                            "restore from %s%s: %s; aborted before the point of no return: old "
                            "state intact", w->plan.epoch, next->epoch, w->ckpt_dir,
@@ -559,6 +556,11 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     snprintf(w->err, sizeof w->err, "transition: %s", w->last.msg);
     rc = nrs_wk_sync_host(w, 'h');
 out:
+    /* what was read and not taken into w->mem (an abort; past the point of
+     * no return, a failed index or a buffer count that differs) */
+    for (size_t i = 0; nm && i < st2.nbuf; i++)
+        if (nm[i].ptr)
+            w->x.ops->mem_free(w->x.ctx, &nm[i]);
     free(nm);
     nrs_emu_state_free(&st2);
     return rc;
