@@ -319,6 +319,7 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
 static void finish_commit(nrs_ctl_t *c);
 static void run_queued_deltas(nrs_ctl_t *c);
 static void abort_transition(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void world_owed(nrs_ctl_t *c);
 
 /* New GPU index of a survivor: lost GPUs leave, the others keep their order. */
 static int renumber(const int *lost, int nlost, int gpu)
@@ -382,6 +383,7 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     c->tr_makespan = out->makespan_s;
     c->tr_waiting = c->tr_parts = 0;
     c->ngu = 0;
+    c->ntrh = 0;
     c->tr_started++;
     int n = plan ? enc_plan_msg(c, plan, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &c->a.plan,
                                 NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
@@ -455,6 +457,7 @@ static void abort_transition(nrs_ctl_t *c, const char *fmt, ...)
         k->tr_state = TRP_NONE;
         send_epoch(c, k, NRS_MSG_ABORT, epoch, why);
     }
+    world_owed(c);
     run_queued_deltas(c);
 }
 
@@ -534,14 +537,34 @@ static void finish_commit(nrs_ctl_t *c)
             memcpy(c->gpu_host[o], c->gpu_host[g], sizeof(c->gpu_host[0]));
         o++;
     }
+    /* Deltas queued meanwhile name GPUs of the epoch committed when they came:
+     * into the new numbering (a GPU lost or left out of the plan is gone already) */
+    for (int i = 0; i < c->ndq; i++) {
+        nrs_msg_delta_t *m = c->dq[i].m;
+        int n = 0;
+        for (int j = 0; j < m->ngpus; j++) {
+            int g = renumber(c->tr_lost, c->tr_nlost, m->gpus[j]);
+            if (g >= 0 && g < p->total_gpus)
+                m->gpus[n++] = g;
+        }
+        m->ngpus = n;
+    }
     /* (the GPUs after the survivors: names of an earlier, larger plan's) */
     int top = old_total > p->total_gpus ? old_total : p->total_gpus;
     for (; o < top && o < NRS_PROTO_MAX_GPUS; o++)
         c->gpu_host[o][0] = 0;
+    /* (and those of participants gone after COMMIT: the LOST of their node
+     * must find their GPUs, a joiner's too) */
+    for (int i = 0; i < c->ntrh; i++)
+        if (c->trh[i].gpu < p->total_gpus)
+            snprintf(c->gpu_host[c->trh[i].gpu], sizeof(c->gpu_host[0]), "%s", c->trh[i].host);
+    c->ntrh = 0;
     memset(c->by_gpu, 0, sizeof(c->by_gpu[0]) * NRS_PROTO_MAX_GPUS);
     c->nworkers = 0;
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
+        if (k->role == NRS_ROLE_WORKER && k->gpu < 0 && k->joiner == 1)
+            send_plan(c, k, p); /* said HELLO meanwhile (got the old plan), its world to come */
         if (k->role != NRS_ROLE_WORKER || (k->gpu < 0 && k->joiner != 2))
             continue;
         if (k->tr_seconds > worst)
@@ -550,8 +573,11 @@ static void finish_commit(nrs_ctl_t *c)
         int g = part ? k->tr_gpu : renumber(c->tr_lost, c->tr_nlost, k->gpu);
         k->tr_state = TRP_NONE;
         k->tr_gpu = -1;
-        if (k->joiner == 2 && (!part || g < 0))
+        if (k->joiner == 2 && (!part || g < 0)) {
+            if (!part) /* its world came meanwhile: it holds the old plan */
+                send_plan(c, k, p);
             continue; /* no room for it in this plan (or its world came meanwhile): it waits */
+        }
         if (g < 0 || g >= p->total_gpus || c->by_gpu[g]) {
             k->gpu = -1;
             drop(c, k, NRS_PERR_REFUSED, "no place in epoch %u", p->epoch);
@@ -568,6 +594,7 @@ static void finish_commit(nrs_ctl_t *c)
             send_plan(c, k, p);
     }
     join_settle(c, NULL); /* every joiner has its GPU: the join is done */
+    world_owed(c); /* a join step complete meanwhile: its WORLD, with this plan known */
     c->rz_nlost = 0;
     c->retry = false;
     c->retry_backoff_s = 0;
@@ -613,6 +640,20 @@ static void retire_worker(nrs_ctl_t *c, nrs_conn_t *k, const char *why)
     } else if (c->tr == TR_COMMIT) {
         logf_(c, "epoch %u: %s gone after the point of no return (%s): its state must be "
                  "recovered from replicas", c->tr_epoch, nm, why);
+        if (k->tr_gpu >= 0 && k->tr_gpu < NRS_PROTO_MAX_GPUS) { /* its host, kept */
+            if (c->ntrh == c->cap_trh) {
+                int cap = c->cap_trh ? 2 * c->cap_trh : 16;
+                struct nrs_ctl_tr_host *t = realloc(c->trh, sizeof(*t) * (size_t)cap);
+                if (t) {
+                    c->trh = t;
+                    c->cap_trh = cap;
+                }
+            }
+            if (c->ntrh < c->cap_trh) {
+                c->trh[c->ntrh].gpu = k->tr_gpu;
+                snprintf(c->trh[c->ntrh++].host, sizeof(c->trh[0].host), "%s", k->host);
+            }
+        }
         if (st == TRP_WAIT && --c->tr_waiting == 0)
             finish_commit(c);
     }
@@ -712,8 +753,8 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     /* a joiner gone before its step's world was complete: its place is free
      * again (the step, restarted, takes it); none left, also after WORLD (the
      * whole step died): no join is pending */
-    if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->join_have < c->join_m)
-        c->join_have--;
+    if (k->role == NRS_ROLE_WORKER && k->joiner == 1 && c->join_m && c->world == c->join_base)
+        c->join_have--; /* (its WORLD not sent yet: also one waiting for a transition) */
     if (k->role == NRS_ROLE_WORKER && k->joiner) {
         join_settle(c, k);
         if (k->gpu < 0)
@@ -817,6 +858,20 @@ static void refuse_join(nrs_ctl_t *c, const char *why)
     join_settle(c, NULL);
 }
 
+/* Every rank of the join step has said HELLO and its WORLD is not out yet:
+ * sent now, unless a transition is in flight. Its ranks hold the committed
+ * plan of their HELLO and take the WORLD's step agreement after their own
+ * commit: a WORLD of now would have the joiners compare the plan of an epoch
+ * the others left with theirs. finish_commit and abort_transition call again. */
+static void world_owed(nrs_ctl_t *c)
+{
+    char why[160];
+    if (c->tr != TR_IDLE || !c->join_m || c->join_have < c->join_m || c->world != c->join_base)
+        return;
+    if (grow_world(c, why, sizeof(why)) != 0)
+        refuse_join(c, why);
+}
+
 /* A rank of a join step: world rank join_base + its step rank. */
 static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
 {
@@ -849,8 +904,8 @@ static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m)
     c->rank_gone[r] = 0;
     send_plan(c, k, committed(c));
     /* (ranks may have gone since the first joiner: counted again) */
-    if (++c->join_have == c->join_m && grow_world(c, why, sizeof(why)) != 0)
-        refuse_join(c, why);
+    if (++c->join_have == c->join_m)
+        world_owed(c);
 }
 
 void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, int n)
@@ -1173,6 +1228,9 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
                  (unsigned long long)m->generation, (unsigned long long)c->generation);
         return send_delta_reply(c, from, m->generation, false, 0, text);
     }
+    if (!m->generation && c->generation == UINT64_MAX) /* +1 would wrap to 0: all stale again */
+        return send_delta_reply(c, from, 0, false, 0, "no generation left to number it "
+                                "(the controller is at 18446744073709551615)");
     if (m->kind == NRS_DELTA_ADD) {
         long add = (long)m->add_nodes * c->o.spec->cluster.gpus_per_node;
         long max = c->o.max_gpus > 0 ? c->o.max_gpus : NRS_PROTO_MAX_GPUS;
@@ -1337,6 +1395,15 @@ static void on_delta(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         return drop(c, k, NRS_PERR_MALFORMED, "DELTA: %s", why);
     }
     if (c->tr == TR_COMMIT) { /* past the point of no return: after the commit */
+        for (int i = 0; i < m->ngpus; i++) /* (GPUs of the committed plan: renumbered then) */
+            if (m->gpus[i] >= committed(c)->total_gpus) {
+                char text[128];
+                uint64_t gen = m->generation;
+                snprintf(text, sizeof(text), "GPU %d not in epoch %u (%d GPUs)", m->gpus[i],
+                         committed(c)->epoch, committed(c)->total_gpus);
+                free(m);
+                return send_delta_reply(c, k, gen, false, 0, text);
+            }
         if (c->ndq == DQ_MAX) {
             uint64_t gen = m->generation;
             free(m);
@@ -1518,6 +1585,7 @@ void nrs_ctl_free(nrs_ctl_t *c)
     for (int i = 0; i < c->ndq; i++)
         free(c->dq[i].m);
     nrs_ctl_gather_free(c);
+    free(c->trh);
     free(c->conns);
     free(c->by_gpu);
     free(c->gpu_host);

@@ -80,6 +80,11 @@ struct nrs_ctl {
      * the commit completes (their nodes are fine: no watcher reports them) */
     int gu_gpu[NRS_PROTO_MAX_LOST];
     int ngu;
+    /* GPUs of the announced plan whose participant left after COMMIT, with the
+     * host it named: gpu_host once the commit completes (a joiner's host is
+     * in no gpu_host of the committed plan), for the LOST that follows */
+    struct nrs_ctl_tr_host { int gpu; char host[NRS_PROTO_STR_MAX]; } *trh;
+    int ntrh, cap_trh;
     double tr_t0, tr_deadline, tr_makespan;
 
     queued_delta_t dq[DQ_MAX];

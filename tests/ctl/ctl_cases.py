@@ -22,6 +22,13 @@ with tests/ctl/nc.py:
   ctl_cases.py SOCKET host-escape  a worker whose host name holds an escape
       sequence and a non-ASCII letter: `nereus status` shows them as '?',
       its JSON escapes them (\\u00XX), and the JSON parses (before: raw bytes).
+  ctl_cases.py SOCKET queued-gpu-delta  LOST of GPU 5 sent while the removal
+      of n0 commits (GPU 5 of the committed epoch: rank 5, GPU 1 once it
+      commits) must retire rank 5, not the rank on GPU 5 of the new epoch
+      (before: queued indices were read in the new numbering, rank 9 went).
+  ctl_cases.py SOCKET generation-wrap  after a delta of generation 2^64-1,
+      one of generation 0 (the controller numbers it) must not wrap the
+      count to 0, after which generation 1, long stale, was accepted again.
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -184,6 +191,44 @@ if case == 'queued-deltas':
           ' '.join(seen))
     sys.exit(0)
 
+if case == 'queued-gpu-delta':
+    cli.send(nc.delta(3, hosts=('n0',)))
+    cli.recv(10)
+    S = W[4:]
+    for p in S:
+        x = find(p, 'PREPARE')
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            fail('no COMMIT')
+    cli.send(nc.delta(3, gpus=(5,)))  # during the commit: GPU 5 of epoch 1, rank 5
+    time.sleep(0.3)
+    for p in S:
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    x = find(cli, 'DELTA_REPLY')
+    text = x[2][22:].decode(errors='replace') if x and x[0] == 'DELTA_REPLY' else x and x[0]
+    g5, g9 = got(W[5]), got(W[9])
+    if not any(t == 'ERROR' and 'retired' in e for t, e in g5) or any(t == 'ERROR' for t, e in g9):
+        fail('LOST GPU 5 queued during the commit of epoch %d (%s): rank 5 got %s, rank 9 got %s'
+             % (ep, text, [t for t, e in g5], [e or t for t, e in g9]))
+    print('ok: a GPU index queued during a commit is the committed epoch\'s: rank 5 retired')
+    sys.exit(0)
+if case == 'generation-wrap':
+    def gen_delta(g):
+        cli.send(nc.delta(1, gen=g, add=1))
+        x = find(cli, 'DELTA_REPLY')
+        if not x or x[0] != 'DELTA_REPLY':
+            fail('no DELTA_REPLY')
+        return struct.unpack_from('<QI', x[2]), x[2][22:].decode(errors='replace')
+    seen = []
+    for g in (2**64 - 1, 0, 1):
+        (rg, acc), text = gen_delta(g)
+        seen.append((g, rg, acc, text, nc.status(path)['generation']))
+    if seen[1][4] < seen[0][4] or seen[2][2]:
+        fail('generations wrapped:', seen)
+    print('ok: no delta after generation 2^64-1 wraps the count:', [(g, a, t) for g, r, a, t, n in seen])
+    sys.exit(0)
 if case == 'gather-slots':
     W[0].send(nc.gather(1000, 'big', 65536, b'', timeout_ms=3600000))
     g = got(W[0])

@@ -23,6 +23,18 @@ nodes of 4 GPUs), over its unix socket, with tests/ctl/nc.py:
       on n2, 2 on n3): LOST n2 is accepted and drops n2's waiting joiners;
       n3's close, then LOST n3 is accepted too (their host is remembered),
       and LOST n2 again is "already applied": the plan is never touched.
+  join_cases.py SOCKET commit-gone-joiner  4 joiners on n1 prepare the
+      join's epoch and get its COMMIT, then n1 dies before they ACK it: the
+      LOST n1 that follows must take their GPUs out of the plan (before:
+      their host was forgotten, "already applied", GPUs without a rank kept).
+  join_cases.py SOCKET commit-hello-joiner  a 2-rank join step whose rank 0
+      says HELLO while epoch 2 commits (it gets the plan of epoch 1): once
+      the commit completes it must be told epoch 2, as its rank 1 is (before:
+      it kept epoch 1, and its world gather would find the job on another);
+  join_cases.py SOCKET commit-join-world  the same, both ranks during the
+      commit: their WORLD comes once it completes, after the plan of epoch 2
+      (before: at once, with the plan of epoch 1, the ranks' world gather
+      following their commit).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import struct, sys, time
 import nc
@@ -106,6 +118,93 @@ if case == 'join-stuck':
         if why:
             print('FAIL: relaunched joiner %d refused: %s' % (r, why)); sys.exit(1)
     print('ok: the join step relaunched after its whole first run died is accepted'); sys.exit(0)
+if case == 'commit-gone-joiner':
+    J = [nc.Peer(path) for r in range(4)]
+    for r, p in enumerate(J):
+        p.send(nc.hello(4, r, 4, host='n1'))
+    time.sleep(0.5)
+    for p in W + J:
+        p.drain(0.05)
+        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    ep = None
+    for p in W + J:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            print('FAIL: no PREPARE for the join'); sys.exit(1)
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in W + J:
+        x = find(p, 'COMMIT')
+        if not x or x[0] != 'COMMIT':
+            print('FAIL: no COMMIT for the join'); sys.exit(1)
+    for p in J:  # node n1 dies past the point of no return
+        p.s.close()
+    time.sleep(0.3)
+    for p in W:
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    time.sleep(0.5)
+    st = nc.status(path)
+    if st['epoch'] != ep or st['plan']['total_gpus'] != 12:
+        print('FAIL: epoch %s on %d GPUs after the join\'s commit' % (st['epoch'], st['plan']['total_gpus'])); sys.exit(1)
+    cli.send(nc.delta(3, hosts=('n1',)))
+    x = find(cli, 'DELTA_REPLY')
+    if not x or x[0] != 'DELTA_REPLY':
+        print('FAIL: no reply to LOST n1'); sys.exit(1)
+    acc, cur, new = struct.unpack_from('<III', x[2], 8)
+    text = x[2][22:].decode(errors='replace')
+    st = nc.status(path)
+    if not acc or not new or not st['pending_epoch'] or st['pending_plan']['total_gpus'] != 8:
+        print('FAIL: LOST n1 after its joiners died in the commit: accepted %d, new epoch %d: %s'
+              % (acc, new, text)); sys.exit(1)
+    print('ok: LOST of the joiners\' node after they died in the commit: epoch', new,
+          'on', st['pending_plan']['total_gpus'], 'GPUs announced'); sys.exit(0)
+if case in ('commit-hello-joiner', 'commit-join-world'):
+    cli.send(nc.delta(3, gpus=(7,)))  # epoch 2, forced
+    cli.recv(10)
+    S = W[:7]
+    ep = None
+    for p in S:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            print('FAIL: no PREPARE'); sys.exit(1)
+        ep = struct.unpack_from('<I', x[2])[0]
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        if find(p, 'COMMIT')[0] != 'COMMIT':
+            print('FAIL: no COMMIT'); sys.exit(1)
+
+    def plans(peer, t=0.5):  # the committed plans it got (epochs), and 'W' for WORLD
+        return [x == 'WORLD' and 'W' or struct.unpack_from('<I', pl)[0]
+                for x, f, pl in peer.drain(t)
+                if x == 'WORLD' or x == 'PLAN' and not struct.unpack_from('<I', pl, 8)[0] & 1]
+
+    j0 = nc.Peer(path)
+    j0.send(nc.hello(4, 0, 2, host='n1'))  # between the first COMMIT and the last ACK
+    if case == 'commit-join-world':
+        j1 = nc.Peer(path)
+        j1.send(nc.hello(4, 1, 2, host='n1'))
+    seen = plans(j0)
+    for p in S:
+        p.send(nc.ack(ep, 10, 0, 0.1))
+    seen += plans(j0)
+    st = nc.status(path)
+    if st['epoch'] != ep or st['pending_epoch']:
+        print('FAIL: epoch', st['epoch'], 'pending', st['pending_epoch'], 'after the commit of', ep)
+        sys.exit(1)
+    if case == 'commit-join-world':
+        seen1 = plans(j1, 0.1)
+    else:
+        j1 = nc.Peer(path)
+        j1.send(nc.hello(4, 1, 2, host='n1'))
+        seen1 = []
+    seen1 += plans(j1)
+    seen += plans(j0, 0.1)
+    for got in seen, seen1:  # the plan of epoch ep, then WORLD
+        if 'W' not in got or [e for e in got[:got.index('W')]][-1:] != [ep]:
+            print('FAIL: committed epoch %d; joiner 0 got %s, joiner 1 %s (W: WORLD)' % (ep, seen, seen1))
+            sys.exit(1)
+    print('ok: joiners that said HELLO during the commit of epoch', ep, 'got', seen, seen1)
+    sys.exit(0)
 if case == 'gone-ready-joiner':
     J = [nc.Peer(path) for r in range(4)]
     for r, p in enumerate(J):

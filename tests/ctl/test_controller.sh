@@ -234,9 +234,11 @@ fi
 # a join step whose rank died after HELLO leaves no stale join behind.
 # Joiners take GPUs by count (a refused or waiting one leaves no hole), one gone
 # is not planned, a join step that died whole does not block the next; a LOST of
-# the hosts of joiners waiting for GPUs drops them and keeps the plan.
+# the hosts of joiners waiting for GPUs drops them and keeps the plan; a LOST of
+# the node of joiners that died after the COMMIT placing them takes their GPUs out;
+# a joiner that said HELLO while an epoch committed is told the new committed plan.
 for case in dead-joiner silent-joiner restarted-join join-hole join-leftover gone-ready-joiner \
-    join-stuck lost-line; do
+    join-stuck lost-line commit-gone-joiner commit-hello-joiner commit-join-world; do
     DJ="$tmp/sj-$case"
     "$CTL" --socket-dir "$DJ" --transition-timeout 15 --hello-timeout 5 --log "$tmp/cj-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
@@ -257,8 +259,11 @@ done
 # up after COMMIT loses its GPU; gathers beyond the world or a rank's share are
 # refused; a long frame before HELLO is refused at once; deltas queued during
 # a COMMIT are applied one after another, each plan following the committed epoch;
+# a delta after one of generation 2^64-1 does not wrap the generations to 0;
+# a GPU index queued during a COMMIT is read in the numbering of the epoch it came in;
 # a host name with an escape sequence is shown escaped by nereus status.
-for case in rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape; do
+for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
+    queued-gpu-delta; do
     DJ="$tmp/sw-$case"
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout 15 --log "$tmp/cw-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
