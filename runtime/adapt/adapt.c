@@ -81,18 +81,80 @@ static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *n
     return NRS_TRIGGER_NONE;
 }
 
-void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int *map)
+static int cmp_gpu(const void *a, const void *b)
 {
-    int n = 0, next_new = old_total;
-    for (int gpu = 0; gpu < old_total && n < new_total; gpu++) {
-        bool gone = false;
-        for (int i = 0; rz && i < rz->nlost && !gone; i++)
-            gone = rz->lost[i] == gpu;
-        if (!gone)
-            map[n++] = gpu;
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* A node is damaged when a GPU of it is lost, or it is the partial node at
+ * the end of a plan below one node; the others are whole. */
+int nrs_adapt_gpu_place(int old_total, const int *lost, int nlost, int gpn, int gpu)
+{
+    int below = 0, in_node = 0, dmg_below = 0, dmg = 0, dmg_gpus_below = 0, node_lost = 0;
+    int node = gpn > 0 ? gpu / gpn : 0, last = -1;
+    for (int i = 0; i < nlost; i++) {
+        if (lost[i] == gpu)
+            return -1;
+        below += lost[i] >= 0 && lost[i] < gpu;
     }
-    while (n < new_total)
-        map[n++] = next_new++;
+    if (gpn <= 0)
+        return gpu - below;
+    int nodes = (old_total + gpn - 1) / gpn, tail = old_total % gpn ? nodes - 1 : -1;
+    for (int i = 0; i < nlost; i++) { /* sorted: each damaged node once */
+        int d = lost[i] / gpn;
+        if (lost[i] < 0 || lost[i] >= old_total)
+            continue;
+        if (d == node)
+            node_lost++, in_node += lost[i] < gpu;
+        if (d == last)
+            continue;
+        last = d;
+        dmg++;
+        if (d < node)
+            dmg_below++, dmg_gpus_below += d == tail ? old_total - d * gpn : gpn;
+    }
+    if (tail >= 0 && tail != last) /* the partial node, not counted yet */
+        dmg++, dmg_below += tail < node, dmg_gpus_below += tail < node ? old_total - tail * gpn : 0;
+    if (!node_lost && node != tail)
+        return (node - dmg_below) * gpn + gpu % gpn;
+    int whole = (nodes - dmg) * gpn, lost_below_dmg = below - in_node;
+    /* the survivors of the damaged nodes below, then this node's below gpu */
+    return whole + (dmg_gpus_below - lost_below_dmg) + (gpu - node * gpn - in_node);
+}
+
+void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int gpn, int *map)
+{
+    int nl = 0, *lost = NULL, n = 0;
+    if (rz && rz->nlost > 0 && (lost = malloc(sizeof(int) * (size_t)rz->nlost))) {
+        for (int i = 0; i < rz->nlost; i++)
+            if (rz->lost[i] >= 0 && rz->lost[i] < old_total)
+                lost[nl++] = rz->lost[i];
+        qsort(lost, (size_t)nl, sizeof(int), cmp_gpu);
+        int u = 0;
+        for (int i = 0; i < nl; i++)
+            if (!u || lost[u - 1] != lost[i])
+                lost[u++] = lost[i];
+        nl = u;
+    } else if (rz && rz->nlost > 0) {
+        gpn = 0; /* out of memory: the order of survivors alone, as the lost say */
+    }
+    for (int i = 0; i < new_total; i++)
+        map[i] = -1;
+    const int *l = lost ? lost : rz ? rz->lost : NULL;
+    if (!lost)
+        nl = rz ? rz->nlost : 0;
+    for (int gpu = 0; gpu < old_total; gpu++) {
+        int at = nrs_adapt_gpu_place(old_total, l, nl, gpn, gpu);
+        if (at >= 0) {
+            n++;
+            if (at < new_total)
+                map[at] = gpu;
+        }
+    }
+    for (int i = n, next_new = old_total; i < new_total; i++)
+        map[i] = next_new++;
+    free(lost);
 }
 
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
@@ -112,7 +174,7 @@ int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        nrs_adapt_gpu_map(from->total_gpus, to->total_gpus, rz, map);
+        nrs_adapt_gpu_map(from->total_gpus, to->total_gpus, rz, s->cluster.gpus_per_node, map);
         o.gpu_map = map;
         o.ngpu_map = to->total_gpus;
         o.lost = rz->lost;

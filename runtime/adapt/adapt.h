@@ -72,8 +72,14 @@ void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespa
 int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
                    bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen);
 /* GPU numbering of a resize: map[i] = physical GPU (old numbering) of the new
- * plan's GPU i: survivors in order, then new GPUs numbered from old_total. */
-void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int *map);
+ * plan's GPU i: the survivors on whole nodes of gpn GPUs, then those of nodes
+ * with a GPU lost (each in order), then new GPUs numbered from old_total. A
+ * plan of whole nodes too small for every survivor leaves the damaged nodes
+ * out, not the last node. gpn <= 0: the survivors in order. */
+void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int gpn, int *map);
+/* Old GPU gpu's place in that order (its GPU in the new plan when below its
+ * size), -1 if lost. lost: sorted, each GPU once. */
+int nrs_adapt_gpu_place(int old_total, const int *lost, int nlost, int gpn, int gpu);
 /* Graph makespan of from -> to under a resize (uncalibrated); -1 on error,
  * NRS_EMU_ELOST (with *lost_boxes) when state is lost. */
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,

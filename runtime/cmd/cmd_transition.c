@@ -143,7 +143,7 @@ int nrs_cmd_transition(int argc, char **argv)
     nrs_resize_t rz = {lost, nlost};
     nrs_emu_opts_init(&o);
     if (nlost || to != from) {
-        nrs_adapt_gpu_map(from, to, &rz, map);
+        nrs_adapt_gpu_map(from, to, &rz, s.cluster.gpus_per_node, map);
         o.gpu_map = map;
         o.ngpu_map = to;
         o.lost = lost;

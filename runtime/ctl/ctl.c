@@ -321,16 +321,12 @@ static void run_queued_deltas(nrs_ctl_t *c);
 static void abort_transition(nrs_ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void world_owed(nrs_ctl_t *c);
 
-/* New GPU index of a survivor: lost GPUs leave, the others keep their order. */
-static int renumber(const int *lost, int nlost, int gpu)
+/* New GPU index of a survivor of the announced transition (nrs_adapt_gpu_place:
+ * the survivors on whole nodes first, then those of damaged nodes), -1 if lost. */
+static int renumber(const nrs_ctl_t *c, int old_total, int gpu)
 {
-    int below = 0;
-    for (int i = 0; i < nlost; i++) {
-        if (lost[i] == gpu)
-            return -1;
-        below += lost[i] < gpu;
-    }
-    return gpu - below;
+    return nrs_adapt_gpu_place(old_total, c->tr_lost, c->tr_nlost,
+                               c->o.spec->cluster.gpus_per_node, gpu);
 }
 
 static int cmp_conn_rank(const void *a, const void *b)
@@ -340,7 +336,7 @@ static int cmp_conn_rank(const void *a, const void *b)
 }
 
 /* Each participant's GPU in the announced plan, fixed now, as the ranks fix
- * it (nrs_adapt_gpu_map): a survivor's old index less the lost GPUs below it;
+ * it (nrs_adapt_gpu_map): a survivor's place, whole nodes before damaged ones;
  * then the joiners taking part, in world-rank order, on the GPUs after the
  * survivors, as many as the plan has room for (the others wait for a later
  * plan). Counted over the joiners placed, never from a joiner's step rank:
@@ -356,7 +352,7 @@ static int place_participants(nrs_ctl_t *c, int old_total)
         nrs_conn_t *k = c->conns[i];
         if (k->tr_state != TRP_WAIT)
             continue;
-        k->tr_gpu = k->gpu >= 0 ? renumber(c->tr_lost, c->tr_nlost, k->gpu) : -1;
+        k->tr_gpu = k->gpu >= 0 ? renumber(c, old_total, k->gpu) : -1;
         if (k->gpu < 0)
             j[nj++] = k;
     }
@@ -530,20 +526,29 @@ static void finish_commit(nrs_ctl_t *c)
     c->tr_total_s += c->tr_last_s;
     /* Survivors take their places in the new numbering (hosts too). */
     int old_total = c->tr_saved.plan.total_gpus, o = 0;
-    for (int g = 0; g < old_total && g < NRS_PROTO_MAX_GPUS; g++) {
-        if (renumber(c->tr_lost, c->tr_nlost, g) < 0)
+    if (old_total > NRS_PROTO_MAX_GPUS)
+        old_total = NRS_PROTO_MAX_GPUS;
+    char(*was)[NRS_PROTO_STR_MAX] = malloc(sizeof(*was) * ((size_t)old_total + 1));
+    if (was)
+        memcpy(was, c->gpu_host, sizeof(*was) * (size_t)old_total);
+    for (int g = 0; g < old_total; g++) {
+        int at = renumber(c, old_total, g);
+        if (at < 0)
             continue;
-        if (o != g)
-            memcpy(c->gpu_host[o], c->gpu_host[g], sizeof(c->gpu_host[0]));
         o++;
+        if (was && at != g)
+            memcpy(c->gpu_host[at], was[g], sizeof(c->gpu_host[0]));
+        else if (!was && at != g) /* out of memory: the host is forgotten, not another's */
+            c->gpu_host[at][0] = 0;
     }
+    free(was);
     /* Deltas queued meanwhile name GPUs of the epoch committed when they came:
      * into the new numbering (a GPU lost or left out of the plan is gone already) */
     for (int i = 0; i < c->ndq; i++) {
         nrs_msg_delta_t *m = c->dq[i].m;
         int n = 0;
         for (int j = 0; j < m->ngpus; j++) {
-            int g = renumber(c->tr_lost, c->tr_nlost, m->gpus[j]);
+            int g = renumber(c, old_total, m->gpus[j]);
             if (g >= 0 && g < p->total_gpus)
                 m->gpus[n++] = g;
         }
@@ -570,7 +575,7 @@ static void finish_commit(nrs_ctl_t *c)
         if (k->tr_seconds > worst)
             worst = k->tr_seconds;
         bool part = k->tr_state != TRP_NONE;
-        int g = part ? k->tr_gpu : renumber(c->tr_lost, c->tr_nlost, k->gpu);
+        int g = part ? k->tr_gpu : renumber(c, old_total, k->gpu);
         k->tr_state = TRP_NONE;
         k->tr_gpu = -1;
         if (k->joiner == 2 && (!part || g < 0)) {

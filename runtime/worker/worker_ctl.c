@@ -213,7 +213,8 @@ static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
     nrs_resize_t rz = {m->lost, m->nlost};
-    nrs_adapt_gpu_map(w->plan.total_gpus, m->plan.total_gpus, m->nlost ? &rz : NULL, map);
+    nrs_adapt_gpu_map(w->plan.total_gpus, m->plan.total_gpus, m->nlost ? &rz : NULL,
+                      w->spec.cluster.gpus_per_node, map);
     w->ctl_epoch = epoch;
     w->ponr_acked = 0;
     w->run_aborted = 0;

@@ -58,8 +58,8 @@ static int job_step_of(nrs_worker_t *w, uint32_t epoch, const int *out, int nout
     return best >= 0 ? best : mine; /* a failed gather: the transition fails on its own */
 }
 
-/* A transition to next. gpu_map/lost: the controller's resize (survivors first,
- * adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
+/* A transition to next. gpu_map/lost: the controller's resize (survivors on
+ * whole nodes first, adapt.h nrs_adapt_gpu_map), NULL/0 for none; ctl: the control channel runs
  * the PONR (ACK PREPARE, wait for COMMIT or ABORT). */
 int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu_map,
                          const int *lost, int nlost, int ctl)

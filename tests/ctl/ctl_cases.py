@@ -26,6 +26,10 @@ with tests/ctl/nc.py:
       of n0 commits (GPU 5 of the committed epoch: rank 5, GPU 1 once it
       commits) must retire rank 5, not the rank on GPU 5 of the new epoch
       (before: queued indices were read in the new numbering, rank 9 went).
+  ctl_cases.py SOCKET lost-one-gpu  LOST of GPU 1 (n0): the 8-GPU plan that
+      follows is n1 and n2, whole nodes, and n0's other ranks get "no place"
+      (before: survivors kept their order, pools straddled n0-n1 and n1-n2,
+      and n2's last 3 ranks were refused);
   ctl_cases.py SOCKET generation-wrap  after a delta of generation 2^64-1,
       one of generation 0 (the controller numbers it) must not wrap the
       count to 0, after which generation 1, long stale, was accepted again.
@@ -213,6 +217,19 @@ if case == 'queued-gpu-delta':
         fail('LOST GPU 5 queued during the commit of epoch %d (%s): rank 5 got %s, rank 9 got %s'
              % (ep, text, [t for t, e in g5], [e or t for t, e in g9]))
     print('ok: a GPU index queued during a commit is the committed epoch\'s: rank 5 retired')
+    sys.exit(0)
+if case == 'lost-one-gpu':
+    cli.send(nc.delta(3, gpus=(1,)))  # GPU 1 of n0 lost: 11 left, a plan of 8 (whole nodes)
+    cli.recv(10)
+    S = [p for r, p in enumerate(W) if r != 1]
+    nc.transition(S)
+    st = nc.status(path)
+    hosts = [x['host'] for x in sorted(st.get('workers', []), key=lambda x: x['rank'])]
+    refused = [r for r in range(N) if r != 1 and any(t == 'ERROR' and 'no place' in e for t, e in got(W[r], 0.2))]
+    if st['plan']['total_gpus'] != 8 or hosts != ['n1'] * 4 + ['n2'] * 4 or refused != [0, 2, 3]:
+        fail('after LOST GPU 1 of 12 (4 a node): %d GPUs on %s; no place for ranks %s (want n1 x4, '
+             'n2 x4; 0, 2, 3)' % (st['plan']['total_gpus'], hosts, refused))
+    print('ok: LOST of one GPU: the plan of whole nodes is n1 and n2, the rest of n0 has no place')
     sys.exit(0)
 if case == 'generation-wrap':
     def gen_delta(g):

@@ -263,7 +263,7 @@ done
 # a GPU index queued during a COMMIT is read in the numbering of the epoch it came in;
 # a host name with an escape sequence is shown escaped by nereus status.
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta; do
+    queued-gpu-delta lost-one-gpu; do
     DJ="$tmp/sw-$case"
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout 15 --log "$tmp/cw-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &

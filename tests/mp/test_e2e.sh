@@ -14,6 +14,9 @@
 #   5. `nereus delta --remove node1` with node1's ranks alive: they are told
 #      "rank retired" and leave, the survivors transition without waiting for
 #      them (fences over the participants only);
+#  5b. one GPU lost on 3 nodes of 4 (12 ranks, `delta --lost-gpus 1`): the
+#      8-GPU plan of whole nodes is nodes 1 and 2, node0's other ranks have no
+#      place (before: ranks kept their order, n2's last 3 were left out);
 #   6. ZeRO-1 on (optimizer state split over dp: a lost node's shards survive
 #      nowhere), a checkpoint every 5 steps: node0's ranks SIGKILLed, delta
 #      --lost node0 -> the forced epoch restores the new plan's state from the
@@ -231,6 +234,42 @@ check "remove: the 4-GPU epoch's sync moved bytes iff generate and train layouts
     "{ [ '$differ' = true ] && [ $b -gt 0 ]; } || { [ '$differ' = false ] && [ $b -eq 0 ]; }" "$b bytes, layouts differ: ${differ:-unknown}"
 [ "$mp_fail" -gt 0 ] && show "$tmp/w4.log" 30
 stop_ctl "remove"
+
+# --- 5b. one GPU lost: the plan of whole nodes leaves the rest of its node out ----------
+D="$tmp/s5b"
+start_ctl "$D" "$tmp/c5b.log" --gpus 12
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] lost GPU: 12 ranks on 3 nodes, delta --lost-gpus 1 while rank 1 runs"
+"$SRV" -q -n 12 -t 50 -- "$WK" --spec "$SPEC" --steps 40 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256 >"$tmp/w5b.log" 2>&1 &
+spid=$!
+wait_for 30 jq_ok "$D" '.nworkers == 12 and .plan.total_gpus == 12 and .transition_phase == "idle"'
+timeout 10 "$NRS" delta --lost-gpus 1 --socket-dir "$D" >"$tmp/delta5b.out" 2>&1
+drc=$?
+rc=124
+rm -f "$tmp/plan5b.json"
+for _ in $(seq 450); do
+    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi
+    # the committed 8-GPU plan with its 8 ranks, while they run
+    [ -s "$tmp/plan5b.json" ] || { status_json "$D" 2>/dev/null | jq -e '.plan.total_gpus == 8 and .nworkers == 8 and .transition_phase == "idle"' >/dev/null 2>&1 && status_json "$D" >"$tmp/plan5b.json" 2>/dev/null; }
+    sleep 0.1
+done
+[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
+spid=""
+check "lost GPU: delta accepted, the job ended (exit 4: the retired ranks)" "[ $drc -eq 0 ] && [ $rc -eq 4 ]" \
+    "delta exit $drc, server exit $rc: $(cat "$tmp/delta5b.out")"
+n=$(grep -E '^rank [0-3]: step [0-9]+: retired: ' "$tmp/w5b.log" | cut -d: -f1 | sort -u | wc -l)
+check "lost GPU: node0's 4 ranks retired (rank 1 lost, 0, 2, 3 no place)" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -E '^rank ([4-9]|1[01]): epoch [0-9]+, [0-9]+ transition\(s\): verified [0-9]* shards, 0 mismatches' "$tmp/w5b.log" | wc -l)
+check "lost GPU: nodes 1 and 2's 8 ranks moved on and verified every shard" "[ $n -eq 8 ]" "$n of 8"
+n=$(grep -E 'rank ([4-9]|1[01]): .*epoch [0-9]+ committed \(GPU [0-7]' "$tmp/w5b.log" | cut -d: -f1 | sort -u | wc -l)
+check "lost GPU: nodes 1 and 2's ranks took GPUs 0-7" "[ $n -eq 8 ]" "$n of 8"
+hosts=$(jq -c '[.workers[].host]' "$tmp/plan5b.json" 2>/dev/null)
+check "lost GPU: the 8-GPU plan is nodes 1 and 2, whole" \
+    "[ '$hosts' = '[\"node1\",\"node1\",\"node1\",\"node1\",\"node2\",\"node2\",\"node2\",\"node2\"]' ]" \
+    "GPUs 0-7 on ${hosts:-(no status of the 8-GPU plan)}"
+[ "$mp_fail" -gt 0 ] && show "$tmp/w5b.log" 30
+stop_ctl "lost GPU"
 
 # --- 6. state that survives nowhere: restore from the checkpoint ------------------------
 D="$tmp/s6"

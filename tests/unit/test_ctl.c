@@ -631,6 +631,78 @@ static void test_lost_replans_same_count(void **st)
     assert_int_equal(a.plan.total_gpus, N);
 }
 
+/* The GPU numbering of a resize (runtime/adapt): survivors on whole nodes
+ * first, then those of damaged nodes, then new GPUs; place() is map's inverse. */
+static void check_map(int old_total, int gpn, const int *lost, int nlost, int new_total)
+{
+    int map[80], at[80], nw = 0, s = 0;
+    char gone[80] = {0}, damaged[80] = {0};
+    nrs_resize_t rz = {lost, nlost};
+    for (int i = 0; i < nlost; i++)
+        gone[lost[i]] = 1, damaged[gpn > 0 ? lost[i] / gpn : 0] = gpn > 0;
+    for (int g = 0; gpn > 0 && g < old_total; g++)
+        damaged[g / gpn] |= (g / gpn + 1) * gpn > old_total; /* the partial node */
+    for (int g = 0; g < old_total; g++)
+        s += !gone[g], nw += !gone[g] && !(gpn > 0 && damaged[g / gpn]);
+    nrs_adapt_gpu_map(old_total, new_total, nlost ? &rz : NULL, gpn, map);
+    for (int g = 0; g < old_total; g++) {
+        at[g] = nrs_adapt_gpu_place(old_total, lost, nlost, gpn, g);
+        if (gone[g] != (at[g] < 0))
+            fail_msg("GPU %d of %d (%d a node): place %d", g, old_total, gpn, at[g]);
+        if (at[g] >= 0 && at[g] < new_total && map[at[g]] != g)
+            fail_msg("GPU %d placed at %d, map there %d", g, at[g], map[at[g]]);
+    }
+    for (int i = 0; i < new_total; i++) {
+        int g = map[i];
+        if (i >= s) { /* new GPUs after every survivor */
+            assert_int_equal(g, old_total + (i - s));
+            continue;
+        }
+        assert_true(g >= 0 && g < old_total && !gone[g]);
+        if (i > 0 && i != nw && map[i - 1] >= g) /* in order within each group */
+            fail_msg("map[%d] = %d after %d", i, g, map[i - 1]);
+        if (i < nw && gpn > 0) /* a whole node lands on a whole node, GPU for GPU */
+            assert_int_equal(g % gpn, i % gpn);
+        else if (gpn > 0)
+            assert_true(damaged[g / gpn]);
+    }
+}
+
+static void test_gpu_map_whole_nodes(void **st)
+{
+    (void)st;
+    int one[] = {1}, map[12];
+    nrs_resize_t rz = {one, 1};
+    /* 12 GPUs, 4 a node, GPU 1 lost: the 8-GPU plan is nodes 1 and 2 */
+    nrs_adapt_gpu_map(12, 8, &rz, 4, map);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(map[i], 4 + i);
+    assert_int_equal(nrs_adapt_gpu_place(12, one, 1, 4, 0), 8);
+    assert_int_equal(nrs_adapt_gpu_place(12, one, 1, 4, 3), 10);
+    assert_int_equal(nrs_adapt_gpu_place(12, one, 1, 4, 1), -1);
+    /* no GPU per node given: the survivors in order, as before */
+    nrs_adapt_gpu_map(12, 8, &rz, 0, map);
+    assert_int_equal(map[0], 0);
+    assert_int_equal(map[1], 2);
+    unsigned seed = 12345;
+    for (int t = 0; t < 3000; t++) {
+        seed = seed * 1103515245u + 12345u;
+        int gpn = (int[]){0, 1, 2, 4, 8}[(seed >> 16) % 5];
+        int nodes = 1 + (int)((seed >> 8) % 8);
+        int old_total = gpn ? nodes * gpn : nodes;
+        if (gpn > 1 && (seed & 1)) /* a plan below one node */
+            old_total = 1 + (int)((seed >> 4) % (unsigned)(gpn - 1));
+        int lost[64], nlost = 0;
+        for (int g = 0; g < old_total; g++) {
+            seed = seed * 1103515245u + 12345u;
+            if ((seed >> 16) % 5 == 0)
+                lost[nlost++] = g;
+        }
+        seed = seed * 1103515245u + 12345u;
+        check_map(old_total, gpn, lost, nlost, (int)((seed >> 16) % (unsigned)(old_total + 5)));
+    }
+}
+
 /* Before HELLO a peer cannot make the controller buffer a frame longer
  * than a HELLO: the header alone is refused with ERROR(LENGTH). */
 static void test_prehello_length(void **st)
@@ -1015,6 +1087,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gave_up_after_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_replans_same_count, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prehello_length, setup, teardown),
+        cmocka_unit_test(test_gpu_map_whole_nodes),
         cmocka_unit_test_setup_teardown(test_world_gone_cap, setup_gone, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
