@@ -297,11 +297,15 @@ static int do_copy(dt_t *D, const nrs_emu_op_t *op, int64_t i)
     return 0;
 }
 
+static uint64_t run_bits(const nrs_dtrans_opts_t *o)
+{
+    return (o->sync_tags ? 0x80u : 0u) | (o->attempt & 0x7fu);
+}
+
 static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
 {
     int me = D->o->me, s = rank_of(D, op->src_buf), d = rank_of(D, op->dst_buf);
-    uint64_t run = (D->o->sync_tags ? 0x80u : 0u) | (D->o->attempt & 0x7fu);
-    uint64_t tag = (run << DT_TAG_OP_BITS) | (uint64_t)i;
+    uint64_t tag = (run_bits(D->o) << DT_TAG_OP_BITS) | (uint64_t)i;
     if ((s == me && !D->live[op->src_buf]) || (d == me && !D->live[op->dst_buf])) {
         fail(D, "op %lld: transfer of a buffer not allocated", (long long)i);
         return -1;
@@ -716,6 +720,12 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         snprintf(res->msg, sizeof res->msg, "nothing to move: no vote");
         goto out;
     }
+
+    /* An aborted run's sends nobody received wait here under their tags; the
+     * run 128 on would take them for its own. No peer sends this run's before
+     * the hash vote below, which waits for this rank. */
+    if (o->purge)
+        o->purge(o->purge_arg, run_bits(o) << DT_TAG_OP_BITS, 0xffull << DT_TAG_OP_BITS);
 
     /* prepare: the same graph everywhere */
     int64_t h = (int64_t)nrs_emu_graph_hash(g);

@@ -50,6 +50,13 @@ typedef struct {
                             * only once told of its death; -1 none */
     void (*cancel)(void *arg); /* drop the transport's posted ops (abort); may be NULL */
     void *cancel_arg;
+    /* drop the messages that came under (tag & mask) and no receive took
+     * (nrs_xport_ucx_purge): called with this run's tag bits
+     * before its first vote, when no peer can have sent this run's messages
+     * yet, so what is there is an aborted run's of the same tag (runs 128
+     * apart share tags). May be NULL. */
+    void (*purge)(void *arg, uint64_t tag, uint64_t mask);
+    void *purge_arg;
     /* the transport's own view of a peer (e.g. nrs_ucx_peer_failed); may be NULL */
     bool (*peer_failed)(void *arg, int rank);
     void *peer_arg;

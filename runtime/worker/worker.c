@@ -78,6 +78,10 @@ const char *nrs_worker_strerror(int rc)
 static bool probe(void *arg, int rank) { return nrs_rdv_peer_failed(arg, rank); }
 static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank); }
 static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
+static void ucx_purge(void *arg, uint64_t tag, uint64_t mask)
+{
+    nrs_xport_ucx_purge(arg, tag, mask);
+}
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
 int nrs_wk_rank_under(const nrs_worker_t *w, const int *perm, int owner)
@@ -125,6 +129,8 @@ void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
     if (w->xport_ucx) {
         o->cancel = ucx_cancel;
         o->cancel_arg = &w->x;
+        o->purge = ucx_purge;
+        o->purge_arg = &w->x;
         o->peer_failed = ucx_dead;
         o->peer_arg = w->u;
         o->xport_error = ucx_error;

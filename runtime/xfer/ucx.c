@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ typedef struct {
     uint32_t magic, addr_len;
     int32_t pid, cpus_len;
     uint64_t start; /* process start time (clock ticks since boot): pid reuse */
+    uint64_t pidns; /* its pid namespace (inode; 0 unknown): whose pids it speaks of */
     char host[64];
 } blob_hdr_t;
 
@@ -163,11 +165,18 @@ static uint64_t proc_start(int pid, bool *gone)
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
+static uint64_t pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) ? 0 : (uint64_t)st.st_ino;
+}
+
 static int make_blob(nrs_ucx_t *u)
 {
     blob_hdr_t h = {.magic = BLOB_MAGIC, .addr_len = (uint32_t)u->addr_len, .pid = (int32_t)getpid()};
     bool gone;
     h.start = proc_start((int)getpid(), &gone);
+    h.pidns = pid_ns();
     gethostname(h.host, sizeof h.host);
     h.host[sizeof h.host - 1] = '\0';
     for (int c = 0; c < CPU_SETSIZE; c++) /* up to the last CPU we may use */
@@ -363,7 +372,12 @@ static int connect_one(nrs_ucx_t *u, int i, const void *blob, size_t len, char *
         nrs_seterr(err, errlen, "ucx: endpoint to rank %d: %s", i, ucs_status_string(st));
         return -1;
     }
-    p->watch = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE && i != u->rank;
+    /* its pid names it here only on this host and in our pid namespace
+     * (NRS_UCX_ERRMODE=none puts peers elsewhere in MODE_NONE too; a rank in
+     * a container of its own has pids of its own): the others are left to
+     * the resource manager's word and the op time-outs */
+    p->watch = same_host && h.pidns == pid_ns() && ep.err_mode == UCP_ERR_HANDLING_MODE_NONE &&
+               i != u->rank;
     note_cpus(u, same_host, (const unsigned char *)blob + sizeof h, h.cpus_len);
     p->pid = h.pid;
     p->start = h.start;
@@ -948,6 +962,57 @@ void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n)
         free_released(ops[i]);
         ops[i] = NULL;
     }
+}
+
+/* Messages that came under tag (the bits of mask, any sender and chunk) and
+ * no receive of ours took: received into a buffer of their own and dropped.
+ * A rendezvous one needs its sender: bounded by 0.5 s in all, then left to
+ * UCX as an orphan (with its buffer). */
+size_t nrs_ucx_purge(nrs_ucx_t *u, uint64_t tag, uint64_t mask)
+{
+    ucp_tag_t t = tag << TAG_CHUNK_BITS, m = (mask & ((1ull << TAG_USER_BITS) - 1)) << TAG_CHUNK_BITS;
+    double end = nrs_now_s() + 0.5;
+    size_t n = 0;
+    for (int i = 0; i < 1000 && ucp_worker_progress(u->worker); i++) /* what has arrived */
+        ;
+    for (;;) {
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h msg = ucp_tag_probe_nb(u->worker, t & m, m, 1, &info);
+        if (!msg)
+            break;
+        nrs_ucx_op_t *op = calloc(1, sizeof(*op));
+        void *buf = op ? malloc(info.length ? info.length : 1) : NULL;
+        if (!buf) { /* it was taken off the queue: it must be received */
+            free(op);
+            fprintf(stderr, "nereus: ucx: rank %d: out of memory dropping a stale message\n",
+                    u->rank);
+            break;
+        }
+        *op = (nrs_ucx_op_t){.u = u, .peer = -1, .buf = buf, .len = info.length, .owned = buf};
+        slot_t *s = &op->slots[0];
+        s->op = op;
+        s->busy = 1;
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            .cb.recv = recv_cb,
+            .user_data = s,
+        };
+        void *req = ucp_tag_msg_recv_nbx(u->worker, buf, info.length, msg, &prm);
+        if (UCS_PTR_IS_ERR(req))
+            s->busy = 0;
+        else
+            s->req = req;
+        while (s->busy && nrs_now_s() < end)
+            ucp_worker_progress(u->worker);
+        if (!s->busy && s->req) {
+            ucp_request_free(s->req);
+            s->req = NULL;
+        }
+        free_released(op); /* an orphan while UCX still holds it */
+        n++;
+    }
+    return n;
 }
 
 int nrs_ucx_progress(void *arg)

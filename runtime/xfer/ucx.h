@@ -97,6 +97,12 @@ void nrs_ucx_op_adopt(nrs_ucx_op_t *op, void *mem);
 /* The same for n ops at once, waiting at most 0.5 s in all (ops[i] set NULL). */
 void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n);
 
+/* Drop the messages that arrived under tag (the bits of mask: the message
+ * tag's, from any sender) and were never received: an aborted run's sends
+ * its peers no longer wanted, which would otherwise match a later run's
+ * receives of the same tag. The count. */
+size_t nrs_ucx_purge(nrs_ucx_t *u, uint64_t tag, uint64_t mask);
+
 /* Progress until every op is done or one failed; frees them all.
  * 0, or -1 with the first failure in err. */
 int nrs_ucx_waitall(nrs_ucx_t *u, nrs_ucx_op_t **ops, size_t n, char *err, size_t errlen);

@@ -245,6 +245,11 @@ const char *nrs_xport_ucx_error(const nrs_xport_t *x)
     return ((const xu_t *)x->ctx)->err;
 }
 
+size_t nrs_xport_ucx_purge(nrs_xport_t *x, uint64_t tag, uint64_t mask)
+{
+    return nrs_ucx_purge(((xu_t *)x->ctx)->u, tag, mask);
+}
+
 void nrs_xport_ucx_cancel(nrs_xport_t *x)
 {
     xu_t *X = x->ctx;

@@ -22,4 +22,8 @@ const char *nrs_xport_ucx_error(const nrs_xport_t *x);
  * what an aborted transition calls before the next one. */
 void nrs_xport_ucx_cancel(nrs_xport_t *x);
 
+/* Drop the messages that came under (xport tag & mask) and no receive took
+ * (nrs_ucx_purge): what an aborted run's sends left at this rank. */
+size_t nrs_xport_ucx_purge(nrs_xport_t *x, uint64_t tag, uint64_t mask);
+
 #endif

@@ -33,6 +33,11 @@
  * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
  * with a byte flipped (dtrans' test hook); with --verify every rank must
  * abort with its old state intact, exiting 3.
+ *
+ * NRS_MP_STALE=1: before the first transition, the sender of its first
+ * transfer between two ranks sends a message of the same size and tag (run
+ * and op) full of 0xee: what a run 128 earlier that aborted before the
+ * receiver posted its receive leaves there. The transition must not take it.
  */
 #define _GNU_SOURCE
 #include <config.h>
@@ -48,6 +53,7 @@
 #include "emu/testutil.h"
 #include "emu/xport.h"
 #include "rdv/rdv.h"
+#include "util/util.h"
 #include "worker/dtrans.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
@@ -83,6 +89,10 @@ static bool probe(void *arg, int rank)
 
 static bool ucx_dead(void *arg, int rank) { return nrs_ucx_peer_failed(arg, rank); }
 static void ucx_cancel(void *arg) { nrs_xport_ucx_cancel(arg); }
+static void ucx_purge(void *arg, uint64_t tag, uint64_t mask)
+{
+    nrs_xport_ucx_purge(arg, tag, mask);
+}
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
 static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
@@ -147,12 +157,15 @@ static int execute(const nrs_emu_graph_t *g, uint64_t epoch, nrs_xport_t *x, nrs
     o.timeout_s = timeout;
     o.cancel = ucx_cancel;
     o.cancel_arg = x;
+    o.purge = ucx_purge;
+    o.purge_arg = x;
     o.peer_failed = ucx_dead;
     o.peer_arg = u;
     o.xport_error = ucx_error;
 #ifdef HAVE_NCCL
     if (use_nccl) {
         o.cancel = nccl_cancel;
+        o.purge = NULL;
         o.xport_error = nccl_error;
         o.peer_failed = ucx_gone;
     }
@@ -421,6 +434,42 @@ int main(int argc, char **argv)
                 rc = 1;
             }
         nrs_rdv_free_blobs(r, hs, hl);
+        nrs_ucx_op_t *stale = NULL;
+        const char *sh = getenv("NRS_MP_STALE");
+        nrs_dtrans_opts_t so;
+        nrs_dtrans_opts_init(&so, me, n);
+        for (size_t i = 0; sh && atoi(sh) && t == 1 && !use_nccl && i < g->nops; i++) {
+            const nrs_emu_op_t *op = &g->ops[i];
+            if (op->type != NRS_EMU_OP_XFER)
+                continue;
+            int sr = nrs_dtrans_buf_rank(g, &so, op->src_buf);
+            int d = nrs_dtrans_buf_rank(g, &so, op->dst_buf);
+            if (sr == d || sr < 0 || d < 0)
+                continue;
+            size_t len = (size_t)op->rows * (size_t)op->row_bytes;
+            unsigned char *junk = sr == me ? malloc(len ? len : 1) : NULL;
+            if (junk) {
+                memset(junk, 0xee, len);
+                uint64_t tag = ((uint64_t)(t & 0x7f) << 24) | i; /* dtrans' tag of op i */
+                if (nrs_ucx_isend(u, d, junk, len, tag, &stale, err, sizeof err))
+                    free(junk);
+                else
+                    nrs_ucx_op_adopt(stale, junk);
+                printf("mp_transition[%d]: a stale message of %zu bytes for op %zu sent to "
+                       "rank %d\n", me, len, i, d);
+            }
+            break;
+        }
+        /* the stale message is out before the next fence: it waits at its
+         * receiver before the transition starts there */
+        if (stale)
+            for (double e = nrs_now_s() + 1; nrs_ucx_test(stale) == 0 && nrs_now_s() < e;)
+                nrs_ucx_progress(u);
+        if (sh && nrs_rdv_fence(r, 1000000 + (uint64_t)t, NULL, timeout, err, sizeof err)) {
+            nrs_ucx_op_free(stale);
+            nrs_emu_graph_free(g);
+            goto fail;
+        }
         rx_t E;
         if (!rc && execute(g, (uint64_t)t, &x, u, r, me, n, timeout, (unsigned)t, &E) &&
             E.aborted) {
@@ -444,6 +493,7 @@ int main(int argc, char **argv)
         tot_s += rc ? 0 : E.exec_s;
         tot_h += rc ? 0 : E.hashed;
         nrs_emu_graph_free(g);
+        nrs_ucx_op_free(stale);
         /* the next transition starts only when every rank is done with this one */
         if (nrs_rdv_fence(r, (uint64_t)t, NULL, timeout, err, sizeof err)) {
             fprintf(stderr, "mp_transition[%d]: %s\n", me, err);

@@ -15,4 +15,22 @@ for tls in sm tcp; do
 done
 mp_case "xchg tcp 2 ranks, tiny and empty messages" 0 30 env UCX_TLS=tcp \
     "$SRV" -q -n 2 -t 25 -- "$X" --epochs 2 --bytes 0
+# The pid watch is for peers whose pid names them here: of this host and of
+# this pid namespace (another host's pid names some other process here, or
+# none). NRS_UCX_ERRMODE=none with a peer on another host: rank 1 gets a host
+# of its own, its own hostname and pid namespace.
+if [ "$(id -u)" = 0 ] && unshare -u -p -f --mount-proc true 2>/dev/null; then
+    mp_case "xchg tcp 2 ranks on 2 hosts, NRS_UCX_ERRMODE=none: nobody dies" 0 60 \
+        env UCX_TLS=tcp NRS_UCX_ERRMODE=none "$SRV" -q -n 2 -t 50 -- sh -c \
+        '[ "$PMIX_RANK" = 1 ] || exec "$@"; exec unshare -u -p -f --mount-proc sh -c "hostname nrs-other-host && exec \"\$@\"" sh "$@"' \
+        sh "$X" --epochs 6 --bytes $((16 * 1048576 + 3)) --chunk 1048576
+    # the same host, but rank 1 in a pid namespace of its own (a container)
+    mp_case "xchg tcp 2 ranks, one in its own pid namespace: nobody dies" 0 60 \
+        env UCX_TLS=tcp "$SRV" -q -n 2 -t 50 -- sh -c \
+        '[ "$PMIX_RANK" = 1 ] || exec "$@"; exec unshare -p -f --mount-proc "$@"' \
+        sh "$X" --epochs 6 --bytes $((16 * 1048576 + 3)) --chunk 1048576
+else
+    mp_skip "xchg tcp 2 ranks on 2 hosts, NRS_UCX_ERRMODE=none" "needs root and unshare"
+    mp_skip "xchg tcp 2 ranks, one in its own pid namespace" "needs root and unshare"
+fi
 mp_done
