@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <config.h>
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,10 +108,28 @@ void nrs_wk_perm_identity(nrs_worker_t *w)
     w->my_gpu = w->n == 1 ? 0 : w->me;
 }
 
-double nrs_wk_env_double(const char *name, double dflt)
+double nrs_wk_env_double(const char *name, double dflt, double lo, double hi)
 {
+    static const char *warned[8];
     const char *v = getenv(name);
-    return v && *v ? atof(v) : dflt;
+    char *end;
+    if (!v || !*v)
+        return dflt;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (!errno && end != v && !*end && d >= lo && d <= hi)
+        return d;
+    for (size_t i = 0; i < sizeof warned / sizeof warned[0]; i++) { /* once a name */
+        if (warned[i] == name)
+            return dflt;
+        if (!warned[i]) {
+            warned[i] = name;
+            break;
+        }
+    }
+    fprintf(stderr, "nereus: %s='%.40s' is not a number in [%.15g, %.15g]: %.15g is used\n", name, v, lo,
+            hi, dflt);
+    return dflt;
 }
 
 /* Executor options every distributed run of this rank shares (transitions and
@@ -121,7 +140,7 @@ void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
     o->owner_rank = nrs_wk_owner_rank;
     o->owner_arg = w;
     o->timeout_s = w->timeout_s;
-    o->window = (int)nrs_wk_env_double("NRS_WORKER_WINDOW", 32);
+    o->window = (int)nrs_wk_env_double("NRS_WORKER_WINDOW", 32, 1, 1 << 20);
     if (w->coll_ctl) {
         o->gather = nrs_wk_ctl_gather;
         o->gather_arg = w;
@@ -353,7 +372,7 @@ static nrs_worker_t *worker_new(void)
     nrs_worker_t *w = calloc(1, sizeof(*w));
     if (!w)
         return NULL;
-    w->timeout_s = nrs_wk_env_double("NRS_WORKER_TIMEOUT", 30);
+    w->timeout_s = nrs_wk_env_double("NRS_WORKER_TIMEOUT", 30, 0.01, 1e6);
     w->ctl_fd = -1;
     w->restored_step = -1;
     w->join_step = -1;
@@ -506,7 +525,7 @@ static int fini_barrier(nrs_worker_t *w, char *err, size_t errlen)
         return nrs_rdv_fence_survivors(w->r, NULL, 0, w->timeout_s, err, errlen);
     if (w->ctl_fd < 0)
         return 0; /* retired (or the controller is gone): nobody to wait for */
-    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", w->timeout_s);
+    double tmo = nrs_wk_env_double("NRS_WORKER_FINI_TIMEOUT", w->timeout_s, 0, 1e6);
     tmo = tmo < w->timeout_s ? w->timeout_s : tmo;
     tmo = tmo > NRS_GATHER_TIMEOUT_MAX / 1000.0 ? NRS_GATHER_TIMEOUT_MAX / 1000.0 : tmo;
     int *out = calloc((size_t)w->n + 1, sizeof(int)), nout = 0;

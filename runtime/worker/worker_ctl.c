@@ -754,7 +754,7 @@ int nrs_wk_join_world(nrs_worker_t *w)
     if (w->ctl_fd < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "a joining rank needs the job's controller: %s",
                              nrs_worker_control(w));
-    double end = nrs_now_s() + nrs_wk_env_double("NRS_WORKER_JOIN_TIMEOUT", 120);
+    double end = nrs_now_s() + nrs_wk_env_double("NRS_WORKER_JOIN_TIMEOUT", 120, 0.01, 1e6);
     while (!w->world_gen) {
         double left = end - nrs_now_s();
         int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;

@@ -111,8 +111,9 @@ int nrs_wk_owner_rank(void *arg, int owner);
 int nrs_wk_rank_under(const nrs_worker_t *w, const int *perm, int owner);
 /* The identity map: rank r holds GPU r (w->perm, w->my_gpu). */
 void nrs_wk_perm_identity(nrs_worker_t *w);
-/* $name as a number; dflt when unset or empty. */
-double nrs_wk_env_double(const char *name, double dflt);
+/* $name as a number in [lo, hi], else dflt (a value set but not such a
+ * number is said on stderr, once a name). */
+double nrs_wk_env_double(const char *name, double dflt, double lo, double hi);
 /* The executor options every distributed run of this rank shares. */
 void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o);
 /* runtime.verify: transfers are checksummed (a worker without a spec: off);

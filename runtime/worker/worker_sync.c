@@ -260,7 +260,7 @@ static int sync_build(nrs_worker_t *w)
     char err[512];
     nrs_emu_opts_t eo;
     nrs_emu_opts_init(&eo);
-    eo.chunk_bytes = (int64_t)nrs_wk_env_double("NRS_WORKER_CHUNK", 0);
+    eo.chunk_bytes = (int64_t)nrs_wk_env_double("NRS_WORKER_CHUNK", 0, 0, 0x1p40);
     if (nrs_emu_weight_sync(&w->spec, &w->plan, &eo, &w->sg, err, sizeof err))
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "weight sync of epoch %u: %s", w->plan.epoch, err);
     const nrs_emu_graph_t *g = w->sg;

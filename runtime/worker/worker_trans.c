@@ -80,7 +80,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
                              w->plan.epoch);
     nrs_emu_opts_t eo;
     nrs_emu_opts_init(&eo);
-    eo.chunk_bytes = (int64_t)nrs_wk_env_double("NRS_WORKER_CHUNK", 0);
+    eo.chunk_bytes = (int64_t)nrs_wk_env_double("NRS_WORKER_CHUNK", 0, 0, 0x1p40);
     eo.gpu_map = gpu_map;
     eo.ngpu_map = gpu_map ? next->total_gpus : 0;
     eo.lost = lost;

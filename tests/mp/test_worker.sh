@@ -58,6 +58,12 @@ mp_grep "worker: the refusal says why" "runtime.transports leaves out ucx, which
 mp_case "worker 1 rank, runtime.transports [local]: runs" 0 60 "$SRV" -q -n 1 -t 50 -- "$W" \
     --seed 5 --count 2 --transports 1
 mp_grep "worker 1 rank [local]: its transitions commit, verified" "2 transition(s) committed, every shard verified"
+# a knob that is not a number in its range is ignored with a word, not read
+# as 0 (atof: a time-out of 0 s failed every wait at once)
+mp_case "worker 2 ranks, NRS_WORKER_TIMEOUT=abc NRS_WORKER_WINDOW=0: defaults, runs" 0 60 \
+    env UCX_TLS=sm NRS_WORKER_TIMEOUT=abc NRS_WORKER_WINDOW=0 "$SRV" -q -n 2 -t 50 -- "$W" --seed 5 --count 2
+mp_grep "worker: the bad time-out is said" "NRS_WORKER_TIMEOUT='abc' is not a number in \[0.01, 1000000\]: 30 is used"
+mp_grep "worker: the bad window is said" "NRS_WORKER_WINDOW='0' is not a number in \[1, 1048576\]: 32 is used"
 mp_case "worker sm 4 ranks: rank 2 SIGKILLed past the PONR" 137 60 env UCX_TLS=sm \
     "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2
 got=$(grep -c "census: .* present, .* rebuildable, .* lost" "$mp_out")
