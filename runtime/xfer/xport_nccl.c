@@ -405,9 +405,10 @@ int nrs_xport_nccl_open(nrs_xport_t *x, nrs_nccl_t *c, int device, nrs_owner_ran
     X->nranks = nranks;
     X->timeout_s = timeout_s > 0 ? timeout_s : 30;
     const char *rounds = getenv("NRS_NCCL_GROUP_ROUNDS");
-    X->rounds = rounds ? atoi(rounds) : RUN_ROUNDS;
-    if (X->rounds < 0 || X->rounds > RUN_ROUNDS_MAX)
-        X->rounds = RUN_ROUNDS;
+    char *end = NULL;
+    long r = rounds && *rounds ? strtol(rounds, &end, 10) : RUN_ROUNDS;
+    /* (a word that is not a number is not 0, no bound: the default) */
+    X->rounds = end && *end ? RUN_ROUNDS : r < 0 || r > RUN_ROUNDS_MAX ? RUN_ROUNDS : (int)r;
     x->ops = &nccl_ops;
     x->ctx = X;
     return 0;
