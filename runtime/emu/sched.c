@@ -89,6 +89,7 @@ typedef struct {
     /* per buffer (room for one host copy of every old buffer) */
     int32_t *reads;
     unsigned char *live, *keep, *staging;
+    unsigned char *stalled; /* per GPU: stage_one's marks */
     int64_t *used, *freeable, *host_used;
     ivec_t *freeq; /* freeable old buffers per GPU */
     ev_t *heap;
@@ -538,23 +539,12 @@ static int on_event(sched_t *S, ev_t e)
     return on_read_done(S, op->src_buf, nrun);
 }
 
-/* Nothing runs and nothing fits: stage an old buffer of a blocked GPU. */
-static int stage_one(sched_t *S)
+/* Stage the largest old buffer of gpu that still has reads to host memory of
+ * its node. 1 when one was staged, 0 when gpu has none, -1 on error. */
+static int stage_gpu(sched_t *S, int gpu)
 {
     nrs_emu_graph_t *g = S->g;
-    int32_t blocked = -1, victim = -1;
-    /* moves only finish and destinations only become live: resume the scan */
-    for (size_t i = S->blocked_from; i < g->nmoves && blocked < 0; i++)
-        if (S->mv[i].next < S->mv[i].n && !S->live[g->moves[i].dst])
-            blocked = (int32_t)i;
-        else
-            S->blocked_from = i + 1;
-    if (blocked < 0) {
-        snprintf(S->err, S->errlen, "scheduler stalled with %zu moves left", S->moves_left);
-        return -1;
-    }
-    const nrs_emu_gbuf_t *D = &g->buf[g->moves[blocked].dst];
-    int gpu = D->b.gpu;
+    int32_t victim = -1;
     for (int32_t i = 0; i < g->nold; i++) {
         const nrs_emu_gbuf_t *b = &g->buf[i];
         if (b->b.gpu != gpu || !S->live[i] || S->keep[i] || S->reads[i] <= 0 || S->staging[i])
@@ -562,14 +552,8 @@ static int stage_one(sched_t *S)
         if (victim < 0 || b->b.bytes > g->buf[victim].b.bytes)
             victim = i;
     }
-    if (victim < 0) {
-        snprintf(S->err, S->errlen,
-                 "GPU %d: cannot fit %lld bytes of the new state under the cap of %lld bytes "
-                 "(%lld in use, nothing left to stage to host)",
-                 gpu, (long long)D->b.bytes, (long long)(S->capeff + g->reserve),
-                 (long long)(S->used[gpu] + g->reserve));
-        return -1;
-    }
+    if (victim < 0)
+        return 0;
     nrs_emu_gbuf_t h = g->buf[victim];
     h.origin = NRS_EMU_ORIGIN_HOST;
     h.b.gpu = -1 - nrs_emu_node_of(g, gpu);
@@ -595,7 +579,55 @@ static int stage_one(sched_t *S)
     g->link_bytes[NRS_LINK_HOST] += h.b.bytes;
     if (heap_push(S, (ev_t){op.end, S->seq++, (int32_t)g->nops, hid}))
         return -1;
-    return emit(S, op);
+    return emit(S, op) ? -1 : 1;
+}
+
+/* Nothing runs and nothing fits: stage an old buffer of each blocked GPU, in
+ * the order of their lowest-id pending moves. Each GPU stages over its own
+ * PCIe link, so GPUs blocked at the same moment (every replica of a reshard
+ * under a tight cap) stage in parallel, not one after the other. */
+static int stage_one(sched_t *S)
+{
+    nrs_emu_graph_t *g = S->g;
+    int32_t blocked = -1;
+    int staged = 0;
+    /* moves only finish and destinations only become live: resume the scan */
+    for (size_t i = S->blocked_from; i < g->nmoves && blocked < 0; i++)
+        if (S->mv[i].next < S->mv[i].n && !S->live[g->moves[i].dst])
+            blocked = (int32_t)i;
+        else
+            S->blocked_from = i + 1;
+    if (blocked < 0) {
+        snprintf(S->err, S->errlen, "scheduler stalled with %zu moves left", S->moves_left);
+        return -1;
+    }
+    const nrs_emu_gbuf_t *D = &g->buf[g->moves[blocked].dst];
+    int gpu = D->b.gpu, rc = stage_gpu(S, gpu);
+    if (rc < 0)
+        return -1;
+    if (rc == 0) {
+        snprintf(S->err, S->errlen,
+                 "GPU %d: cannot fit %lld bytes of the new state under the cap of %lld bytes "
+                 "(%lld in use, nothing left to stage to host)",
+                 gpu, (long long)D->b.bytes, (long long)(S->capeff + g->reserve),
+                 (long long)(S->used[gpu] + g->reserve));
+        return -1;
+    }
+    staged++;
+    S->stalled[gpu] = 1;
+    for (size_t i = (size_t)blocked + 1; i < g->nmoves; i++) {
+        const smove_t *m = &S->mv[i];
+        if (m->next == m->n || S->live[m->dst] || S->stalled[m->dgpu] ||
+            fits(S, m->dgpu, m->dbytes))
+            continue;
+        S->stalled[m->dgpu] = 1;
+        if ((rc = stage_gpu(S, m->dgpu)) < 0)
+            return -1;
+        staged += rc;
+    }
+    for (size_t i = (size_t)blocked; i < g->nmoves; i++) /* clear the marks */
+        S->stalled[S->mv[i].dgpu] = 0;
+    return staged > 0 ? 0 : -1;
 }
 
 /* --- set-up, end, communicators -------------------------------------------- */
@@ -712,11 +744,12 @@ static int sched_init(sched_t *S, nrs_emu_graph_t *g)
     S->freeable = calloc(np, sizeof(int64_t));
     S->host_used = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     S->freeq = calloc(np, sizeof(ivec_t));
+    S->stalled = calloc(np, 1);
     g->peak = calloc(np, sizeof(int64_t));
     g->host_peak = calloc((size_t)g->nnodes + 1, sizeof(int64_t));
     if (!S->rem || !S->busy || !S->indirty || !S->lists || !S->bysrc || !S->bysrc_off || !S->mv || !S->reads || !S->live ||
         !S->keep || !S->staging || !S->used || !S->freeable || !S->host_used || !S->freeq ||
-        !g->peak || !g->host_peak)
+        !S->stalled || !g->peak || !g->host_peak)
         return -1;
     for (int32_t i = 0; i < g->nold; i++)
         if (!g->buf[i].lost) {
@@ -783,6 +816,7 @@ static void sched_fini(sched_t *S)
     free(S->freeable);
     free(S->host_used);
     free(S->freeq);
+    free(S->stalled);
     free(S->heap);
 }
 

@@ -323,7 +323,10 @@ static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
         f->dst = op->dst_buf;
         f->dreg = dr;
         D->writes[op->dst_buf]++;
-        if (D->x->ops->recv(D->x->ctx, op->src_gpu, &dr, tag, &f->rr))
+        /* the sender's GPU: host staging memory is sent by the GPU it was
+         * staged from (its op->src_gpu is -1 - node, which no rank owns) */
+        const nrs_emu_gbuf_t *sb = &D->g->buf[op->src_buf];
+        if (D->x->ops->recv(D->x->ctx, sb->b.gpu >= 0 ? sb->b.gpu : sb->via, &dr, tag, &f->rr))
             goto post_failed;
     }
     if (s == me) {

@@ -29,6 +29,11 @@
  * over all N ranks and back, in turn: rank 0 sends to (then receives from)
  * every other rank, the widest fan-out a rank can have.
  *
+ * --tight: each transition under a per-GPU cap of the larger of that GPU's
+ * old and new state (plus the transfer reserve), so that some must stage
+ * through host memory: transfers then come from host buffers, sent by the
+ * rank of the GPU they were staged from.
+ *
  * --verify: the executor checksums every transfer (runtime.verify).
  * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
  * with a byte flipped (dtrans' test hook); with --verify every rank must
@@ -332,7 +337,7 @@ static void fan(int t, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 6, rc = 1, use_fan = 0;
+    int count = 6, rc = 1, use_fan = 0, use_tight = 0;
     double timeout = 20;
     char err[512];
     nrs_ucx_opts_t uo;
@@ -354,6 +359,7 @@ int main(int argc, char **argv)
         use_nccl |= !strcmp(argv[i], "--nccl");
         use_verify |= !strcmp(argv[i], "--verify");
         use_fan |= !strcmp(argv[i], "--fan");
+        use_tight |= !strcmp(argv[i], "--tight");
     }
 #ifndef HAVE_NCCL
     if (use_nccl) {
@@ -412,6 +418,19 @@ int main(int argc, char **argv)
         else
             draw(&rng, n, &s, &a, &b);
         int grc = nrs_emu_transition(&s, &a, &b, &eo, &g, err, sizeof err);
+        if (!grc && use_tight) { /* again, under the larger of each GPU's old and new state */
+            int64_t need = 0, *per = calloc((size_t)g->nphys * 2 + 1, sizeof(int64_t));
+            nrs_emu_opts_t to = eo;
+            for (int32_t k = 0; per && k < g->nold + g->nnew; k++)
+                per[2 * g->buf[k].b.gpu + (k >= g->nold)] += g->buf[k].b.bytes;
+            for (int k = 0; per && k < 2 * g->nphys; k++)
+                need = per[k] > need ? per[k] : need;
+            free(per);
+            to.cap_bytes = need + 2 * g->chunk;
+            nrs_emu_graph_free(g);
+            g = NULL;
+            grc = nrs_emu_transition(&s, &a, &b, &to, &g, err, sizeof err);
+        }
         if (grc) {
             fprintf(stderr, "mp_transition[%d]: transition %d: graph: %s\n", me, t, err);
             nrs_emu_graph_free(g);
@@ -483,10 +502,11 @@ int main(int argc, char **argv)
             rc = 1;
         }
         if (!rc && me == 0)
-            printf("mp_transition: transition %d: %d -> %d GPUs, %lld ops, graph %016llx: rank 0 "
-                   "ran %lld transfer(s) (up to %lld in flight), verified %lld shard(s)\n", t,
-                   a.total_gpus, b.total_gpus, (long long)g->nops, (unsigned long long)st.hash,
-                   (long long)E.xfers, (long long)E.max_inflight, (long long)E.verified);
+            printf("mp_transition: transition %d: %d -> %d GPUs, %lld ops, %lld staged, graph "
+                   "%016llx: rank 0 ran %lld transfer(s) (up to %lld in flight), verified %lld "
+                   "shard(s)\n", t, a.total_gpus, b.total_gpus, (long long)g->nops,
+                   (long long)g->nstaged, (unsigned long long)st.hash, (long long)E.xfers,
+                   (long long)E.max_inflight, (long long)E.verified);
         tot_x += rc ? 0 : E.xfers;
         tot_b += rc ? 0 : E.bytes;
         tot_v += rc ? 0 : E.verified;

@@ -19,6 +19,12 @@ for tls in sm tcp; do
         env UCX_TLS=$tls NRS_MP_STALE=1 "$SRV" -q -n 2 -t 50 -- "$T" --seed 5 --count 3 --timeout 5
     mp_grep "transition $tls: the stale message was there" "a stale message of .* sent to rank"
 done
+# Under a cap that forces host staging: transfers from host buffers are
+# received from the rank of the GPU that staged them (seed 6's first
+# transition on 4 ranks stages two buffers).
+mp_case "transition sm 4 ranks, staged through host memory" 0 90 env UCX_TLS=sm \
+    "$SRV" -q -n 4 -t 80 -- "$T" --tight --seed 6 --count 6
+mp_grep "transition: staged and verified" "transition 1: .*, [1-9][0-9]* staged, "
 # The check must bite: one byte flipped on arrival at rank 1 fails the run.
 mp_case "transition: a corrupted byte is caught" 1 60 env UCX_TLS=sm NRS_MP_CORRUPT=1 \
     "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --seed 3 --count 4

@@ -497,6 +497,70 @@ static void test_swap_stages_through_host(void **state)
     nrs_emu_graph_free(g);
 }
 
+/* A reshard of dp independent replicas (one per node, inference only) under
+ * a cap that holds the larger of each GPU's old and new state: every replica
+ * must stage, and each GPU stages over its own PCIe link, so the makespan
+ * does not grow with the number of replicas. */
+static double staged_reshard(int dp, int64_t *staged)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {4, 2, dp, 1}, lb = {8, 1, dp, 1};
+    nrs_emu_graph_t *g = NULL;
+    nrs_emu_exec_result_t res;
+    nrs_xport_t x;
+    char err[512];
+    tu_model(&m, 4, 32, 48, 8, 8, 64);
+    tu_spec_fixed(&s, &m, 8);
+    s.models[NRS_ROLE_ACTOR].present = false;
+    s.models[NRS_ROLE_REF] = m;
+    memset(&a, 0, sizeof(a));
+    a.total_gpus = 8 * dp;
+    a.npools = 1;
+    a.pools[0] = (nrs_pool_t){0, 8 * dp};
+    a.has[NRS_MS_REF_INFER] = true;
+    b = a;
+    a.layout[NRS_MS_REF_INFER] = la;
+    b.layout[NRS_MS_REF_INFER] = lb;
+    nrs_emu_opts_t o = {.chunk_bytes = 64};
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
+    int64_t *per = calloc((size_t)g->nphys * 2, sizeof(int64_t)), most = 0;
+    for (size_t i = 0; i < g->nbuf; i++) /* old and new state per GPU */
+        per[2 * g->buf[i].b.gpu + (i >= (size_t)g->nold)] += g->buf[i].b.bytes;
+    for (int i = 0; i < 2 * g->nphys; i++)
+        most = per[i] > most ? per[i] : most;
+    free(per);
+    nrs_emu_graph_free(g);
+    o.cap_bytes = most + 2 * o.chunk_bytes;
+    int rc = nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err));
+    if (rc)
+        fail_msg("dp %d: %s", dp, err);
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    rc = nrs_emu_execute(g, &x, NULL, &res);
+    nrs_xport_close(&x);
+    if (rc)
+        fail_msg("dp %d: %s", dp, res.first_error);
+    assert_true(res.peak_max <= o.cap_bytes);
+    *staged = g->nstaged;
+    double ms = (double)g->makespan;
+    nrs_emu_graph_free(g);
+    return ms;
+}
+
+static void test_staging_parallel_across_replicas(void **state)
+{
+    int64_t st1, st8;
+    (void)state;
+    double one = staged_reshard(1, &st1), eight = staged_reshard(8, &st8);
+    print_message("staged reshard: dp 1 %.3g us (%lld staged), dp 8 %.3g us (%lld staged)\n",
+                  one * 1e-6, (long long)st1, eight * 1e-6, (long long)st8);
+    assert_true(st1 > 0 && st8 >= 8 * st1 / 2);
+    if (eight > 2 * one)
+        fail_msg("makespan grows with independent replicas: dp 1 %.0f ps, dp 8 %.0f ps", one,
+                 eight);
+}
+
 /* The executor notices a wrong offset, a freed source, a missing free. */
 static void test_executor_catches_bad_graphs(void **state)
 {
@@ -787,6 +851,7 @@ int main(void)
         cmocka_unit_test(test_state_matches_memory_model),
         cmocka_unit_test(test_zero3_transitions_execute),
         cmocka_unit_test(test_swap_stages_through_host),
+        cmocka_unit_test(test_staging_parallel_across_replicas),
         cmocka_unit_test(test_executor_catches_bad_graphs),
         cmocka_unit_test(test_recover),
         cmocka_unit_test(test_missing_buffers),

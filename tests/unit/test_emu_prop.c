@@ -389,6 +389,223 @@ static void test_random_weight_sync(void **state)
     }
 }
 
+/* Random pairs over what random_pair leaves out: ZeRO-1, ZeRO-3 and
+ * optimizer offload in any combination, fp16/fp32 models, head counts of 3,
+ * 6 or 12 (tp 3, 6, 12) with any kv count dividing them, 3 or 6 GPUs per
+ * node, survivors placed on other indices (a shuffled gpu map) together with
+ * lost or released nodes and new GPUs, chunks of 1 and 7 bytes, and old
+ * buffers missing on live GPUs. */
+static void random_pair_opts(tu_rng_t *r, pair_t *c, unsigned char *missing, size_t nmissing)
+{
+    static const int gpns[] = {1, 2, 3, 4, 6, 8}, heads[] = {1, 2, 3, 4, 6, 8, 12, 16};
+    static const int64_t chunks[] = {1, 7, 16, 64, 4096};
+    memset(c, 0, sizeof(*c));
+    tu_spec(&c->s, r);
+    c->s.cluster.gpus_per_node = gpns[tu_int(r, 0, 5)];
+    for (int ro = 0; ro < NRS_ROLE_COUNT; ro++) {
+        nrs_model_t *m = &c->s.models[ro];
+        if (!m->present)
+            continue;
+        bool vh = m->value_head;
+        int h = heads[tu_int(r, 0, 7)], kv;
+        do
+            kv = tu_int(r, 1, h);
+        while (h % kv);
+        tu_model(m, tu_int(r, 1, 9), h * tu_int(r, 1, 3), tu_int(r, 1, 23), h, kv,
+                 tu_int(r, 1, 41));
+        m->dtype = (nrs_dtype_t)tu_int(r, 0, 2);
+        m->tied_embeddings = tu_int(r, 0, 2) == 0;
+        m->value_head = vh;
+    }
+    c->s.runtime.zero1 = tu_int(r, 0, 1);
+    c->s.runtime.zero3 = tu_int(r, 0, 2) == 0;
+    c->s.runtime.offload_optimizer = tu_int(r, 0, 2) == 0;
+    int gpn = c->s.cluster.gpus_per_node, maxn = MAX_GPUS / gpn;
+    int na = tu_int(r, 1, maxn / 2 < 6 ? (maxn / 2 > 0 ? maxn / 2 : 1) : 6), nb = na;
+    int kind = tu_int(r, 0, 3), gone[MAX_GPUS] = {0}, pool[MAX_GPUS], np = 0;
+    if (kind == 2 && na > 1) { /* lose or release some nodes, maybe add new ones */
+        int nd = tu_int(r, 1, na - 1);
+        for (int i = 0; i < nd;) {
+            int k = tu_int(r, 0, na - 1);
+            if (!gone[k]) {
+                gone[k] = 1;
+                i++;
+            }
+        }
+        nb = na - nd + tu_int(r, 0, 2);
+    }
+    if (kind == 3)
+        nb = na + tu_int(r, 1, 3);
+    nb = nb < maxn ? nb : maxn;
+    static const char *const kinds[] = {"same", "moved", "lost", "grow"};
+    c->kind = kinds[kind];
+    if (kind >= 1) {
+        for (int n = 0; n < na; n++)
+            for (int k = 0; k < gpn; k++) {
+                if (!gone[n])
+                    pool[np++] = n * gpn + k;
+                else
+                    c->lost[c->nlost++] = n * gpn + k;
+            }
+        for (int e = na * gpn; np < nb * gpn; e++)
+            pool[np++] = e;
+        if (tu_int(r, 0, 1)) /* survivors and new GPUs in any order */
+            for (int i = np - 1; i > 0; i--) {
+                int j = tu_int(r, 0, i), t = pool[i];
+                pool[i] = pool[j];
+                pool[j] = t;
+            }
+        for (int i = 0; i < nb * gpn; i++)
+            c->map[c->nmap++] = pool[i];
+        c->o.gpu_map = c->map;
+        c->o.ngpu_map = c->nmap;
+        if (tu_int(r, 0, 1)) { /* else released: still readable */
+            c->o.lost = c->lost;
+            c->o.nlost = c->nlost;
+        }
+    }
+    tu_plan(&c->s, r, na * gpn, &c->a);
+    tu_plan(&c->s, r, nb * gpn, &c->b);
+    c->b.epoch = 1;
+    c->o.chunk_bytes = chunks[tu_int(r, 0, 4)];
+    if (tu_int(r, 0, 3) == 0) {
+        nrs_emu_state_t st;
+        char err[256];
+        if (!nrs_emu_state_build(&c->s, &c->a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err,
+                                 sizeof(err))) {
+            c->o.nmissing = st.nbuf < nmissing ? st.nbuf : nmissing;
+            for (size_t k = 0; k < c->o.nmissing; k++)
+                missing[k] = tu_int(r, 0, 9) == 0;
+            c->o.missing = missing;
+            nrs_emu_state_free(&st);
+        }
+    }
+}
+
+/* The moves of every destination that is neither kept nor a grad partition
+ * its box exactly, from a surviving old buffer of the same (role, tensor,
+ * kind) that holds the region (never a stale generation one for another
+ * engine); kept buffers are identical surviving old ones on the same GPU;
+ * the chunked ops carry each move's bytes exactly once, inside both buffers. */
+static void check_exact_cover(const nrs_emu_graph_t *g)
+{
+    int32_t nb = g->nold + g->nnew;
+    int64_t *area = calloc((size_t)nb + 1, sizeof(int64_t));
+    int64_t *moved = calloc(g->nmoves + 1, sizeof(int64_t));
+    assert_non_null(area);
+    assert_non_null(moved);
+    for (size_t i = 0; i < g->nmoves; i++) {
+        const nrs_emu_move_t *mv = &g->moves[i];
+        const nrs_emu_gbuf_t *S = &g->buf[mv->src], *D = &g->buf[mv->dst];
+        nrs_emu_rect_t in;
+        assert_true(mv->src < g->nold && !S->lost);
+        assert_true(mv->dst >= g->nold && mv->dst < nb);
+        assert_true(D->alias < 0 && D->b.kind != NRS_EMU_GRAD);
+        assert_true(S->b.role == D->b.role && S->b.tensor == D->b.tensor &&
+                    S->b.kind == D->b.kind && S->b.esize == D->b.esize);
+        assert_true(nrs_emu_rect_meet(&S->b.box, &D->b.box, &in));
+        assert_true(mv->box.r0 >= in.r0 && mv->box.r1 <= in.r1 && mv->box.c0 >= in.c0 &&
+                    mv->box.c1 <= in.c1 && nrs_emu_rect_area(&mv->box) > 0);
+        assert_false(g->from.eng[S->b.engine].ms == NRS_MS_ACTOR_GENERATE &&
+                     g->to.eng[D->b.engine].ms != NRS_MS_ACTOR_GENERATE);
+        area[mv->dst] += nrs_emu_rect_area(&mv->box);
+        for (size_t j = i + 1; j < g->nmoves && g->moves[j].dst == mv->dst; j++)
+            assert_false(nrs_emu_rect_meet(&mv->box, &g->moves[j].box, &in));
+    }
+    for (int32_t j = g->nold; j < nb; j++) {
+        const nrs_emu_gbuf_t *D = &g->buf[j];
+        if (D->alias >= 0) {
+            const nrs_emu_gbuf_t *O = &g->buf[D->alias];
+            assert_true(D->alias < g->nold && !O->lost && O->b.gpu == D->b.gpu &&
+                        O->b.role == D->b.role && O->b.tensor == D->b.tensor &&
+                        O->b.kind == D->b.kind && O->b.bytes == D->b.bytes &&
+                        !memcmp(&O->b.box, &D->b.box, sizeof(O->b.box)));
+        } else if (D->b.kind != NRS_EMU_GRAD) {
+            assert_int_equal(area[j], nrs_emu_rect_area(&D->b.box));
+        }
+    }
+    for (size_t i = 0; i < g->nops; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        if (op->type != NRS_EMU_OP_XFER && op->type != NRS_EMU_OP_COPY)
+            continue;
+        assert_true(op->move >= 0 && (size_t)op->move < g->nmoves);
+        assert_true(op->src_off >= 0 && op->dst_off >= 0 && op->rows > 0);
+        assert_true(op->src_off + (op->rows - 1) * op->src_pitch + op->row_bytes <=
+                    g->buf[op->src_buf].b.bytes);
+        assert_true(op->dst_off + (op->rows - 1) * op->dst_pitch + op->row_bytes <=
+                    g->buf[op->dst_buf].b.bytes);
+        moved[op->move] += op->rows * op->row_bytes;
+    }
+    for (size_t i = 0; i < g->nmoves; i++)
+        assert_int_equal(moved[i], nrs_emu_rect_area(&g->moves[i].box) *
+                                       g->buf[g->moves[i].dst].b.esize);
+    free(area);
+    free(moved);
+}
+
+static void test_random_options_and_maps(void **state)
+{
+    static unsigned char missing[1 << 16];
+    tu_rng_t r = {8675309};
+    int ok = 0, lost = 0, staged = 0;
+    (void)state;
+    for (int i = 0; i < CASES; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL, *g2 = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair_opts(&r, &c, missing, sizeof(missing));
+        int rc = nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err));
+        int rc2 = nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g2, err, sizeof(err));
+        assert_int_equal(rc, rc2);
+        if (rc == NRS_EMU_ELOST) {
+            check_lost_is_real(g);
+            lost++;
+        } else {
+            if (rc)
+                fail_msg("case %d (%s): %s", i, c.kind, err);
+            assert_int_equal(nrs_emu_graph_hash(g), nrs_emu_graph_hash(g2));
+            check_exact_cover(g);
+            expect_clean(&res, execute(g, -1, &res), c.kind);
+            check_lockstep(g);
+            /* again under a cap that holds only the larger of each GPU's
+             * old and new state */
+            int64_t need = 0, *o = calloc((size_t)g->nphys, sizeof(int64_t));
+            int64_t *n = calloc((size_t)g->nphys, sizeof(int64_t));
+            for (int32_t k = 0; k < g->nold; k++)
+                if (!g->buf[k].lost)
+                    o[g->buf[k].b.gpu] += g->buf[k].b.bytes;
+            for (int32_t k = g->nold; k < g->nold + g->nnew; k++)
+                n[g->buf[k].b.gpu] += g->buf[k].b.bytes;
+            for (int k = 0; k < g->nphys; k++) {
+                need = o[k] > need ? o[k] : need;
+                need = n[k] > need ? n[k] : need;
+            }
+            free(o);
+            free(n);
+            nrs_emu_graph_free(g2);
+            g2 = NULL;
+            c.o.cap_bytes = need + 2 * g->chunk;
+            if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g2, err, sizeof(err)))
+                fail_msg("case %d (%s): cap %lld: %s", i, c.kind, (long long)c.o.cap_bytes,
+                         err);
+            check_exact_cover(g2);
+            expect_clean(&res, execute(g2, -1, &res), "tight cap");
+            assert_true(res.peak_max <= c.o.cap_bytes);
+            check_lockstep(g2);
+            staged += g2->nstaged > 0;
+            ok++;
+        }
+        nrs_emu_graph_free(g);
+        nrs_emu_graph_free(g2);
+    }
+    print_message("options and maps: %d verified (%d under a tight cap staged), %d reported "
+                  "lost state\n",
+                  ok, staged, lost);
+    assert_true(ok > CASES / 2);
+    assert_true(lost > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -399,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_abort_before_point_of_no_return),
         cmocka_unit_test(test_random_weight_sync),
         cmocka_unit_test(test_per_rank_programs_deadlock_free),
+        cmocka_unit_test(test_random_options_and_maps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
