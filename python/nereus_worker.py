@@ -25,6 +25,10 @@ Conventions:
   nrs_worker_strerror(code). verify_state() and verify_generation() are the
   exception: a checksum mismatch is a result (its counts), not an error.
 - Strings come back as str; paths go in as str (or bytes, or os.PathLike).
+- Arguments the C call could not receive as given raise NereusError
+  (NRS_ERR_INVAL) naming the call, before it: an int that does not fit its C
+  type (ctypes would wrap it: buffer 2**32 would be buffer 0), a path with a
+  NUL byte (C would read it cut there).
 - The library is $NEREUS_LIB if set, else ctypes.util.find_library("nereus"),
   else "libnereus.so.0" (the dynamic loader's search path).
 - Calls that take Nereus structs (nrs_worker_init_spec, nrs_worker_set_plan,
@@ -318,8 +322,28 @@ def _text(b):
     return b.decode("utf-8", "replace") if b is not None else ""
 
 
-def _path(p):
-    return None if p is None else os.fsencode(p)
+def _path(p, fn):
+    if p is None:
+        return None
+    b = os.fsencode(p)
+    if b"\0" in b:  # C would take the path cut at the NUL
+        raise NereusError(NRS_ERR_INVAL, f"{fn}: path {p!r}: embedded NUL byte")
+    return b
+
+
+# bits of the C integer types of the bound calls' arguments
+_BITS = {_I: 8 * ctypes.sizeof(_I), ctypes.c_long: 8 * ctypes.sizeof(ctypes.c_long),
+         _LL: 8 * ctypes.sizeof(_LL)}
+
+
+def _check_ints(fn, name, args):
+    """Refuse an int argument (after the handle) that its C type cannot hold:
+    ctypes would pass it wrapped, silently (2**32 as 0)."""
+    for k, (t, a) in enumerate(zip((getattr(fn, "argtypes", None) or [])[1:], args)):
+        bits = _BITS.get(t)
+        if bits and isinstance(a, int) and not -(1 << (bits - 1)) <= a < 1 << (bits - 1):
+            raise NereusError(NRS_ERR_INVAL, f"{name}: argument {k + 1} = {a}: does not fit "
+                                             f"its C type ({bits}-bit)")
 
 
 def api_version():
@@ -362,7 +386,7 @@ class Worker:
         self._sink = None  # keeps the report callback alive while C holds it
         h = _P()
         init = self._lib.nrs_worker_init_emulated if emulated else self._lib.nrs_worker_init
-        rc = init(ctypes.byref(h), _path(spec_path))
+        rc = init(ctypes.byref(h), _path(spec_path, init.__name__))
         self._h = h
         if rc:
             # on failure the handle may exist: read why (the library keeps it
@@ -385,7 +409,9 @@ class Worker:
         """Call nrs_worker_<name>(handle, args...); raise NereusError with the
         call's message (nrs_worker_last_error) if it returns < 0."""
         h = self._handle()
-        rc = getattr(self._lib, "nrs_worker_" + name)(h, *args)
+        fn = getattr(self._lib, "nrs_worker_" + name)
+        _check_ints(fn, "nrs_worker_" + name, args)
+        rc = fn(h, *args)
         if rc < 0:
             raise NereusError(rc, _text(self._lib.nrs_worker_last_error(h)))
         return rc
@@ -608,6 +634,7 @@ class Worker:
     def transition_stat(self, which):
         """A figure of the last transition (NRS_TS_*); before any, 0 (-1 for
         failed_rank and restored_step)."""
+        _check_ints(self._lib.nrs_worker_transition_stat, "nrs_worker_transition_stat", (which,))
         return self._lib.nrs_worker_transition_stat(self._handle(), which)
 
     def transition_stats(self):
@@ -618,7 +645,7 @@ class Worker:
 
     def set_checkpoint_dir(self, path):
         """Where checkpoints go (None turns them off)."""
-        self._call("set_checkpoint_dir", _path(path))
+        self._call("set_checkpoint_dir", _path(path, "nrs_worker_set_checkpoint_dir"))
 
     def checkpoint(self, step):
         """Collective at a step boundary: write and publish the checkpoint of `step`."""
@@ -643,6 +670,7 @@ class Worker:
 
     def sync_stat(self, which):
         """A weight-sync figure of this rank (NRS_SS_*)."""
+        _check_ints(self._lib.nrs_worker_sync_stat, "nrs_worker_sync_stat", (which,))
         return self._lib.nrs_worker_sync_stat(self._handle(), which)
 
     def verify_generation(self):

@@ -511,6 +511,8 @@ class Singleton(unittest.TestCase):
              r"^nrs_worker_buffer_layer: buffer 1: no state allocated$"),
             (w.group, (nw.NRS_MS_ACTOR_TRAIN, 7), r"^nrs_worker_group: group 7: not NRS_GROUP_"),
             (w.verify_state, (), r"^nrs_worker_verify_state: no state allocated$"),
+            (w.alloc_state, (7, True), r"^nrs_worker_alloc_state: mem 7: not NRS_MEM_AUTO, _HOST "
+                                       r"or _CUDA$"),
             (w.report_stage, (99, 1.0), r"^nrs_worker_report_stage: model-stage 99: not an "
                                         r"nrs_ms_t \(0\.\.6\)$"),
             (w.report_stage, (nw.NRS_MS_ACTOR_TRAIN, -1.0),
@@ -555,6 +557,34 @@ class Singleton(unittest.TestCase):
         self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer 0: no state",
                         w.buffer, 0)
         self.assertEqual(nw.LayerPart._fields, ("ptr", "rows", "cols", "pitch", "r0", "c0"))
+
+    def test_arguments_that_do_not_fit_c(self):
+        # ctypes wraps an int that does not fit the C type (2**32 as 0) and C
+        # reads a path up to its first NUL: the binding refuses both, naming
+        # the call, before the C library sees them
+        w = self.w
+        for fn, args, pattern in [
+                (w.buffer, (2 ** 32,), r"^nrs_worker_buffer: argument 1 = 4294967296: does not "
+                                       r"fit its C type \(32-bit\)$"),
+                (w.buffer_layer, (0, -2 ** 31 - 1), r"^nrs_worker_buffer_layer: argument 2 = "),
+                (w.report_step, (2 ** 32 + 3, 1.0), r"^nrs_worker_report_step: argument 1 = "),
+                (w.report_memory, (2 ** 64 + 5, 2 ** 64 + 10),
+                 r"^nrs_worker_report_memory: argument 1 = 18446744073709551621: does not fit "
+                 r"its C type \(64-bit\)$"),
+                (w.checkpoint, (2 ** 64 + 1,), r"^nrs_worker_checkpoint: argument 1 = "),
+                (w.transition_stat, (2 ** 32 + nw.NRS_TS_FAILED_RANK,),
+                 r"^nrs_worker_transition_stat: argument 1 = "),
+                (w.sync_stat, (2 ** 32,), r"^nrs_worker_sync_stat: argument 1 = "),
+                (w.set_checkpoint_dir, ("/tmp/a\0b",),
+                 r"^nrs_worker_set_checkpoint_dir: path '/tmp/a\\x00b': embedded NUL byte$"),
+                (nw.Worker, (SPEC + "\0junk",), r"^nrs_worker_init: path .*: embedded NUL byte$")]:
+            with self.subTest(fn.__name__):
+                self.assertCode(nw.NRS_ERR_INVAL, pattern, fn, *args)
+        # the limits themselves still go through (to the C call's own checks)
+        self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer 2147483647: no state",
+                        w.buffer, 2 ** 31 - 1)
+        self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer -2147483648: no state",
+                        w.buffer, -2 ** 31)
 
     def test_checkpoint_dir(self):
         self.w.set_checkpoint_dir(tempfile.gettempdir())

@@ -202,13 +202,17 @@ int nrs_worker_verify_state(const nrs_worker_t *w, long long *verified, long lon
  * a REPORT frame (runtime/ctl/proto.h). */
 typedef void (*nrs_report_fn)(void *arg, const char *json);
 int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg);
+/* seconds: >= 0, at most 1e6 for the stage in a step (NRS_ERR_INVAL otherwise;
+ * a stage of under 1e-9 s is left out of the controller's REPORT). */
 int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds);
 int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long cap_bytes,
                              int alloc_failed);
 /* Close step `step` (response_len: mean tokens, 0 unknown): sends one report
  * with what was recorded since the last one. A step not above the last one
  * (steps re-run after restoring a checkpoint) reaches the controller, which
- * ignores it as a measurement and keeps the channel. */
+ * ignores it as a measurement and keeps the channel. step 0..100000000,
+ * response_len 0..1e7 (NRS_ERR_INVAL otherwise). Before any plan the report
+ * goes to the sink only (the controller measures plans). */
 int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len);
 
 /* ---- transitions ---------------------------------------------------------- */

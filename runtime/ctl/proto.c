@@ -494,7 +494,7 @@ int nrs_dec_report(const uint8_t *b, size_t n, nrs_msg_report_t *m, char *why, s
     m->flags = r32(&r, "flags");
     if (!r.bad && (m->flags & ~(uint32_t)(NRS_REPORT_MEM_HIGH | NRS_REPORT_MEM_FAILED)))
         fail(&r, "unknown report flags 0x%x", m->flags);
-    m->response_len = rnum(&r, "response_len", 0, 1e7);
+    m->response_len = rnum(&r, "response_len", 0, NRS_PROTO_REPORT_MAX_LEN);
     m->nstages = r8(&r, "nstages");
     if (!r.bad && m->nstages > NRS_MS_COUNT)
         fail(&r, "%d stages, at most %d", m->nstages, NRS_MS_COUNT);
@@ -507,7 +507,7 @@ int nrs_dec_report(const uint8_t *b, size_t n, nrs_msg_report_t *m, char *why, s
             fail(&r, "model-stage %s twice", nrs_ms_name((nrs_ms_t)m->ms[i]));
         if (!r.bad)
             seen |= 1u << m->ms[i];
-        m->seconds[i] = rnum(&r, "seconds", 1e-9, 1e6);
+        m->seconds[i] = rnum(&r, "seconds", NRS_PROTO_REPORT_MIN_S, NRS_PROTO_REPORT_MAX_S);
     }
     return rd_finish(&r);
 }

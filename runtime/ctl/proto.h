@@ -30,6 +30,12 @@ enum {
                           2 + (NRS_PROTO_TOKEN_MAX - 1)
 };
 
+/* What a REPORT carries (nrs_dec_report refuses a frame outside it, and the
+ * controller drops its sender): response length, each stage's seconds. */
+#define NRS_PROTO_REPORT_MAX_LEN 1e7
+#define NRS_PROTO_REPORT_MIN_S 1e-9
+#define NRS_PROTO_REPORT_MAX_S 1e6
+
 typedef enum {
     NRS_MSG_HELLO = 1,
     NRS_MSG_PLAN = 2,

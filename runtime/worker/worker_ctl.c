@@ -52,16 +52,20 @@ void nrs_wk_ctl_report(nrs_worker_t *w, const nrs_worker_report_t *r)
     nrs_msg_report_t m;
     uint8_t buf[1024];
     char err[256];
-    if (w->ctl_fd < 0)
+    /* no plan yet (epoch 0): nothing the controller could measure, and a
+     * REPORT of epoch 0 is one it refuses */
+    if (w->ctl_fd < 0 || !r->epoch)
         return;
     memset(&m, 0, sizeof m);
     m.epoch = r->epoch;
     m.step = r->step;
     m.flags = r->flags & (NRS_REPORT_MEM_HIGH | NRS_REPORT_MEM_FAILED);
     m.response_len = r->response_len;
-    m.nstages = r->nstages;
-    memcpy(m.ms, r->ms, sizeof m.ms);
-    memcpy(m.seconds, r->seconds, sizeof m.seconds);
+    for (int i = 0; i < r->nstages; i++)
+        if (r->seconds[i] >= NRS_PROTO_REPORT_MIN_S) { /* a stage of no measurable time: none */
+            m.ms[m.nstages] = r->ms[i];
+            m.seconds[m.nstages++] = r->seconds[i];
+        }
     int len = nrs_enc_report(buf, sizeof buf, &m);
     if (len < 0) {
         ctl_close(w, "REPORT: does not encode");

@@ -177,6 +177,8 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
     wk_index_t ix;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if (!plan)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_set_plan: plan is NULL");
     if ((rc = nrs_wk_plan_ok(w, plan)) || (rc = plan_wellformed(w, plan)))
         return rc;
     if ((rc = index_build(w, plan, NULL, &ix, err, sizeof err)))
@@ -336,6 +338,9 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
     int rc;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if (mem != NRS_MEM_AUTO && mem != NRS_MEM_HOST && mem != NRS_MEM_CUDA)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_alloc_state: mem %d: not NRS_MEM_AUTO, "
+                             "_HOST or _CUDA", mem);
     if (!w->have_plan || w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_alloc_state: %s",
                              w->allocated ? "state already allocated" : "no usable plan");
@@ -574,14 +579,19 @@ int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
     if (ms < 0 || ms >= NRS_MS_COUNT)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: model-stage %d: not an "
                              "nrs_ms_t (0..%d)", ms, NRS_MS_COUNT - 1);
-    if (!(seconds >= 0))
-        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: %s: %g seconds",
-                             nrs_worker_ms_name(ms), seconds);
-    for (int i = 0; i < w->rep.nstages; i++)
-        if (w->rep.ms[i] == ms) {
-            w->rep.seconds[i] += seconds; /* the stage ran again this step */
-            return NRS_OK;
-        }
+    /* what a REPORT can carry (a frame the controller refuses retires the rank) */
+    int i = 0;
+    while (i < w->rep.nstages && w->rep.ms[i] != ms)
+        i++;
+    double total = (i < w->rep.nstages ? w->rep.seconds[i] : 0) + seconds;
+    if (!(seconds >= 0) || !(total <= NRS_PROTO_REPORT_MAX_S))
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: %s: %g seconds%s",
+                             nrs_worker_ms_name(ms), seconds, seconds >= 0 ? " (a step's "
+                             "stage takes at most 1e6)" : "");
+    if (i < w->rep.nstages) {
+        w->rep.seconds[i] = total; /* the stage ran again this step */
+        return NRS_OK;
+    }
     w->rep.ms[w->rep.nstages] = (uint8_t)ms;
     w->rep.seconds[w->rep.nstages++] = seconds;
     return NRS_OK;
@@ -624,6 +634,10 @@ int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
     if (step < 0 || !(response_len >= 0))
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response "
                              "length %g: negative", step, response_len);
+    if (step > NRS_PROTO_MAX_STEP || !(response_len <= NRS_PROTO_REPORT_MAX_LEN))
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response "
+                             "length %g: out of range (steps up to %d, lengths up to %g)", step,
+                             response_len, NRS_PROTO_MAX_STEP, NRS_PROTO_REPORT_MAX_LEN);
     nrs_worker_report_t *r = &w->rep;
     char json[2048];
     w->last_step = step;

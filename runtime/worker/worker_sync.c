@@ -459,8 +459,8 @@ int nrs_worker_verify_generation(nrs_worker_t *w, long long *verified, long long
     long long v = 0, m = 0;
     int rc;
     nrs_wk_counts(verified, mismatches, 0, 0);
-    if (!w)
-        return nrs_wk_nohandle(__func__);
+    if ((rc = nrs_wk_unusable(w, __func__)))
+        return rc;
     if (!w->sg || !w->synced)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_verify_generation: no weight sync since "
                              "epoch %d began: nothing to check", nrs_worker_epoch(w));

@@ -319,6 +319,10 @@ int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
 {
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
+    if (!next || !w->have_plan || !w->allocated)
+        return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_transition: %s", !next
+                             ? "next is NULL" : "no plan or no state (nrs_worker_set_plan, "
+                             "nrs_worker_alloc_state first)");
     return nrs_wk_do_transition(w, next, NULL, NULL, 0, 0);
 }
 

@@ -172,6 +172,15 @@ static int case_unbuildable(void)
     CHECK(rc == NRS_ERR_PLAN, "set_plan returned %d, wanted NRS_ERR_PLAN", rc);
     CHECK(nrs_worker_epoch(w) == -1, "epoch %d after the refusal, wanted -1 (no plan)",
           nrs_worker_epoch(w));
+    /* out of order or NULL: refused, the message naming the call (docs/worker-api.md §1) */
+    rc = nrs_worker_set_plan(w, NULL);
+    printf("set_plan(NULL) -> %d: %s\n", rc, nrs_worker_last_error(w));
+    CHECK(rc == NRS_ERR_INVAL && !strncmp(nrs_worker_last_error(w), "nrs_worker_set_plan: ", 21),
+          "set_plan(NULL): %d: %s", rc, nrs_worker_last_error(w));
+    rc = nrs_worker_transition(w, &bad);
+    printf("transition without a plan -> %d: %s\n", rc, nrs_worker_last_error(w));
+    CHECK(rc == NRS_ERR_INVAL && !strncmp(nrs_worker_last_error(w), "nrs_worker_transition: ", 23),
+          "transition without a plan: %d: %s", rc, nrs_worker_last_error(w));
     CHECK(nrs_worker_nroles(w) == 0, "%d role(s) without a plan", nrs_worker_nroles(w));
     rc = nrs_worker_alloc_state(w, NRS_MEM_HOST, 1);
     printf("alloc_state -> %d (%d buffer(s)): %s\n", rc, nrs_worker_nbuffers(w),
@@ -189,6 +198,11 @@ static int case_unbuildable(void)
     CHECK(rc == NRS_ERR_PLAN && nrs_worker_epoch(w) == 1, "set_plan(tp 3) on epoch 1: %d, "
           "epoch %d", rc, nrs_worker_epoch(w));
     state_ok(w, nbuf, "after the refused plan");
+    rc = nrs_worker_transition(w, NULL);
+    printf("transition(NULL) -> %d: %s\n", rc, nrs_worker_last_error(w));
+    CHECK(rc == NRS_ERR_INVAL && !strncmp(nrs_worker_last_error(w), "nrs_worker_transition: ", 23),
+          "transition(NULL): %d: %s", rc, nrs_worker_last_error(w));
+    state_ok(w, nbuf, "after transition(NULL)");
     nrs_worker_finalize(w);
     printf("unbuildable: %s\n", fails ? "FAILED" : "ok");
     return fails != 0;
@@ -263,6 +277,7 @@ static int case_afterfail(const char *path)
     REFUSED(nrs_worker_control_step(w));
     REFUSED(nrs_worker_set_checkpoint_dir(w, "/tmp"));
     REFUSED(nrs_worker_checkpoint(w, 0));
+    REFUSED(nrs_worker_verify_generation(w, NULL, NULL));
     /* what the handle is: still answered */
     printf("rank %d size %d singleton %d transport %s control %s\n", nrs_worker_rank(w),
            nrs_worker_size(w), nrs_worker_is_singleton(w), nrs_worker_transport(w),

@@ -13,7 +13,11 @@
  *             controller took that ACK for the retry's and the rank committed
  *             the aborted plan); it runs the retry, which commits;
  *   world N   a WORLD whose gather answer names a GPU holder that is gone
- *             (N=0) or a GPU out of range (N=1): a clear error, no overflow.
+ *             (N=0) or a GPU out of range (N=1): a clear error, no overflow;
+ *   reports   the reports a trainer may make (before any plan, a stage of 0 s,
+ *             infinite or huge figures): every REPORT frame the worker sends
+ *             decodes as the controller decodes it (a frame it refuses gets
+ *             the rank dropped and retired), the rest refused by the call.
  * Exit 0 when the case behaved; it prints what it saw. */
 #include <config.h>
 
@@ -30,6 +34,7 @@
 #include "worker/worker_int.h"
 
 static int cfd = -1, mode;
+static int reports_ok, reports_bad; /* REPORT frames that decode, and that do not */
 static uint8_t *fbuf;
 static nrs_plan_t P1, P2, P3;
 
@@ -148,6 +153,15 @@ static void *controller(void *arg)
             }
             int32_t r0 = 0;
             send_gathered(&g, 1, &r0, g.data);
+        } else if (h.type == NRS_MSG_REPORT) {
+            nrs_msg_report_t m;
+            char why[128];
+            if (nrs_dec_report(p, h.length, &m, why, sizeof why)) {
+                printf("REPORT refused by the controller's decoder: %s\n", why);
+                reports_bad++;
+            } else {
+                reports_ok++;
+            }
         } else if (h.type == NRS_MSG_ACK) {
             nrs_msg_ack_t a;
             if (!nrs_dec_ack(p, h.length, &a, NULL, 0) && a.phase == NRS_MSG_PREPARE &&
@@ -179,7 +193,7 @@ int main(int argc, char **argv)
     char err[512];
     const char *c = argc > 2 ? argv[2] : "";
     if (argc < 3 || nrs_spec_load(argv[1], &spec, err, sizeof err)) {
-        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|world N%s%s\n", argc > 2 ? ": " : "",
+        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|world N|reports%s%s\n", argc > 2 ? ": " : "",
                 argc > 2 ? err : "");
         return 2;
     }
@@ -204,6 +218,40 @@ int main(int argc, char **argv)
     nrs_worker_t *w = worker(&spec);
     pthread_t t;
     int rc = 1, e;
+    if (!strcmp(c, "reports")) {
+        pthread_create(&t, NULL, controller, (void *)c);
+        int bad = 0, k;
+        /* before any plan (epoch 0); then a stage that took no measurable time */
+        bad += (k = nrs_worker_report_step(w, 0, 16)) != NRS_OK;
+        printf("report_step before a plan: %d\n", k);
+        if (nrs_worker_set_plan(w, &P1))
+            return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;
+        bad += nrs_worker_report_stage(w, NRS_MS_ACTOR_TRAIN, 0.0) != NRS_OK;
+        bad += nrs_worker_report_stage(w, NRS_MS_ACTOR_GENERATE, 0.25) != NRS_OK;
+        bad += nrs_worker_report_step(w, 1, 0) != NRS_OK;
+        /* figures no REPORT can carry: refused by the call, naming it */
+        struct { int ms; double s; int step; double len; } r[] = {
+            {NRS_MS_ACTOR_TRAIN, 1.0 / 0.0, -1, 0}, {NRS_MS_ACTOR_TRAIN, 2e6, -1, 0},
+            {-1, 0, 2, 1.0 / 0.0}, {-1, 0, 2, 2e7}, {-1, 0, NRS_PROTO_MAX_STEP + 1, 1}};
+        for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+            k = r[i].ms >= 0 ? nrs_worker_report_stage(w, r[i].ms, r[i].s)
+                             : nrs_worker_report_step(w, r[i].step, r[i].len);
+            printf("%s -> %d: %s\n", r[i].ms >= 0 ? "report_stage" : "report_step", k,
+                   nrs_worker_last_error(w));
+            bad += k != NRS_ERR_INVAL || strncmp(nrs_worker_last_error(w), "nrs_worker_report_", 18);
+        }
+        bad += nrs_worker_report_stage(w, NRS_MS_ACTOR_TRAIN, 0.5) != NRS_OK;
+        bad += nrs_worker_report_step(w, 2, 64) != NRS_OK;
+        usleep(300000);
+        shutdown(w->ctl_fd, SHUT_WR); /* the thread reads what was sent, then ends */
+        pthread_join(t, NULL);
+        printf("reports: %d call(s) not as expected; %d REPORT frame(s) decode, %d refused\n", bad,
+               reports_ok, reports_bad);
+        close(cfd);
+        nrs_worker_finalize(w);
+        free(fbuf);
+        return bad || reports_bad || reports_ok < 2 ? 1 : 0;
+    }
     if (!strcmp(c, "world")) {
         /* rank 0 of 4 at epoch 1; ranks 2 and 3 died before the join */
         w->n = 4;

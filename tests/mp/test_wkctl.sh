@@ -13,4 +13,7 @@ mp_case "worker: a world whose GPU holder is gone: a clear error" 0 60 "$K" "$SP
 mp_grep "worker: the error names the GPU" "no rank holds GPU 2 of epoch 1"
 mp_case "worker: a world entry with a GPU out of range: a clear error" 0 60 "$K" "$SPEC" world 1
 mp_grep "worker: the error names the entry" "rank 1's entry does not fit"
+mp_case "worker: every REPORT decodes as the controller's (no plan yet, a 0 s stage), bad figures refused" \
+    0 30 "$K" "$SPEC" reports
+mp_grep "worker: the REPORT frames all decode" "2 REPORT frame(s) decode, 0 refused"
 mp_done
