@@ -137,7 +137,9 @@ void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int
                 lost[u++] = lost[i];
         nl = u;
     } else if (rz && rz->nlost > 0) {
-        gpn = 0; /* out of memory: the order of survivors alone, as the lost say */
+        /* out of memory: survivors in order; a rank numbering otherwise than
+         * the others builds another graph, which the hash vote refuses */
+        gpn = 0;
     }
     for (int i = 0; i < new_total; i++)
         map[i] = -1;
