@@ -31,6 +31,11 @@ void tu_plan(const nrs_spec_t *s, tu_rng_t *r, int total, nrs_plan_t *p);
 /* One pool of total GPUs, every model-stage with layout l (actor only). */
 void tu_plan_single(const nrs_spec_t *s, int total, const nrs_layout_t *l, nrs_plan_t *p);
 
+/* The largest state one GPU of g holds before (its surviving old buffers) or
+ * after (its new ones) the transition: the least cap under which only host
+ * staging, not the state itself, can be short. */
+int64_t tu_state_need(const nrs_emu_graph_t *g);
+
 /* Build, execute with the local transport, return 0 when everything checks. */
 int tu_run(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b, const nrs_emu_opts_t *o,
            int64_t stop_after, char *err, size_t errlen);

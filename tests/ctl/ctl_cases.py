@@ -112,12 +112,11 @@ cli = nc.Peer(path)
 cli.send(nc.hello(2, 0, 0))
 
 
-def commit_without_n2():
-    """Node n2 removed: ranks 0-7 prepare the next epoch and get its COMMIT
-    (not yet acknowledged). Returns them and that epoch."""
-    cli.send(nc.delta(3, hosts=('n2',)))
+def commit_without(host, S):
+    """Node host removed: its survivors S prepare the next epoch and get its
+    COMMIT (not yet acknowledged). Returns that epoch."""
+    cli.send(nc.delta(3, hosts=(host,)))
     cli.recv(10)
-    S = W[:8]
     for p in S:
         x = find(p, 'PREPARE')
         ep = struct.unpack_from('<I', x[2])[0]
@@ -125,7 +124,13 @@ def commit_without_n2():
     for p in S:
         if find(p, 'COMMIT')[0] != 'COMMIT':
             fail('no COMMIT')
-    return S, ep
+    return ep
+
+
+def commit_without_n2():
+    """Node n2 removed, ranks 0-7 held in its COMMIT: them and that epoch."""
+    S = W[:8]
+    return S, commit_without('n2', S)
 
 
 if case == 'dup-world-rank':
@@ -196,16 +201,8 @@ if case == 'queued-deltas':
     sys.exit(0)
 
 if case == 'queued-gpu-delta':
-    cli.send(nc.delta(3, hosts=('n0',)))
-    cli.recv(10)
     S = W[4:]
-    for p in S:
-        x = find(p, 'PREPARE')
-        ep = struct.unpack_from('<I', x[2])[0]
-        p.send(nc.ack(ep, 8))
-    for p in S:
-        if find(p, 'COMMIT')[0] != 'COMMIT':
-            fail('no COMMIT')
+    ep = commit_without('n0', S)
     cli.send(nc.delta(3, gpus=(5,)))  # during the commit: GPU 5 of epoch 1, rank 5
     time.sleep(0.3)
     for p in S:

@@ -77,6 +77,24 @@ cli = nc.Peer(path)
 cli.send(nc.hello(2, 0, 0))
 cli.send(nc.delta(1, add=1))
 cli.recv(10)
+
+
+def join_step():
+    """A join step of 4 ranks on n1 says HELLO; returns them 0.5 s later."""
+    J = [nc.Peer(path) for r in range(4)]
+    for r, p in enumerate(J):
+        p.send(nc.hello(4, r, 4, host='n1'))
+    time.sleep(0.5)
+    return J
+
+
+def world_gather(peers):
+    """Each of peers (what it got so far drained) joins the world gather of 12."""
+    for p in peers:
+        p.drain(0.05)
+        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+
+
 if case == 'restarted-join':
     a = nc.Peer(path)
     a.send(nc.hello(4, 0, 2, host='n1'))
@@ -99,16 +117,11 @@ if case == 'restarted-join':
         print('FAIL: the restarted step\'s rank 1 was refused:', why); sys.exit(1)
     print('ok: a later join and the restarted step were both accepted'); sys.exit(0)
 if case == 'join-stuck':
-    J = [nc.Peer(path) for r in range(4)]
-    for r, p in enumerate(J):
-        p.send(nc.hello(4, r, 4, host='n1'))
-    time.sleep(0.5)
+    J = join_step()
     for p in J:  # the join step dies whole, after WORLD
         p.s.close()
     time.sleep(0.3)
-    for p in W:
-        p.drain(0.05)
-        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    world_gather(W)
     time.sleep(0.5)
     K = [nc.Peer(path) for r in range(4)]
     for r, p in enumerate(K):
@@ -119,13 +132,8 @@ if case == 'join-stuck':
             print('FAIL: relaunched joiner %d refused: %s' % (r, why)); sys.exit(1)
     print('ok: the join step relaunched after its whole first run died is accepted'); sys.exit(0)
 if case == 'commit-gone-joiner':
-    J = [nc.Peer(path) for r in range(4)]
-    for r, p in enumerate(J):
-        p.send(nc.hello(4, r, 4, host='n1'))
-    time.sleep(0.5)
-    for p in W + J:
-        p.drain(0.05)
-        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    J = join_step()
+    world_gather(W + J)
     ep = None
     for p in W + J:
         x = find(p, 'PREPARE')
@@ -206,13 +214,8 @@ if case in ('commit-hello-joiner', 'commit-join-world'):
     print('ok: joiners that said HELLO during the commit of epoch', ep, 'got', seen, seen1)
     sys.exit(0)
 if case == 'gone-ready-joiner':
-    J = [nc.Peer(path) for r in range(4)]
-    for r, p in enumerate(J):
-        p.send(nc.hello(4, r, 4, host='n1'))
-    time.sleep(0.5)
-    for p in W + J:
-        p.drain(0.05)
-        p.send(nc.gather((5 << 32) | 1, 'world1', 12, b'ab'))
+    J = join_step()
+    world_gather(W + J)
     x = find(W[0], 'PREPARE')
     if not x or x[0] != 'PREPARE':
         print('FAIL: no PREPARE for the join'); sys.exit(1)

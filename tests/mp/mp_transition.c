@@ -419,14 +419,8 @@ int main(int argc, char **argv)
             draw(&rng, n, &s, &a, &b);
         int grc = nrs_emu_transition(&s, &a, &b, &eo, &g, err, sizeof err);
         if (!grc && use_tight) { /* again, under the larger of each GPU's old and new state */
-            int64_t need = 0, *per = calloc((size_t)g->nphys * 2 + 1, sizeof(int64_t));
             nrs_emu_opts_t to = eo;
-            for (int32_t k = 0; per && k < g->nold + g->nnew; k++)
-                per[2 * g->buf[k].b.gpu + (k >= g->nold)] += g->buf[k].b.bytes;
-            for (int k = 0; per && k < 2 * g->nphys; k++)
-                need = per[k] > need ? per[k] : need;
-            free(per);
-            to.cap_bytes = need + 2 * g->chunk;
+            to.cap_bytes = tu_state_need(g) + 2 * g->chunk;
             nrs_emu_graph_free(g);
             g = NULL;
             grc = nrs_emu_transition(&s, &a, &b, &to, &g, err, sizeof err);

@@ -68,12 +68,19 @@ trap cleanup EXIT
 layouts_differ() {
     jq -r '[.plan.stages[] | select(.name == "actor.generate" or .name == "actor.train") | "\(.tp)x\(.pp)"] | unique | length > 1' "$@" 2>/dev/null
 }
-# wait_srv TENTHS: wait for the PMIx server $spid to end (SIGKILL after TENTHS
-# tenths of a second); its exit status in $rc, 124 on time-out
+# wait_srv TENTHS [FILTER FILE]: wait for the PMIx server $spid to end (SIGKILL
+# after TENTHS tenths of a second); its exit status in $rc, 124 on time-out.
+# With FILTER, the first status of $D for which it holds is kept in FILE.
 wait_srv() {
     rc=124
+    [ -n "${3:-}" ] && rm -f "$3"
     for _ in $(seq "$1"); do
-        if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi; sleep 0.1
+        if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi
+        if [ -n "${3:-}" ] && [ ! -s "$3" ] &&
+            status_json "$D" 2>/dev/null | jq -e "$2" >/dev/null 2>&1; then
+            status_json "$D" >"$3" 2>/dev/null
+        fi
+        sleep 0.1
     done
     [ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
     spid=""
@@ -205,16 +212,8 @@ spid=$!
 wait_for 30 jq_ok "$D" '.epoch >= 2 and .nworkers == 8 and .transitions.committed >= 1'
 timeout 10 "$NRS" delta --remove node1 --socket-dir "$D" >"$tmp/delta4.out" 2>&1
 drc=$?
-rc=124
-rm -f "$tmp/plan4.json"
-for _ in $(seq 450); do
-    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi
-    # keep the committed 4-GPU plan: whether its sync has bytes to move
-    [ -s "$tmp/plan4.json" ] || { status_json "$D" 2>/dev/null | jq -e '.plan.total_gpus == 4 and .transition_phase == "idle"' >/dev/null 2>&1 && status_json "$D" >"$tmp/plan4.json" 2>/dev/null; }
-    sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-spid=""
+# keep the committed 4-GPU plan: whether its sync has bytes to move
+wait_srv 450 '.plan.total_gpus == 4 and .transition_phase == "idle"' "$tmp/plan4.json"
 check "remove: delta accepted, the job ended (exit 4: the retired ranks)" "[ $drc -eq 0 ] && [ $rc -eq 4 ]" \
     "delta exit $drc, server exit $rc"
 n=$(grep -c 'retired: .*rank retired' "$tmp/w4.log")
@@ -246,16 +245,8 @@ spid=$!
 wait_for 30 jq_ok "$D" '.nworkers == 12 and .plan.total_gpus == 12 and .transition_phase == "idle"'
 timeout 10 "$NRS" delta --lost-gpus 1 --socket-dir "$D" >"$tmp/delta5b.out" 2>&1
 drc=$?
-rc=124
-rm -f "$tmp/plan5b.json"
-for _ in $(seq 450); do
-    if ! kill -0 "$spid" 2>/dev/null; then wait "$spid"; rc=$?; break; fi
-    # the committed 8-GPU plan with its 8 ranks, while they run
-    [ -s "$tmp/plan5b.json" ] || { status_json "$D" 2>/dev/null | jq -e '.plan.total_gpus == 8 and .nworkers == 8 and .transition_phase == "idle"' >/dev/null 2>&1 && status_json "$D" >"$tmp/plan5b.json" 2>/dev/null; }
-    sleep 0.1
-done
-[ "$rc" -eq 124 ] && kill -KILL "$spid" 2>/dev/null
-spid=""
+# the committed 8-GPU plan with its 8 ranks, while they run
+wait_srv 450 '.plan.total_gpus == 8 and .nworkers == 8 and .transition_phase == "idle"' "$tmp/plan5b.json"
 check "lost GPU: delta accepted, the job ended (exit 4: the retired ranks)" "[ $drc -eq 0 ] && [ $rc -eq 4 ]" \
     "delta exit $drc, server exit $rc: $(cat "$tmp/delta5b.out")"
 n=$(grep -E '^rank [0-3]: step [0-9]+: retired: ' "$tmp/w5b.log" | cut -d: -f1 | sort -u | wc -l)

@@ -41,6 +41,15 @@ static int teardown(void **st)
 }
 
 /* Every buffer of st, filled with its pattern, as all ranks together would. */
+/* st: the persistent state of plan p. */
+static void state_of(const nrs_spec_t *s, const nrs_plan_t *p, nrs_emu_state_t *st)
+{
+    char err[512];
+    memset(st, 0, sizeof *st);
+    if (nrs_emu_state_build(s, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, st, err, sizeof err))
+        fail_msg("state of a plan of %d GPUs: %s", p->total_gpus, err);
+}
+
 static void write_all(const char *dir, long step, const nrs_emu_state_t *st)
 {
     int *idx = calloc(st->nbuf + 1, sizeof(int));
@@ -73,10 +82,8 @@ static void test_restore_any_layout(void **st)
         int ga = tu_int(&r, 1, 12), gb = tu_int(&r, 1, 12);
         tu_plan(&s, &r, ga, &a);
         tu_plan(&s, &r, gb, &b);
-        memset(&sa, 0, sizeof sa);
-        memset(&sb, 0, sizeof sb);
-        assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
-        assert_int_equal(nrs_emu_state_build(&s, &b, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sb, err, sizeof err), 0);
+        state_of(&s, &a, &sa);
+        state_of(&s, &b, &sb);
         snprintf(dir, sizeof dir, "%s/c%d", root, k);
         write_all(dir, 10, &sa);
         assert_int_equal(nrs_ckpt_latest(dir), -1); /* not published yet */
@@ -113,8 +120,7 @@ static void test_refusals_and_pruning(void **st)
     char err[512], dir[300], path[700];
     tu_spec(&s, &r);
     tu_plan(&s, &r, 4, &a);
-    memset(&sa, 0, sizeof sa);
-    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
+    state_of(&s, &a, &sa);
     snprintf(dir, sizeof dir, "%s/p", root);
     for (long step = 5; step <= 15; step += 5) {
         write_all(dir, step, &sa);
@@ -224,11 +230,9 @@ static int count_fds(void)
 static void build(nrs_spec_t *s, nrs_plan_t *p, nrs_emu_state_t *st, uint64_t seed, int gpus)
 {
     tu_rng_t r = {seed};
-    char err[512];
     tu_spec(s, &r);
     tu_plan(s, &r, gpus, p);
-    memset(st, 0, sizeof *st);
-    assert_int_equal(nrs_emu_state_build(s, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, st, err, sizeof err), 0);
+    state_of(s, p, st);
 }
 
 /* A write that fails half-way (the file size limit: as ENOSPC would) leaves
@@ -308,10 +312,8 @@ static void test_stale_attempt_not_published(void **state)
     tu_spec(&s, &r);
     tu_plan(&s, &r, 8, &a);
     tu_plan(&s, &r, 3, &b);
-    memset(&sa, 0, sizeof sa);
-    memset(&sb, 0, sizeof sb);
-    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
-    assert_int_equal(nrs_emu_state_build(&s, &b, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sb, err, sizeof err), 0);
+    state_of(&s, &a, &sa);
+    state_of(&s, &b, &sb);
     snprintf(dir, sizeof dir, "%s/s", root);
     write_all(dir, 20, &sb);
     assert_int_equal(nrs_ckpt_publish(dir, 20, &sb, err, sizeof err), 0);
@@ -423,10 +425,8 @@ static void test_republish_over_old_step(void **state)
     tu_spec(&s, &r);
     tu_plan(&s, &r, 8, &a);
     tu_plan(&s, &r, 3, &b);
-    memset(&sa, 0, sizeof sa);
-    memset(&sb, 0, sizeof sb);
-    assert_int_equal(nrs_emu_state_build(&s, &a, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sa, err, sizeof err), 0);
-    assert_int_equal(nrs_emu_state_build(&s, &b, NRS_EMU_SEL_PERSISTENT, NULL, 0, &sb, err, sizeof err), 0);
+    state_of(&s, &a, &sa);
+    state_of(&s, &b, &sb);
     snprintf(dir, sizeof dir, "%s/o", root);
     write_all(dir, 30, &sa); /* the earlier run, layout a */
     assert_int_equal(nrs_ckpt_publish(dir, 30, &sa, err, sizeof err), 0);

@@ -525,12 +525,7 @@ static double staged_reshard(int dp, int64_t *staged)
     b.layout[NRS_MS_REF_INFER] = lb;
     nrs_emu_opts_t o = {.chunk_bytes = 64};
     assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
-    int64_t *per = calloc((size_t)g->nphys * 2, sizeof(int64_t)), most = 0;
-    for (size_t i = 0; i < g->nbuf; i++) /* old and new state per GPU */
-        per[2 * g->buf[i].b.gpu + (i >= (size_t)g->nold)] += g->buf[i].b.bytes;
-    for (int i = 0; i < 2 * g->nphys; i++)
-        most = per[i] > most ? per[i] : most;
-    free(per);
+    int64_t most = tu_state_need(g);
     nrs_emu_graph_free(g);
     o.cap_bytes = most + 2 * o.chunk_bytes;
     int rc = nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err));

@@ -228,19 +228,7 @@ static void test_memory_cap_respected(void **state)
         if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
             fail_msg("case %d: %s", i, err);
         /* the cap: the larger of each GPU's old and new state, plus the reserve */
-        int64_t need = 0;
-        int64_t *o = calloc((size_t)g->nphys, sizeof(int64_t));
-        int64_t *n = calloc((size_t)g->nphys, sizeof(int64_t));
-        for (int32_t k = 0; k < g->nold; k++)
-            o[g->buf[k].b.gpu] += g->buf[k].b.bytes;
-        for (int32_t k = g->nold; k < g->nold + g->nnew; k++)
-            n[g->buf[k].b.gpu] += g->buf[k].b.bytes;
-        for (int k = 0; k < g->nphys; k++) {
-            need = o[k] > need ? o[k] : need;
-            need = n[k] > need ? n[k] : need;
-        }
-        free(o);
-        free(n);
+        int64_t need = tu_state_need(g);
         nrs_emu_graph_free(g);
         c.o.cap_bytes = need + 2 * c.o.chunk_bytes + tu_int(&r, 0, 3) * (need / 8);
         if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
@@ -570,19 +558,7 @@ static void test_random_options_and_maps(void **state)
             check_lockstep(g);
             /* again under a cap that holds only the larger of each GPU's
              * old and new state */
-            int64_t need = 0, *o = calloc((size_t)g->nphys, sizeof(int64_t));
-            int64_t *n = calloc((size_t)g->nphys, sizeof(int64_t));
-            for (int32_t k = 0; k < g->nold; k++)
-                if (!g->buf[k].lost)
-                    o[g->buf[k].b.gpu] += g->buf[k].b.bytes;
-            for (int32_t k = g->nold; k < g->nold + g->nnew; k++)
-                n[g->buf[k].b.gpu] += g->buf[k].b.bytes;
-            for (int k = 0; k < g->nphys; k++) {
-                need = o[k] > need ? o[k] : need;
-                need = n[k] > need ? n[k] : need;
-            }
-            free(o);
-            free(n);
+            int64_t need = tu_state_need(g);
             nrs_emu_graph_free(g2);
             g2 = NULL;
             c.o.cap_bytes = need + 2 * g->chunk;

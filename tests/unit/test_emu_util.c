@@ -1,5 +1,6 @@
 /* Random specs and plans for the EMU tests and bench. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fixtures.h"
@@ -141,6 +142,22 @@ void tu_plan_single(const nrs_spec_t *s, int total, const nrs_layout_t *l, nrs_p
     p->pools[0] = (nrs_pool_t){0, total};
     p->has[NRS_MS_ACTOR_TRAIN] = p->has[NRS_MS_ACTOR_INFER] = true;
     p->layout[NRS_MS_ACTOR_TRAIN] = p->layout[NRS_MS_ACTOR_INFER] = *l;
+}
+
+int64_t tu_state_need(const nrs_emu_graph_t *g)
+{
+    int64_t need = 0, *per = calloc((size_t)g->nphys * 2 + 1, sizeof(int64_t));
+    if (!per) {
+        fprintf(stderr, "tu_state_need: out of memory\n");
+        abort();
+    }
+    for (int32_t k = 0; k < g->nold + g->nnew; k++) /* old and new state per GPU */
+        if (k >= g->nold || !g->buf[k].lost)
+            per[2 * g->buf[k].b.gpu + (k >= g->nold)] += g->buf[k].b.bytes;
+    for (int k = 0; k < 2 * g->nphys; k++)
+        need = per[k] > need ? per[k] : need;
+    free(per);
+    return need;
 }
 
 int tu_run(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b, const nrs_emu_opts_t *o,
