@@ -560,6 +560,8 @@ int nrs_worker_finalize(nrs_worker_t *w)
         /* nobody tears down an endpoint another still reads from */
         if (w->r && fini_barrier(w, err, sizeof err))
             rc = nrs_wk_seterr(w, NRS_ERR_RDV, "%s", err);
+        if (w->xport_ucx && w->x.ops)
+            nrs_xport_ucx_detach(&w->x); /* the state is freed below, after UCX */
         nrs_ucx_fini(w->u);
         w->u = NULL;
     }

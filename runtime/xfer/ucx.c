@@ -60,6 +60,11 @@ typedef struct {
     ucp_tag_recv_info_t info;
 } slot_t;
 
+typedef struct {
+    void *p;
+    size_t len;
+} late_t;
+
 struct nrs_ucx_op {
     nrs_ucx_op_t *next, *prev;
     nrs_ucx_t *u;
@@ -96,6 +101,8 @@ struct nrs_ucx {
                              * stay in use; reaped when the requests end,
                              * released to UCX before endpoints and worker go */
     size_t norphans, orphcap;
+    late_t *late; /* nrs_ucx_free: memory a request of an orphan still uses */
+    size_t nlate, latecap;
     int cap;           /* peers allocated (>= size) */
     double last_event; /* nrs_ucx_spin */
     cpu_set_t cpus;     /* the CPUs this process may use */
@@ -482,6 +489,52 @@ static void op_dispose(nrs_ucx_op_t *op)
     free(op);
 }
 
+/* Whether a request UCX still holds reads or writes [p, p + len). */
+static bool in_use(const nrs_ucx_t *u, const char *p, size_t len)
+{
+    for (size_t i = 0; i < u->norphans; i++) {
+        const nrs_ucx_op_t *op = u->orphans[i];
+        if (op_busy(op) && op->buf < p + len && p < op->buf + op->len)
+            return true;
+    }
+    for (const nrs_ucx_op_t *op = u->ops; op; op = op->next)
+        if (op_busy(op) && op->buf < p + len && p < op->buf + op->len)
+            return true;
+    return false;
+}
+
+/* What nrs_ucx_free kept, once no request uses it (all: the worker is gone). */
+static void free_late(nrs_ucx_t *u, bool all)
+{
+    for (size_t i = 0; i < u->nlate;) {
+        if (!all && in_use(u, u->late[i].p, u->late[i].len)) {
+            i++;
+            continue;
+        }
+        free(u->late[i].p);
+        u->late[i] = u->late[--u->nlate];
+    }
+}
+
+void nrs_ucx_free(nrs_ucx_t *u, void *p, size_t len)
+{
+    if (!p)
+        return;
+    if (!u || !in_use(u, p, len ? len : 1)) {
+        free(p);
+        return;
+    }
+    if (u->nlate == u->latecap) {
+        size_t nc = u->latecap ? 2 * u->latecap : 8;
+        late_t *v = realloc(u->late, nc * sizeof(*v));
+        if (!v)
+            return; /* leak rather than free memory UCX writes to */
+        u->late = v;
+        u->latecap = nc;
+    }
+    u->late[u->nlate++] = (late_t){p, len ? len : 1};
+}
+
 /* Orphans whose requests have ended since (their callbacks ran): release the
  * requests, free the ops and what they own. */
 static void reap_orphans(nrs_ucx_t *u)
@@ -502,6 +555,7 @@ static void reap_orphans(nrs_ucx_t *u)
         op_dispose(op);
         u->orphans[i] = u->orphans[--u->norphans];
     }
+    free_late(u, false);
 }
 
 /* Whether an orphan still has a request to rank in flight (a rendezvous send
@@ -642,7 +696,10 @@ void nrs_ucx_fini(nrs_ucx_t *u)
     /* UCX is done with every buffer now */
     for (size_t i = 0; i < u->norphans; i++)
         op_dispose(u->orphans[i]);
+    u->norphans = 0;
     free(u->orphans);
+    free_late(u, true);
+    free(u->late);
     free(u->blob);
     if (u->ctx)
         ucp_cleanup(u->ctx);
@@ -1041,6 +1098,8 @@ int nrs_ucx_progress(void *arg)
     u->inflight_s = inflight;
     if (u->norphans) /* late completions of ops freed while still in UCX */
         reap_orphans(u);
+    else if (u->nlate)
+        free_late(u, false);
     for (int i = 0; i < u->size; i++) /* a failed endpoint is closed, forcibly */
         if (u->peers[i].failed != UCS_OK && u->peers[i].ep && !u->peers[i].closed)
             close_ep(u, &u->peers[i], true);

@@ -96,6 +96,11 @@ void nrs_ucx_op_free(nrs_ucx_op_t *op);
 void nrs_ucx_op_adopt(nrs_ucx_op_t *op, void *mem);
 /* The same for n ops at once, waiting at most 0.5 s in all (ops[i] set NULL). */
 void nrs_ucx_op_free_many(nrs_ucx_op_t **ops, size_t n);
+/* free(p) of memory [p, p + len) that ops used: at once, or, while a request
+ * UCX could not cancel still reads or writes it (a rendezvous whose peer
+ * stopped answering, past op_free's bound), once that request ends, at the
+ * latest in nrs_ucx_fini after the worker is destroyed. u NULL: free(p). */
+void nrs_ucx_free(nrs_ucx_t *u, void *p, size_t len);
 
 /* Drop the messages that arrived under tag (the bits of mask: the message
  * tag's, from any sender) and were never received: an aborted run's sends

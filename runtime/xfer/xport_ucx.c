@@ -56,10 +56,13 @@ static int u_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
     return out->ptr ? 0 : -1;
 }
 
+/* An aborted transfer's request UCX could not cancel may still write the
+ * memory (a receive whose sender stopped mid-rendezvous): it goes when that
+ * request ends (nrs_ucx_free). */
 static void u_free(void *ctx, nrs_xmem_t *m)
 {
-    (void)ctx;
-    free(m->ptr);
+    xu_t *X = ctx;
+    nrs_ucx_free(X->u, m->ptr, m->bytes);
     m->ptr = NULL;
 }
 
@@ -198,6 +201,8 @@ static int u_progress(void *ctx)
 
 static void release_all(xu_t *X)
 {
+    if (!X->u) /* detached: nothing is posted */
+        return;
     size_t n = 0;
     for (post_t *p = X->posts; p; p = p->next)
         n++;
@@ -243,6 +248,13 @@ int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_ran
 const char *nrs_xport_ucx_error(const nrs_xport_t *x)
 {
     return ((const xu_t *)x->ctx)->err;
+}
+
+void nrs_xport_ucx_detach(nrs_xport_t *x)
+{
+    xu_t *X = x->ctx;
+    release_all(X);
+    X->u = NULL;
 }
 
 size_t nrs_xport_ucx_purge(nrs_xport_t *x, uint64_t tag, uint64_t mask)

@@ -10,9 +10,10 @@
 #include "emu/xport.h"
 #include "xfer/ucx.h"
 
-/* u must outlive the transport while anything is posted; nrs_xport_close
- * releases what it posted. Once nothing is (after nrs_xport_ucx_cancel),
- * mem_free and nrs_xport_close touch nothing of u. */
+/* u must outlive the transport, or the transport be detached from it
+ * (nrs_xport_ucx_detach) before nrs_ucx_fini; nrs_xport_close releases what
+ * it posted. mem_free keeps memory a request UCX could not cancel still uses
+ * until that request ends (nrs_ucx_free). */
 int nrs_xport_ucx_open(nrs_xport_t *x, nrs_ucx_t *u, nrs_owner_rank_fn owner_rank, void *arg);
 
 /* The first transport error since open ("" if none). */
@@ -21,6 +22,10 @@ const char *nrs_xport_ucx_error(const nrs_xport_t *x);
 /* Drop every posted send and receive (cancelled in UCX) and clear the error:
  * what an aborted transition calls before the next one. */
 void nrs_xport_ucx_cancel(nrs_xport_t *x);
+
+/* Release what is posted and stop using u (nrs_ucx_fini comes next): mem_free
+ * frees at once afterwards, what UCX still used went with nrs_ucx_fini. */
+void nrs_xport_ucx_detach(nrs_xport_t *x);
 
 /* Drop the messages that came under (xport tag & mask) and no receive took
  * (nrs_ucx_purge): what an aborted run's sends left at this rank. */

@@ -1,7 +1,7 @@
 /* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
  *
  *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
- *           [--kill RANK] [--op-timeout S]
+ *           [--kill RANK] [--op-timeout S] [--late-free]
  *
  * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
  * rank, then per epoch every rank sends a deterministic buffer to every rank
@@ -12,6 +12,14 @@
  * others must see the failure within 10 s, finish the exchanges with the
  * living, verify those, agree among themselves and exit 4 ("peer failure
  * detected as expected"); 5 if detection took longer; 1 on anything else.
+ *
+ * --late-free (2 ranks, one host, tcp): rank 1 receives --bytes from rank 0
+ * through the executor's UCX transport and SIGSTOPs rank 0 once the data
+ * starts landing, so its request cannot be cancelled. Rank 1 aborts (cancel,
+ * then mem_free of the receive buffer, as an aborted transition does), then
+ * rank 0 resumes (SIGCONT) and the rest of its data lands. It must land in memory UCX was left,
+ * not in freed memory (SIGSEGV, or an ASan report); both ranks then exchange
+ * once more and exit 0.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -25,6 +33,7 @@
 
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
+#include "xfer/xport_ucx.h"
 
 static double now_s(void)
 {
@@ -80,7 +89,7 @@ static void fill(unsigned char *p, size_t n, int src, int dst, int epoch)
 
 typedef struct {
     size_t bytes;
-    int epochs, kill;
+    int epochs, kill, late_free;
     double timeout;
     nrs_ucx_opts_t uo;
 } args_t;
@@ -93,6 +102,9 @@ static void parse(int argc, char **argv, args_t *a)
     a->timeout = 20;
     nrs_ucx_opts_init(&a->uo);
     a->uo.chunk_bytes = 256 << 10;
+    a->late_free = 0;
+    for (int i = 1; i < argc; i++)
+        a->late_free |= !strcmp(argv[i], "--late-free");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--bytes"))
             a->bytes = strtoull(argv[++i], NULL, 0);
@@ -258,6 +270,111 @@ out:
     return rc;
 }
 
+static int identity(void *arg, int owner)
+{
+    (void)arg;
+    return owner;
+}
+
+static void progress_for(nrs_ucx_t *u, double s)
+{
+    for (double end = now_s() + s; now_s() < end;)
+        if (nrs_ucx_progress(u) <= 0)
+            usleep(50);
+}
+
+static int late_free(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int me)
+{
+    char err[512];
+    int rc = 1;
+    pid_t pid = getpid(), peer = 0;
+    void **blobs = NULL;
+    size_t *lens = NULL;
+    if (nrs_rdv_size(r) != 2) {
+        fprintf(stderr, "mp_xchg: --late-free needs 2 ranks\n");
+        return 1;
+    }
+    if (nrs_rdv_allgather(r, 0, "pid", &pid, sizeof pid, &blobs, &lens, a->timeout, err,
+                          sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: %s\n", me, err);
+        return 1;
+    }
+    memcpy(&peer, blobs[0], sizeof peer);
+    nrs_rdv_free_blobs(r, blobs, lens);
+    if (me == 0) { /* rank 1 stops and resumes this process */
+        unsigned char *b = malloc(a->bytes);
+        nrs_ucx_op_t *op = NULL;
+        if (b)
+            fill(b, a->bytes, 0, 1, 7);
+        if (nrs_rdv_fence(r, 49, NULL, a->timeout, err, sizeof err) || !b ||
+            nrs_ucx_isend(u, 1, b, a->bytes, 7, &op, err, sizeof err) ||
+            nrs_ucx_waitall(u, &op, 1, err, sizeof err)) {
+            fprintf(stderr, "mp_xchg[0]: %s\n", b ? err : "out of memory");
+            free(b);
+            return 1;
+        }
+        free(b);
+        rc = 0;
+    } else {
+        nrs_xport_t x;
+        nrs_xmem_t m;
+        nrs_xreq_t req;
+        if (nrs_xport_ucx_open(&x, u, identity, NULL))
+            return 1;
+        if (x.ops->mem_alloc(x.ctx, 1, a->bytes, &m)) {
+            nrs_xport_close(&x);
+            return 1;
+        }
+        memset(m.ptr, 0, a->bytes);
+        nrs_xregion_t reg = {.mem = &m, .off = 0, .rows = 1, .row_bytes = a->bytes,
+                             .pitch = a->bytes};
+        int bad = x.ops->recv(x.ctx, 0, &reg, 7, &req);
+        if (bad)
+            snprintf(err, sizeof err, "%s", nrs_xport_ucx_error(&x));
+        if (bad || nrs_rdv_fence(r, 49, NULL, a->timeout, err, sizeof err)) {
+            fprintf(stderr, "mp_xchg[1]: %s\n", err);
+            nrs_xport_ucx_cancel(&x);
+            x.ops->mem_free(x.ctx, &m);
+            nrs_xport_close(&x);
+            return 1;
+        }
+        /* rank 0's data starts landing: stop it there, mid-rendezvous */
+        uint64_t first = 0;
+        for (double end = now_s() + a->timeout; now_s() < end && !req.done && !first;) {
+            x.ops->progress(x.ctx);
+            memcpy(&first, m.ptr, sizeof first);
+        }
+        kill(peer, SIGSTOP);
+        if (req.done || !first) {
+            fprintf(stderr, "mp_xchg[1]: the receive %s before the abort: nothing tested\n",
+                    req.done ? "ended" : "never started");
+        } else {
+            nrs_xport_ucx_cancel(&x); /* the abort: 0.5 s, the request stays */
+            x.ops->mem_free(x.ctx, &m);
+            /* memory the allocator hands out again, where the old buffer was */
+            unsigned char *again = malloc(a->bytes);
+            if (again)
+                memset(again, 0x5a, a->bytes);
+            kill(peer, SIGCONT);
+            progress_for(u, 3.0); /* rank 0 resumes: the rest of its data arrives */
+            size_t changed = 0;
+            for (size_t i = 0; again && i < a->bytes; i++)
+                changed += again[i] != 0x5a;
+            free(again);
+            rc = again && !changed ? 0 : 1;
+            printf("mp_xchg[1]: receive left to UCX at the abort; %zu byte(s) of memory "
+                   "allocated after it changed\n", changed);
+        }
+        kill(peer, SIGCONT);
+        nrs_xport_close(&x);
+    }
+    if (nrs_rdv_fence(r, 50, NULL, a->timeout, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: fence: %s\n", me, err);
+        rc = 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -292,6 +409,13 @@ int main(int argc, char **argv)
     }
     if (me == 0)
         printf("mp_xchg: %d ranks connected in %.3f s\n", n, now_s() - t0);
+    if (a.late_free) {
+        rc = late_free(r, u, &a, me);
+        int d = rc ? 0 : exchange(r, u, &a, 1, dead, &(double){0}, &(int){0});
+        rc = rc ? rc : d;
+        nrs_ucx_disconnect(u, 5.0);
+        goto out;
+    }
     double t_fail = 0, t_start = wall_s();
     int nbad = 0;
     rc = 0;

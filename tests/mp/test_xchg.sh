@@ -15,6 +15,11 @@ for tls in sm tcp; do
 done
 mp_case "xchg tcp 2 ranks, tiny and empty messages" 0 30 env UCX_TLS=tcp \
     "$SRV" -q -n 2 -t 25 -- "$X" --epochs 2 --bytes 0
+# An aborted receive UCX cannot cancel (its sender stalls mid-rendezvous)
+# keeps its memory until it ends: the data must not land in freed memory.
+mp_case "xchg tcp 2 ranks, memory of an uncancellable receive freed at the abort" 0 60 \
+    env UCX_TLS=tcp "$SRV" -q -n 2 -t 50 -- "$X" --late-free --bytes $((256 << 20)) \
+    --chunk $((256 << 20))
 # The pid watch is for peers whose pid names them here: of this host and of
 # this pid namespace (another host's pid names some other process here, or
 # none). NRS_UCX_ERRMODE=none with a peer on another host: rank 1 gets a host
