@@ -61,7 +61,9 @@ int nrs_auth_load_secret(const char *path, char *out, size_t cap, char *err, siz
 {
     struct stat st;
     char buf[NRS_PROTO_TOKEN_MAX + 2];
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a tty) must not hang the controller's
+     * start before the regular-file check below refuses it */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
@@ -70,7 +72,8 @@ int nrs_auth_load_secret(const char *path, char *out, size_t cap, char *err, siz
         snprintf(err, errlen, "%s: not a regular file", path);
         goto fail;
     }
-    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+    mode_t mode = st.st_mode & 07777; /* docs/protocol.md: 0600 or 0400, nothing else */
+    if (st.st_uid != geteuid() || (mode != 0600 && mode != 0400)) {
         snprintf(err, errlen, "%s: must be owned by uid %u with mode 0600 or 0400 (is uid %u, %04o)",
                  path, (unsigned)geteuid(), (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
         goto fail;

@@ -23,8 +23,8 @@ int nrs_auth_socket_path(const char *dir, char *out, size_t cap);
 /* SO_PEERCRED uid of a connected unix socket; -1 on error. */
 int nrs_auth_peer_uid(int fd, uid_t *uid);
 
-/* Load a per-job secret: a regular file owned by the effective uid, no
- * group/other permissions, 16..NRS_PROTO_TOKEN_MAX-1 bytes after stripping one
+/* Load a per-job secret: a regular file owned by the effective uid, mode 0600
+ * or 0400, 16..NRS_PROTO_TOKEN_MAX-1 bytes after stripping one
  * trailing newline, no NUL bytes. 0, or -1 with err. */
 int nrs_auth_load_secret(const char *path, char *out, size_t cap, char *err, size_t errlen);
 

@@ -1,6 +1,7 @@
 /* nereus delta --add N | --remove HOSTS | --lost HOSTS: a resource delta for
  * the controller, from tests or launchers other than Slurm (the Slurm watcher
  * sends the same message). Prints the controller's answer. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 static const char delta_usage[] =
     "Usage: nereus delta (--add N | --remove HOSTS | --lost HOSTS | --lost-gpus LIST\n"
     "                     | --remove-gpus LIST) [--generation G] [--socket-dir DIR]\n"
+    "                     [--timeout SECONDS]\n"
     "\n"
     "Tell the job's controller that the allocation changed: N whole nodes added,\n"
     "nodes released (--remove) or failed (--lost), given as comma-separated host\n"
@@ -28,6 +30,10 @@ static const char delta_usage[] =
     "  -g, --generation G       the source's generation number (must grow;\n"
     "                           default: the controller's next)\n"
     "  -d, --socket-dir DIR     the controller's job directory (default $NEREUS_SOCKET_DIR)\n"
+    "  -t, --timeout SECONDS    wait at most that long for the answer (in (0, 3600];\n"
+    "                           default 120: a delta that comes during a commit is\n"
+    "                           answered once the commit completes, which the\n"
+    "                           controller waits for up to its --transition-timeout, 60 s)\n"
     "  -h, --help               show this help\n"
     "\n"
     "Give exactly one of -a, -r, -l, -L, -R. Exit status: 0 the controller applied\n"
@@ -65,8 +71,8 @@ static int split_gpus(const char *arg, nrs_msg_delta_t *m)
     return m->ngpus > 0 ? 0 : -1;
 }
 
-static int exchange(const char *dir, const nrs_msg_delta_t *m, nrs_msg_delta_reply_t *r, char *err,
-                    size_t el)
+static int exchange(const char *dir, const nrs_msg_delta_t *m, double timeout,
+                    nrs_msg_delta_reply_t *r, char *err, size_t el)
 {
     int fd = nrs_client_connect_unix(dir, err, el);
     if (fd < 0)
@@ -80,7 +86,11 @@ static int exchange(const char *dir, const nrs_msg_delta_t *m, nrs_msg_delta_rep
     if (rc != 0 && buf)
         nrs_client_refusal(fd, err, el);
     else if (rc == 0)
-        rc = nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &h, 30, err, el);
+        rc = nrs_client_recv(fd, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &h, timeout, err, el);
+    if (rc != 0 && buf && strstr(err, "timed out")) /* it may be queued, not lost */
+        snprintf(err, el, "no answer from the controller within %g s: the delta may still be "
+                 "applied (one sent during a commit is answered when the commit completes)",
+                 timeout);
     if (rc == 0) {
         const uint8_t *p = buf + NRS_PROTO_HDR;
         nrs_msg_error_t e;
@@ -107,18 +117,20 @@ int nrs_cmd_delta(int argc, char **argv)
                                           {"remove-gpus", required_argument, NULL, 'R'},
                                           {"generation", required_argument, NULL, 'g'},
                                           {"socket-dir", required_argument, NULL, 'd'},
+                                          {"timeout", required_argument, NULL, 't'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     nrs_msg_delta_t *m = calloc(1, sizeof(*m));
     nrs_msg_delta_reply_t r;
     const char *dir = NULL;
     char err[1280];
+    double timeout = 120;
     int ch, kinds = 0, rc = 2;
     if (!m)
         return 1;
     optind = 1;
     opterr = 0;
-    while ((ch = getopt_long(argc, argv, "a:r:l:L:R:g:d:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "a:r:l:L:R:g:d:t:h", opts, NULL)) != -1) {
         char *end;
         switch (ch) {
         case 'a':
@@ -154,12 +166,21 @@ int nrs_cmd_delta(int argc, char **argv)
         case 'g':
             errno = 0;
             m->generation = strtoull(optarg, &end, 10);
-            if (errno || *end || end == optarg || m->generation == 0) {
+            /* strtoull takes "-1" as 2^64-1: a generation no later delta could grow past */
+            if (errno || *end || end == optarg || m->generation == 0 ||
+                !isdigit((unsigned char)optarg[0])) {
                 fprintf(stderr, "nereus delta: --generation: '%s' is not a positive integer\n", optarg);
                 goto out;
             }
             break;
         case 'd': dir = optarg; break;
+        case 't':
+            timeout = strtod(optarg, &end);
+            if (end == optarg || *end || !(timeout > 0 && timeout <= 3600)) {
+                fprintf(stderr, "nereus delta: --timeout: '%s' is not in (0, 3600]\n", optarg);
+                goto out;
+            }
+            break;
         case 'h': fputs(delta_usage, stdout); rc = 0; goto out;
         default:
             fprintf(stderr, "nereus delta: unknown or incomplete option '%s'\n%s", argv[optind - 1],
@@ -179,7 +200,7 @@ int nrs_cmd_delta(int argc, char **argv)
         fprintf(stderr, "nereus delta: no --socket-dir and no $NEREUS_SOCKET_DIR\n");
         goto out;
     }
-    if (exchange(dir, m, &r, err, sizeof(err)) != 0) {
+    if (exchange(dir, m, timeout, &r, err, sizeof(err)) != 0) {
         fprintf(stderr, "nereus delta: %s\n", err);
         rc = 1;
         goto out;

@@ -241,12 +241,14 @@ static double rnum(rd_t *r, const char *f, double lo, double hi)
         fail(r, "%s out of range", f);
     return d;
 }
+/* In [lo, hi]; lo once the message is bad, so that a bound the decoder then
+ * computes from it (size - 1, size - base) cannot overflow. */
 static int32_t rint_range(rd_t *r, const char *f, int64_t lo, int64_t hi)
 {
     int32_t v = (int32_t)r32(r, f);
     if (!r->bad && (v < lo || v > hi))
         fail(r, "%s = %d out of range %lld..%lld", f, (int)v, (long long)lo, (long long)hi);
-    return v;
+    return r->bad ? (int32_t)lo : v;
 }
 static void rstr(rd_t *r, const char *f, char *out, size_t max)
 {

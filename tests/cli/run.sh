@@ -72,6 +72,8 @@ check "delta unknown option" 2 "nereus delta: unknown or incomplete option '--fr
 check "delta --add 0" 2 "'0' is not a node count in 1..4096" "$bin" delta -d "$tmp" --add 0
 check "delta --lost-gpus junk" 2 "'1,x': expected GPU" "$bin" delta -d "$tmp" --lost-gpus 1,x
 check "delta --lost empty" 2 "',': expected HOST" "$bin" delta -d "$tmp" --lost ,
+check "delta --timeout junk" 2 "--timeout: '0' is not in" "$bin" delta -d "$tmp" --add 1 --timeout 0
+check "delta --generation -1" 2 "'-1' is not a positive integer" "$bin" delta -d "$tmp" --add 1 --generation -1
 check "delta no controller" 1 "cannot connect to the controller at $tmp/ctl.sock" "$bin" delta -d "$tmp" --add 1
 
 # nereus transition: build, schedule, execute in-process, verify.

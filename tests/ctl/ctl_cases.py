@@ -33,6 +33,11 @@ with tests/ctl/nc.py:
   ctl_cases.py SOCKET generation-wrap  after a delta of generation 2^64-1,
       one of generation 0 (the controller numbers it) must not wrap the
       count to 0, after which generation 1, long stale, was accepted again.
+  ctl_cases.py SOCKET delta-in-commit  (controller with --transition-timeout
+      60, $NRS_CTL_CLI the ctl_cli driver) `delta --add 1` sent while the
+      ranks take 32 s to confirm a COMMIT is answered "accepted" once it
+      completes (before: the CLI gave up after 30 s, "timed out", exit 1, and
+      the controller applied the delta all the same).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -242,6 +247,25 @@ if case == 'generation-wrap':
     if seen[1][4] < seen[0][4] or seen[2][2]:
         fail('generations wrapped:', seen)
     print('ok: no delta after generation 2^64-1 wraps the count:', [(g, a, t) for g, r, a, t, n in seen])
+    sys.exit(0)
+if case == 'delta-in-commit':
+    import os, subprocess
+    S, ep = commit_without_n2()
+    t0 = time.time()
+    p = subprocess.Popen([os.environ['NRS_CTL_CLI'], 'delta', '--add', '1', '--socket-dir',
+                          os.path.dirname(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:  # the ranks confirm the commit after 32 s: a slow transition
+        out = p.communicate(timeout=32)[0]
+    except subprocess.TimeoutExpired:
+        out = None
+    for q in S:
+        q.send(nc.ack(ep, 10, 0, 32.0))
+    if out is None:
+        out = p.communicate(timeout=20)[0]
+    out = out.decode(errors='replace').strip()
+    if p.returncode != 0 or not out.startswith('accepted'):
+        fail('delta --add 1 during a 32 s commit: exit %d after %.1f s: %s' % (p.returncode, time.time() - t0, out))
+    print('ok: a delta sent during a 32 s commit is answered after %.1f s: %s' % (time.time() - t0, out))
     sys.exit(0)
 if case == 'gather-slots':
     W[0].send(nc.gather(1000, 'big', 65536, b'', timeout_ms=3600000))

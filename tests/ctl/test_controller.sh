@@ -261,16 +261,18 @@ done
 # a COMMIT are applied one after another, each plan following the committed epoch;
 # a delta after one of generation 2^64-1 does not wrap the generations to 0;
 # a GPU index queued during a COMMIT is read in the numbering of the epoch it came in;
-# a host name with an escape sequence is shown escaped by nereus status.
+# a host name with an escape sequence is shown escaped by nereus status;
+# a delta sent during a slow commit (the default transition time-out) is answered.
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta lost-one-gpu; do
+    queued-gpu-delta lost-one-gpu delta-in-commit; do
     DJ="$tmp/sw-$case"
-    "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout 15 --log "$tmp/cw-$case.log" \
+    tt=15; [ "$case" = delta-in-commit ] && tt=60
+    "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout "$tt" --log "$tmp/cw-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
     jpid=$!
     CURLOG="$tmp/cw-$case.log"
     if wait_for 10 test -S "$DJ/ctl.sock"; then
-        check "worker: $case" python3 "$S/tests/ctl/ctl_cases.py" "$DJ/ctl.sock" "$case"
+        check "worker: $case" env NRS_CTL_CLI="$CLI" python3 "$S/tests/ctl/ctl_cases.py" "$DJ/ctl.sock" "$case"
     else
         ko "worker: $case" "no controller socket"
     fi

@@ -14,8 +14,10 @@
 #include <cmocka.h>
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "ctl/auth.h"
 #include "ctl/client.h"
 #include "ctl/conn.h"
 #include "ctl/proto.h"
@@ -730,6 +732,73 @@ static void test_world_msg(void **st)
     assert_int_equal(nrs_dec_hello(pl(), hdr_of(n).length, &hd, why, sizeof(why)), -NRS_PERR_MALFORMED);
 }
 
+/* A field out of range is refused before a later bound is computed from it:
+ * a size, base or nranks of INT32_MIN must not overflow `size - 1` or
+ * `size - base` (signed overflow, UB: the sanitizer build aborts). */
+static void test_range_overflow(void **st)
+{
+    (void)st;
+    static nrs_msg_world_t wm, wd;
+    static nrs_msg_gather_t gm, gd;
+    memset(&wm, 0, sizeof(wm));
+    wm.gen = 1;
+    wm.size = INT32_MIN;
+    wm.rank = 0;
+    wm.base = 1;
+    wm.count = 1;
+    int n = nrs_enc_world(buf, CAP, &wm);
+    assert_int_equal(nrs_dec_world(pl(), hdr_of(n).length, &wd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    assert_non_null(strstr(why, "size"));
+    wm.size = 12;
+    wm.base = INT32_MIN;
+    n = nrs_enc_world(buf, CAP, &wm);
+    assert_int_equal(nrs_dec_world(pl(), hdr_of(n).length, &wd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    assert_non_null(strstr(why, "base"));
+    memset(&gm, 0, sizeof(gm));
+    gm.key = 1;
+    snprintf(gm.name, sizeof(gm.name), "g");
+    gm.timeout_ms = 10;
+    gm.nranks = INT32_MIN;
+    n = nrs_enc_gather(buf, CAP, &gm);
+    assert_int_equal(nrs_dec_gather(pl(), hdr_of(n).length, &gd, why, sizeof(why)), -NRS_PERR_MALFORMED);
+    assert_non_null(strstr(why, "nranks"));
+}
+
+/* The per-job secret: a regular file of ours, private, 16..127 bytes; a FIFO
+ * is refused at once (before: open() waited for a writer, forever). */
+static void test_secret_file(void **st)
+{
+    (void)st;
+    char dir[] = "/tmp/nrs-secret-XXXXXX", path[64], out[NRS_PROTO_TOKEN_MAX], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/s", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("0123456789abcdef0123\n", f);
+    fclose(f);
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(nrs_auth_load_secret(path, out, sizeof(out), err, sizeof(err)), 0);
+    assert_string_equal(out, "0123456789abcdef0123");
+    assert_true(nrs_auth_token_ok(out, "0123456789abcdef0123"));
+    assert_false(nrs_auth_token_ok(out, "0123456789abcdef012"));
+    assert_int_equal(chmod(path, 0400), 0);
+    assert_int_equal(nrs_auth_load_secret(path, out, sizeof(out), err, sizeof(err)), 0);
+    for (unsigned i = 0; i < 3; i++) { /* group/other bits, or an executable secret */
+        const mode_t bad[3] = {0640, 0604, 0700};
+        assert_int_equal(chmod(path, bad[i]), 0);
+        assert_int_equal(nrs_auth_load_secret(path, out, sizeof(out), err, sizeof(err)), -1);
+        assert_non_null(strstr(err, "mode 0600 or 0400"));
+    }
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(5); /* a hang fails the test (SIGALRM) instead of the whole suite */
+    assert_int_equal(nrs_auth_load_secret(path, out, sizeof(out), err, sizeof(err)), -1);
+    alarm(0);
+    assert_non_null(strstr(err, "not a regular file"));
+    unlink(path);
+    rmdir(dir);
+}
+
 /* The controller queued frames, then an ERROR, and closed (a rank retired
  * while it was sending): the rank's next send fails, and nrs_client_refusal
  * still finds what the controller said, behind the frames before it. */
@@ -885,7 +954,8 @@ int main(void)
         cmocka_unit_test(test_status),  cmocka_unit_test(test_epoch_msgs),
         cmocka_unit_test(test_framing), cmocka_unit_test(test_gather_msgs),
         cmocka_unit_test(test_world_msg), cmocka_unit_test(test_refusal_behind_frames),
-        cmocka_unit_test(test_shared_out),
+        cmocka_unit_test(test_shared_out), cmocka_unit_test(test_range_overflow),
+        cmocka_unit_test(test_secret_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
