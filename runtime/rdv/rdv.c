@@ -373,15 +373,24 @@ static void list_ranks(char *buf, size_t len, const unsigned char *mark, int n, 
 static rdv_trk_t *get_post(nrs_rdv_t *r, int rank, const char *key, double timeout_s,
                            char *err, size_t errlen);
 
-/* Which ranks never published (epoch, name): ask every peer at once, bounded. */
-static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsigned char *missing)
+/* Which participants (ranks[nranks], NULL: all) never published (epoch,
+ * name): ask every peer at once, bounded. */
+static void find_missing(nrs_rdv_t *r, const int *ranks, int nranks, const char *key,
+                         double timeout_s, unsigned char *missing)
 {
     rdv_trk_t **t = calloc((size_t)r->size, sizeof(*t));
+    unsigned char *in = calloc((size_t)r->size, 1);
     char e[128];
-    if (!t)
+    if (!t || !in) {
+        free(t);
+        free(in);
         return;
+    }
+    for (int i = 0; i < (ranks ? nranks : r->size); i++)
+        if (!ranks || (ranks[i] >= 0 && ranks[i] < r->size))
+            in[ranks ? ranks[i] : i] = 1;
     for (int i = 0; i < r->size; i++)
-        if (i != (int)r->me.rank && !(t[i] = get_post(r, i, key, timeout_s, e, sizeof e)))
+        if (in[i] && i != (int)r->me.rank && !(t[i] = get_post(r, i, key, timeout_s, e, sizeof e)))
             missing[i] = 1;
     double end = nrs_now_s() + timeout_s + 0.5;
     for (int i = 0; i < r->size; i++) {
@@ -393,6 +402,7 @@ static void find_missing(nrs_rdv_t *r, const char *key, double timeout_s, unsign
         trk_drop(r, t[i]);
     }
     free(t);
+    free(in);
 }
 
 /* survivors: do not give up on a rank known dead, and take the server's
@@ -454,8 +464,13 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         if (survivors && st == PMIX_ERR_PARTIAL_SUCCESS)
             return 0;
         if (st != PMIX_SUCCESS) {
-            nrs_seterr(err, errlen, "rdv: fence of epoch %llu: %s", (unsigned long long)epoch,
-                   PMIx_Error_string(st));
+            if (name)
+                nrs_seterr(err, errlen, "rdv: %s of epoch %llu: %s",
+                           survivors ? "survivors' fence" : "fence", (unsigned long long)epoch,
+                           PMIx_Error_string(st));
+            else
+                nrs_seterr(err, errlen, "rdv: %s: %s", survivors ? "survivors' fence" : "fence",
+                           PMIx_Error_string(st));
             return -1;
         }
         return 0;
@@ -466,25 +481,34 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
                "resource manager)", (unsigned long long)epoch, dead);
         return -1;
     }
+    const char *what = survivors ? "survivors' fence" : "fence";
+    if (!name) { /* no key to ask for: who is missing is unknown */
+        nrs_seterr(err, errlen, "rdv: %s timed out after %.1f s", what, timeout_s);
+        return -1;
+    }
     char key[NRS_RDV_KEY_MAX];
     unsigned char *missing = calloc((size_t)r->size, 1);
     int count = 0;
-    if (name && missing && !nrs_rdv_key(key, sizeof key, epoch, name)) {
-        find_missing(r, key, 1.0, missing);
+    if (missing && !nrs_rdv_key(key, sizeof key, epoch, name)) {
+        find_missing(r, ranks, nranks, key, 1.0, missing);
         char list[256] = "";
         list_ranks(list, sizeof list, missing, r->size, &count);
         if (count) {
-            nrs_seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s: rank%s %s "
-                   "never arrived (no '%s')", (unsigned long long)epoch, timeout_s,
+            nrs_seterr(err, errlen, "rdv: %s of epoch %llu timed out after %.1f s: rank%s %s "
+                   "never arrived (no '%s')", what, (unsigned long long)epoch, timeout_s,
                    count > 1 ? "s" : "", list, key);
             free(missing);
             return -1;
         }
+        free(missing);
+        nrs_seterr(err, errlen, "rdv: %s of epoch %llu timed out after %.1f s (every rank "
+                   "published '%s': the resource manager's collective is stuck)", what,
+                   (unsigned long long)epoch, timeout_s, key);
+        return -1;
     }
     free(missing);
-    nrs_seterr(err, errlen, "rdv: fence of epoch %llu timed out after %.1f s (every rank published "
-           "its key: the resource manager's collective is stuck)", (unsigned long long)epoch,
-           timeout_s);
+    nrs_seterr(err, errlen, "rdv: %s of epoch %llu timed out after %.1f s", what,
+               (unsigned long long)epoch, timeout_s);
     return -1;
 }
 
@@ -672,9 +696,10 @@ int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void
         return -1;
     }
     int np = participants(r, out, nout, part);
-    /* every rank of the job: the wildcard fence */
+    /* every rank of the job: the wildcard fence; a time-out names who never
+     * published (key, name) */
     if (!nrs_rdv_put(r, key, name, mine, len, err, errlen) && !nrs_rdv_commit(r, err, errlen) &&
-        !nrs_rdv_fence_survivors(r, nout ? part : NULL, np, timeout_s, err, errlen))
+        !fence(r, nout ? part : NULL, nout ? np : 0, true, key, name, timeout_s, err, errlen))
         rc = 0;
     free(part);
     return rc;

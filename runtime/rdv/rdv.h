@@ -52,14 +52,16 @@ int nrs_rdv_commit(nrs_rdv_t *r, char *err, size_t errlen);
 
 /* Fence over all ranks, collecting data; waits at most timeout_s. On time-out
  * the error names the ranks that never published (epoch, name) — pass the key
- * every rank put just before (name may be NULL: then only a count). */
+ * every rank put just before (name may be NULL: then it only says that it
+ * timed out). */
 int nrs_rdv_fence(nrs_rdv_t *r, uint64_t epoch, const char *name, double timeout_s, char *err,
                   size_t errlen);
 
 /* Fence after a failure: the survivors agree that they are done. Over ranks
  * (NULL: all); a participant that died does not fail it (the PMIx server
  * completes the collective with PMIX_ERR_PARTIAL_SUCCESS once the dead
- * rank's connection is gone), only the time-out does. */
+ * rank's connection is gone), only the time-out does (it has no key to ask
+ * for: nrs_rdv_gather's fence names the ranks that never published). */
 int nrs_rdv_fence_survivors(nrs_rdv_t *r, const int *ranks, int nranks, double timeout_s,
                             char *err, size_t errlen);
 

@@ -1,12 +1,14 @@
 /* mp_rdv: one rank of a rendezvous test, run under pmix_srv (or alone: singleton).
  *
- *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton]
+ *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton] [--gather]
  *   mp_rdv --die-after-gather RANK [--die-before RANK2]
  *
  * Every rank publishes a rank- and epoch-specific blob for N epochs and checks
  * every peer's. With --nojoin R, rank R never calls PMIx and sleeps; the others
  * must fail within the time-out with a message naming R (exit 3 = the expected
- * failure was seen, 1 = anything else).
+ * failure was seen, 1 = anything else). With --gather, each epoch is a
+ * survivors' gather (nrs_rdv_gather) of a rank- and epoch-specific int
+ * instead: its time-out must name R too.
  *
  * --die-after-gather R: every rank posts a survivors' gather (nrs_rdv_gather
  * _post: put, commit, fence) and rank R SIGKILLs itself once its fence is
@@ -110,9 +112,39 @@ out:
     return rc;
 }
 
+/* --gather: one epoch as a survivors' gather; 0 ok, 3 the failure naming
+ * nojoin, 1 anything else. */
+static int gather_epoch(nrs_rdv_t *r, unsigned e, int nojoin, double timeout)
+{
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r), rc = 1;
+    int32_t mine = (int32_t)(e * 1000 + (unsigned)me), *all = calloc((size_t)n, sizeof(*all));
+    unsigned char *got = calloc((size_t)n, 1);
+    char err[512], needle[32];
+    if (!all || !got)
+        goto out;
+    if (nrs_rdv_gather(r, e, "gtest", &mine, sizeof mine, NULL, 0, all, got, timeout, err,
+                       sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: %s\n", me, err);
+        snprintf(needle, sizeof needle, "rank %d never arrived", nojoin);
+        rc = nojoin >= 0 && strstr(err, needle) ? 3 : 1;
+        goto out;
+    }
+    rc = 0;
+    for (int i = 0; i < n; i++)
+        if (!got[i] || all[i] != (int32_t)(e * 1000 + (unsigned)i)) {
+            fprintf(stderr, "mp_rdv[%d]: epoch %u: rank %d's gather part is %s\n", me, e, i,
+                    got[i] ? "wrong" : "missing");
+            rc = 1;
+        }
+out:
+    free(all);
+    free(got);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1, before = -1;
+    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1, before = -1, gather = 0;
     double timeout = 10;
     char err[512];
     for (int i = 1; i < argc; i++) {
@@ -128,6 +160,8 @@ int main(int argc, char **argv)
             before = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--expect-singleton"))
             expect_singleton = 1;
+        else if (!strcmp(argv[i], "--gather"))
+            gather = 1;
     }
     const char *envrank = getenv("NRS_MP_RANK");
     if (nojoin >= 0 && envrank && atoi(envrank) == nojoin) {
@@ -149,7 +183,9 @@ int main(int argc, char **argv)
         nrs_rdv_fini(r);
         return rc;
     }
-    for (int e = 1; e <= epochs && !rc; e++) {
+    for (int e = 1; e <= epochs && !rc && gather; e++)
+        rc = gather_epoch(r, (unsigned)e, nojoin, timeout);
+    for (int e = 1; e <= epochs && !rc && !gather; e++) {
         char mine[128], want[128];
         void **blobs;
         size_t *lens;

@@ -10,6 +10,12 @@ mp_case "rdv singleton (no server)" 0 30 env -u PMIX_SERVER_URI41 -u PMIX_SERVER
 # Rank 2 never calls PMIx: the others must say so within their 3 s time-out.
 mp_case "rdv rank never joins: clear error" 3 40 "$SRV" -q -n 4 -t 30 --kill-on-fail 1 -- "$R" --nojoin 2 --timeout 3
 mp_grep "rdv rank never joins: names rank 2" "rank 2 never arrived"
+# The same through the survivors' gather (the votes of runtime/worker/dtrans.c):
+# its time-out names the rank and the key too (before, it said "every rank
+# published its key" without asking, and "epoch 0").
+mp_case "rdv gather, rank never joins: clear error" 3 40 "$SRV" -q -n 4 -t 30 --kill-on-fail 1 -- "$R" --gather --nojoin 2 --timeout 3
+mp_grep "rdv gather, rank never joins: names rank 2 and the key" "rank 2 never arrived (no 'nrs.e1.gtest')"
+mp_case "rdv gather 4 ranks, 3 epochs" 0 60 "$SRV" -q -n 4 -t 50 -- "$R" --gather --epochs 3
 # Rank 2 dies once its survivors' fence is complete; the others read the
 # gather only after PMIx told them of the death. What the fence brought
 # decides, the same on every rank: all 3 find rank 2's bytes (before, each
