@@ -409,6 +409,8 @@ static int nrw_hello(const nrw_t *w, int fd, char *text, size_t tl)
     return nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof(buf), &m), text, tl);
 }
 
+enum { NRW_REPLY_S = 120 }; /* seconds a DELTA waits for its reply (not a hint's) */
+
 /* One DELTA and its reply; 0 when the controller applied it. text gets the
  * controller's answer or why there was none; *r (if not NULL) the reply, its
  * epoch 0 when there was none. */
@@ -436,7 +438,13 @@ static int nrw_send_delta(const nrw_t *w, const nrs_msg_delta_t *m, char *text, 
         nrs_client_refusal(fd, text, tl);
         goto out;
     }
-    if (nrs_client_recv(fd, buf, cap, &h, w->recv_timeout > 0 ? w->recv_timeout : 30, text, tl) != 0)
+    /* A delta that comes during a COMMIT is answered once the commit
+     * completes, which the controller (started with its default
+     * --transition-timeout, 60 s) waits for up to 60 s: one given up on sooner
+     * is still applied, and its retry then names hosts the controller no
+     * longer knows (their GPU indices would name other nodes). */
+    if (nrs_client_recv(fd, buf, cap, &h, w->recv_timeout > 0 ? w->recv_timeout : NRW_REPLY_S,
+                        text, tl) != 0)
         goto out;
     if (h.type == NRS_MSG_ERROR && nrs_dec_error(buf + NRS_PROTO_HDR, h.length, &e, NULL, 0) == 0) {
         snprintf(text, tl, "refused: %s: %s", nrs_perr_name((int)e.code), e.text);

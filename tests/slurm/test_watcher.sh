@@ -9,7 +9,9 @@
 #    instead of blocking in open();
 #  - a SIGTERM that comes after its last look at its stop flag and before
 #    its sleep starts (term_shim.c puts one there) is not lost: it stops its
-#    controller and exits, instead of sleeping out its interval (an hour).
+#    controller and exits, instead of sleeping out its interval (an hour);
+#  - a delta the controller answers only after a slow commit (35 s) is
+#    waited for, not given up on while it is applied.
 . "$(dirname "$0")/lib.sh"
 sl_need_bins "nereus-watcher" nereus-watcher
 command -v python3 >/dev/null || { sl_skip "nereus-watcher" "no python3"; sl_done; }
@@ -36,8 +38,8 @@ cleanup() {
     [ -z "$job" ] || timeout 10 scancel "$job" 2>/dev/null
 }
 sl_at_exit cleanup
-watcher() { # socket dir [interval]: the command line (in $cmd)
-    cmd=("$NRS_BUILDDIR/nereus-watcher" --socket-dir "$1" --job "$job" --runtime-dir "$fake"
+watcher() { # socket dir [interval [runtime dir]]: the command line (in $cmd)
+    cmd=("$NRS_BUILDDIR/nereus-watcher" --socket-dir "$1" --job "$job" --runtime-dir "${3:-$fake}"
         --interval "${2:-1}" --tcp none --slurm-conf "$SLURM_CONF" "$sl_good")
 }
 
@@ -109,6 +111,63 @@ else
     fi
 fi
 
+timeout 10 scancel "$job" 2>/dev/null
+job=
+
+# ---- 4. a delta answered only after a slow commit: waited for ------------------
+# The controller answers a delta that comes during a COMMIT once the commit
+# completes, up to its 60 s transition time-out later; this one answers after
+# 35 s. A watcher that gives up sooner (it waited 30 s) logs the delta as not
+# taken although it was applied, and its retry names a host the controller no
+# longer knows.
+fake4="$sl_tmp/fakert4"
+w4="$sl_tmp/w4"
+mkdir -m 755 "$fake4" && mkdir -m 700 "$w4"
+cat >"$fake4/nereus-controller" <<'PY'
+#!/usr/bin/env python3
+# Answers every DELTA "accepted", 35 s after it came (docs/protocol.md frames).
+import os, socket, struct, sys, threading, time
+p = os.path.join(sys.argv[sys.argv.index("--socket-dir") + 1], "ctl.sock")
+try: os.unlink(p)
+except FileNotFoundError: pass
+def serve(c):
+    buf = b''
+    while True:
+        d = c.recv(65536)
+        if not d: return
+        buf += d
+        while len(buf) >= 16:
+            magic, ver, typ, flags, n = struct.unpack('<IHHII', buf[:16])
+            if len(buf) < 16 + n: break
+            pl, buf = buf[16:16 + n], buf[16 + n:]
+            if typ == 4:  # DELTA: generation first
+                gen = struct.unpack('<Q', pl[:8])[0]
+                time.sleep(35)
+                t = b'applied after a slow commit'
+                r = struct.pack('<QIII', gen, 1, 1, 0) + struct.pack('<H', len(t)) + t
+                c.sendall(struct.pack('<IHHII', 0x4353524e, 1, 5, 0, len(r)) + r)
+                sys.stderr.write("fake controller: DELTA answered after 35 s\n"); sys.stderr.flush()
+s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+PY
+chmod 755 "$fake4/nereus-controller"
+sl_run 30 salloc -N 2 --no-shell -J nrs-watcher4
+job=$(sl_granted_job)
+watcher "$w4" 1 "$fake4"
+"${cmd[@]}" >"$w4/watcher.log" 2>&1 &
+wpid=$!
+sl_wait_until 10 test -S "$w4/ctl.sock"
+sleep 1
+sl_run 20 scontrol update JobId="$job" NumNodes=1
+sl_wait_until 60 grep -q 'delta REMOVE hosts' "$w4/watcher.log"
+cp "$w4/watcher.log" "$sl_out"
+if grep -q 'delta REMOVE hosts .*: accepted: .*applied after a slow commit' "$w4/watcher.log"; then
+    sl_ok "a REMOVE answered after a 35 s commit is waited for and logged as applied"
+else sl_fail "a REMOVE answered after a 35 s commit is waited for and logged as applied" \
+    "$(grep -m1 'delta REMOVE hosts' "$w4/watcher.log")"; fi
+kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null; wpid=
 timeout 10 scancel "$job" 2>/dev/null
 job=
 sl_check "every node idle again" sl_wait_until 30 sl_all_idle
