@@ -129,6 +129,9 @@ nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);
 
 /* worker_state.c */
 /* Frees the current epoch's weight sync (its graph and generation buffers). */
+void nrs_wk_sync_free(nrs_worker_t *w);
+/* The same, and the epoch's counts of syncs and step agreements and its
+ * leaving and gone ranks: only when the epoch changes. */
 void nrs_wk_sync_reset(nrs_worker_t *w);
 /* Frees the current plan's state and buffers (the sync's too). */
 void nrs_wk_free_state(nrs_worker_t *w);

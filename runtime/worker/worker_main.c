@@ -350,6 +350,10 @@ again:
             }
         } else if (rc == NRS_ERR_RETIRED) {
             printf("rank %d: step %d: retired: %s\n", me, s, nrs_worker_last_error(w));
+            /* only finalize is allowed now: what the step's other calls say */
+            int rs = nrs_worker_report_step(w, s, 0), ws = nrs_worker_weight_sync(w);
+            printf("rank %d: step %d: after retirement: report_step: %s, weight_sync: %s\n", me,
+                   s, nrs_worker_strerror(rs), nrs_worker_strerror(ws));
             exitc = 4;
         } else if (rc < 0) {
             printf("rank %d: step %d: %s: %s\n", me, s, nrs_worker_strerror(rc),

@@ -17,7 +17,7 @@
 
 /* ---- state ---------------------------------------------------------------------------- */
 
-void nrs_wk_sync_reset(nrs_worker_t *w)
+void nrs_wk_sync_free(nrs_worker_t *w)
 {
     for (int j = 0; w->sg && w->sgmem && j < w->sg->nnew; j++)
         if (w->sgmem[j].ptr && w->x.ops)
@@ -30,6 +30,11 @@ void nrs_wk_sync_reset(nrs_worker_t *w)
     w->stmap = w->sgidx = NULL;
     w->sgmem = NULL;
     w->synced = 0;
+}
+
+void nrs_wk_sync_reset(nrs_worker_t *w)
+{
+    nrs_wk_sync_free(w);
     w->sync_n = w->agree_n = 0;
     if (w->leaving)
         memset(w->leaving, 0, (size_t)w->n);
@@ -576,6 +581,8 @@ int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
     int rc;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if (w->retired) /* only finalize is allowed */
+        return nrs_wk_retired_err(w, __func__);
     if (ms < 0 || ms >= NRS_MS_COUNT)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: model-stage %d: not an "
                              "nrs_ms_t (0..%d)", ms, NRS_MS_COUNT - 1);
@@ -603,6 +610,8 @@ int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long ca
     int rc;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if (w->retired) /* only finalize is allowed */
+        return nrs_wk_retired_err(w, __func__);
     if (used_bytes < 0 || cap_bytes < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_memory: %lld bytes used of %lld: "
                              "negative", used_bytes, cap_bytes);
@@ -631,6 +640,8 @@ int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
     int rc;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
+    if (w->retired) /* only finalize is allowed */
+        return nrs_wk_retired_err(w, __func__);
     if (step < 0 || !(response_len >= 0))
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response "
                              "length %g: negative", step, response_len);

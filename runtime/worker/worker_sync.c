@@ -319,6 +319,8 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     int rc;
     if (nrs_wk_unusable(w, __func__))
         return NRS_ERR_INVAL;
+    if (w->retired) /* only finalize is allowed */
+        return nrs_wk_retired_err(w, __func__);
     if (!w->have_plan || !w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_weight_sync: %s", w->broken
                              ? "the state is partial (a transition failed past its point of no "
@@ -336,7 +338,7 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
                              "them)", w->plan.epoch);
     }
     if (!w->sg && (rc = sync_build(w))) {
-        nrs_wk_sync_reset(w);
+        nrs_wk_sync_free(w); /* the epoch's agreements and gone ranks stand */
         return rc;
     }
     const nrs_emu_graph_t *g = w->sg;

@@ -218,6 +218,9 @@ check "remove: delta accepted, the job ended (exit 4: the retired ranks)" "[ $dr
     "delta exit $drc, server exit $rc"
 n=$(grep -c 'retired: .*rank retired' "$tmp/w4.log")
 check "remove: node1's 4 ranks were told they are retired" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -c 'after retirement: report_step: retired by the controller, weight_sync: retired by the controller' "$tmp/w4.log")
+check "remove: after it, the retired ranks' report_step and weight_sync say so" "[ $n -eq 4 ]" \
+    "$n of 4: $(grep -m1 'after retirement' "$tmp/w4.log")"
 n=$(grep -E '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [0-9]* shards, 0 mismatches' "$tmp/w4.log" | wc -l)
 check "remove: the 4 survivors moved on and verified every shard" "[ $n -eq 4 ] && jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'" "$n of 4; status: $(status_json "$D" | jq -c '{gpus, epoch, pending_epoch, transition_phase, total: .plan.total_gpus}')"
 # every step synced, or skipped at most once: the step between node1's ranks
@@ -328,7 +331,7 @@ check "past the PONR: the 4 survivors on node0 rebuilt the forced epoch from rep
     "[ $n -eq 4 ] && [ $r -eq 0 ]" "$n of 4 committed, $r restored"
 n=$(grep -cE '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w7.log")
 check "past the PONR: the 4 survivors verified every shard" "[ $n -eq 4 ]" "$n of 4"
-n=$(grep -cE '^rank [4-7]: .*retired' "$tmp/w7.log")
+n=$(grep -cE '^rank [4-7]: step [0-9]+: retired: ' "$tmp/w7.log")
 check "past the PONR: node1's 3 live ranks were retired" "[ $n -eq 3 ]" "$n of 3"
 check "past the PONR: status: 4 GPUs" "jq_ok '$D' '.gpus == 4 and .plan.total_gpus == 4'"
 [ "$mp_fail" -gt 0 ] && { show "$tmp/w7.log" 30; grep -v report "$tmp/c7.log" | show /dev/stdin 20; }
