@@ -233,13 +233,13 @@ static double current_time(const nrs_adapt_t *a, const nrs_cond_t *now, const nr
     return p.step_s;
 }
 
-int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
-                   bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen)
+/* nrs_adapt_step with rz holding only the plan's own lost GPUs. */
+static int decide(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
+                  bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen)
 {
     nrs_plan_req_t req;
     nrs_calib_t f;
 
-    memset(out, 0, sizeof(*out));
     out->trigger = trigger(a, step, now, rz, memory_failed);
     if (out->trigger == NRS_TRIGGER_NONE)
         return 0;
@@ -283,4 +283,43 @@ int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_re
     a->plan = out->cand;
     nrs_admission_note_transition(&a->adm, step);
     return 0;
+}
+
+/* The lost GPUs of rz that the current plan runs on, into *in (NULL when
+ * none; free it). GPUs beyond the plan joined and were never planned on:
+ * losing them leaves the plan whole, and kept in the list they would alias
+ * the numbers nrs_adapt_gpu_map gives to added GPUs. -1 out of memory. */
+static int lost_in_plan(const nrs_adapt_t *a, const nrs_resize_t *rz, nrs_resize_t *in)
+{
+    int *l, n = 0;
+    in->lost = NULL;
+    in->nlost = 0;
+    if (!rz || rz->nlost <= 0)
+        return 0;
+    if (!(l = malloc(sizeof(int) * (size_t)rz->nlost)))
+        return -1;
+    for (int i = 0; i < rz->nlost; i++)
+        if (rz->lost[i] >= 0 && rz->lost[i] < a->plan.total_gpus)
+            l[n++] = rz->lost[i];
+    if (!n) {
+        free(l);
+        return 0;
+    }
+    in->lost = l;
+    in->nlost = n;
+    return 0;
+}
+
+int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,
+                   bool memory_failed, nrs_adapt_out_t *out, char *err, size_t errlen)
+{
+    nrs_resize_t in;
+    memset(out, 0, sizeof(*out));
+    if (lost_in_plan(a, rz, &in) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = decide(a, step, now, &in, memory_failed, out, err, errlen);
+    free((int *)in.lost);
+    return rc;
 }

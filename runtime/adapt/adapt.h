@@ -67,6 +67,8 @@ void nrs_adapt_measure(nrs_adapt_t *a, const nrs_cond_t *c, nrs_ms_t ms, double 
 /* A measured transition, against the graph makespan it was predicted from. */
 void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespan_s);
 /* One decision point. memory_failed: a stage failed to allocate (forces a move).
+ * rz: GPUs lost since the current plan; those at or beyond its total_gpus
+ * (joined, never planned on) leave it whole and are not passed on.
  * 0 on success (out says what happened); -1 with err when the job cannot go on
  * (no feasible plan on the GPUs left). */
 int nrs_adapt_step(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_resize_t *rz,

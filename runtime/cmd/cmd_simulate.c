@@ -93,6 +93,18 @@ static void print_summary(FILE *out, const nrs_spec_t *s, nrs_sim_policy_t pol, 
     fprintf(out, "\n");
 }
 
+/* The name of whichever of policies a and b stopped before the end of the
+ * trace (a first), or NULL: their means and totals cover different steps
+ * then, and no ratio of them means anything. */
+static const char *stopped(const nrs_sim_summary_t *sum, int a, int b)
+{
+    if (sum[a].infeasible_step >= 0 || sum[a].steps == 0)
+        return nrs_sim_policy_name((nrs_sim_policy_t)a);
+    if (sum[b].infeasible_step >= 0 || sum[b].steps == 0)
+        return nrs_sim_policy_name((nrs_sim_policy_t)b);
+    return NULL;
+}
+
 int nrs_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {{"trace", required_argument, NULL, 't'},
@@ -188,19 +200,28 @@ int nrs_cmd_simulate(int argc, char **argv)
         for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++)
             if (ran[p])
                 print_summary(info, &s, (nrs_sim_policy_t)p, &sum[p]);
-        if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_FIXED] && sum[NRS_SIM_FIXED].infeasible_step < 0)
-            fprintf(info, "\nnereus vs fixed: %.1f%% lower mean step latency, %.1f%% less total time\n",
-                   100 * (1 - sum[NRS_SIM_NEREUS].mean_step_s / sum[NRS_SIM_FIXED].mean_step_s),
-                   100 * (1 - sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_FIXED].total_s));
-        if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_STATIC_BEST])
-            fprintf(info, "nereus vs static-best: %+.1f%% total time\n",
-                   100 * (sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_STATIC_BEST].total_s - 1));
+        const char *who;
+        if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_FIXED]) {
+            if ((who = stopped(sum, NRS_SIM_NEREUS, NRS_SIM_FIXED)))
+                fprintf(info, "\nnereus vs fixed: no ratio, %s stopped\n", who);
+            else
+                fprintf(info, "\nnereus vs fixed: %.1f%% lower mean step latency, %.1f%% less total time\n",
+                       100 * (1 - sum[NRS_SIM_NEREUS].mean_step_s / sum[NRS_SIM_FIXED].mean_step_s),
+                       100 * (1 - sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_FIXED].total_s));
+        }
+        if (ran[NRS_SIM_NEREUS] && ran[NRS_SIM_STATIC_BEST]) {
+            if ((who = stopped(sum, NRS_SIM_NEREUS, NRS_SIM_STATIC_BEST)))
+                fprintf(info, "nereus vs static-best: no ratio, %s stopped\n", who);
+            else
+                fprintf(info, "nereus vs static-best: %+.1f%% total time\n",
+                       100 * (sum[NRS_SIM_NEREUS].total_s / sum[NRS_SIM_STATIC_BEST].total_s - 1));
+        }
         for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
             if (!ran[p] || !ran[NRS_SIM_NEREUS] || !nrs_sim_policy_modelled((nrs_sim_policy_t)p))
                 continue;
-            if (sum[p].infeasible_step >= 0 || sum[p].steps == 0)
-                fprintf(info, "nereus vs %s: no ratio, the baseline stopped\n",
-                       nrs_sim_policy_name((nrs_sim_policy_t)p));
+            if ((who = stopped(sum, NRS_SIM_NEREUS, p)))
+                fprintf(info, "nereus vs %s: no ratio, %s stopped\n",
+                       nrs_sim_policy_name((nrs_sim_policy_t)p), who);
             else
                 fprintf(info, "nereus vs %s: %.2fx throughput (MODELLED baseline, not a run of it; "
                        "docs/baselines.md)\n", nrs_sim_policy_name((nrs_sim_policy_t)p),

@@ -135,7 +135,10 @@ static int verl_template(const nrs_spec_t *s, int gpus, nrs_plan_t *t, char *err
     t->npools = 1;
     t->pools[0] = (nrs_pool_t){0, gpus};
     const nrs_tp_pp_t *tr = &h[NRS_MS_ACTOR_TRAIN];
-    int want = h[NRS_MS_ACTOR_GENERATE].tp > 0 ? h[NRS_MS_ACTOR_GENERATE].tp : tr->tp, gen_tp = 1;
+    /* The rollout tp is the user's hint, else the training tp: not the
+     * fixed baseline's generation tp that verl_hints fills in. */
+    int hint = s->models[NRS_ROLE_ACTOR].init_generate.tp;
+    int want = hint > 0 ? hint : tr->tp, gen_tp = 1;
     for (int d = 1; d <= tr->tp; d++)
         if (tr->tp % d == 0 && d <= want)
             gen_tp = d;

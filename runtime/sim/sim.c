@@ -12,6 +12,10 @@
 #include "adapt/adapt.h"
 #include "sim/sim.h"
 
+/* The most GPUs a run has (the trace's `gpus` limit, the planner's): the
+ * size of run_t.lost and run_t.cur. */
+#define NRS_SIM_MAX_GPUS (1 << 22)
+
 static const char *const policy_names[NRS_SIM_POLICY_COUNT] = {
     "nereus", "fixed", "static-best", "oracle", "openrlhf-like", "verl-like"};
 
@@ -59,6 +63,7 @@ typedef struct {
     nrs_sim_policy_t pol;
     int gpus, ev;
     int *lost, nlost;
+    int *cur; /* apply_events: current GPU -> GPU at the step's start */
     bool memfail, have_plan;
     nrs_plan_t plan, fixed_from;
     bool have_fixed_from;
@@ -67,31 +72,56 @@ typedef struct {
     char why[256];
 } run_t;
 
-/* Applies the trace's events at `step`: GPU count, failures, memory. */
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Applies the trace's events at `step`: GPU count, failures, memory. Each
+ * event counts GPUs in the numbering the ones before it left (survivors in
+ * order, added GPUs after them); r->cur maps that numbering back to the
+ * step's start, in which r->lost is given, sorted. */
 static int apply_events(run_t *r, int step, char *err, size_t errlen)
 {
-    int gpn = r->s->cluster.gpus_per_node;
+    int gpn = r->s->cluster.gpus_per_node, old = r->gpus, next_new = old;
+    bool mapped = false;
     r->nlost = 0;
     r->memfail = false;
     for (; r->ev < r->t->nevents && r->t->events[r->ev].step == step; r->ev++) {
         const nrs_event_t *e = &r->t->events[r->ev];
         if (e->kind == NRS_EV_MEMORY) {
             r->memfail = true;
-        } else if (e->kind == NRS_EV_GPUS) {
+            continue;
+        }
+        if (!mapped) {
+            for (int g = 0; g < r->gpus; g++)
+                r->cur[g] = g;
+            mapped = true;
+        }
+        if (e->kind == NRS_EV_GPUS) {
             for (int g = e->value; g < r->gpus; g++) /* released: their tasks are killed */
-                r->lost[r->nlost++] = g;
+                if (r->cur[g] < old)                 /* one added just now held nothing */
+                    r->lost[r->nlost++] = r->cur[g];
+            for (int g = r->gpus; g < e->value; g++)
+                r->cur[g] = next_new++;
             r->gpus = e->value;
         } else {
             if (r->gpus < 2 * gpn || e->value >= r->gpus / gpn) {
-                snprintf(err, errlen, "%s: step %d: node %d cannot fail: the job has %d GPUs",
-                         r->t->path, step, e->value, r->gpus);
+                snprintf(err, errlen, "%s:%d:%d: step %d: node %d cannot fail: the job has %d GPUs",
+                         r->t->path, e->line, e->col, step, e->value, r->gpus);
                 return -1;
             }
-            for (int g = e->value * gpn; g < (e->value + 1) * gpn; g++)
-                r->lost[r->nlost++] = g;
+            int first = e->value * gpn;
+            for (int g = first; g < first + gpn; g++)
+                if (r->cur[g] < old)
+                    r->lost[r->nlost++] = r->cur[g];
+            memmove(r->cur + first, r->cur + first + gpn,
+                    sizeof(int) * (size_t)(r->gpus - first - gpn));
             r->gpus -= gpn;
         }
     }
+    qsort(r->lost, (size_t)r->nlost, sizeof(int), cmp_int);
     return 0;
 }
 
@@ -119,14 +149,14 @@ static void adopt(run_t *r, const nrs_cond_t *c, const nrs_plan_t *np, bool move
 
 /* Fixed and static-best: keep tp/pp, re-plan dp when GPUs change and
  * micro-batches when the workload moves. Returns the true transition time. */
-static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
+static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved, bool *ckpt,
                       char *err, size_t errlen)
 {
     nrs_plan_req_t req;
     nrs_plan_t np;
     bool resources = !r->have_plan || c->gpus != r->planned.gpus || r->nlost > 0;
     *trans = 0;
-    *moved = false;
+    *moved = *ckpt = false;
     if (r->have_plan && !resources && !workload_moved(c, &r->planned)) {
         nrs_plan_t p = r->plan; /* micro-batches re-tuned before memory runs out */
         if (nrs_plan_eval(r->s, &c->work, NULL, &p, err, errlen) == 0)
@@ -150,7 +180,8 @@ static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
                                                       errlen);
         if (rc == -1)
             return -1;
-        *trans = (mk + NRS_ADAPT_SETUP_S) * r->t->truth.sync + (lostb ? r->t->checkpoint_s : 0);
+        *ckpt = lostb > 0; /* some state survives nowhere: restored */
+        *trans = (mk + NRS_ADAPT_SETUP_S) * r->t->truth.sync + (*ckpt ? r->t->checkpoint_s : 0);
         *moved = true;
     }
     adopt(r, c, &np, *moved);
@@ -160,13 +191,13 @@ static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
 /* Modelled baselines: their template, re-planned (micro-batches) when the
  * workload moves. Neither system resizes a running job: a change of GPUs is a
  * restart from a checkpoint (trace `checkpoint`) with the template re-scaled. */
-static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *moved, char *err,
-                         size_t errlen)
+static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *moved, bool *ckpt,
+                         char *err, size_t errlen)
 {
     nrs_plan_t np;
     bool resources = !r->have_plan || c->gpus != r->planned.gpus || r->nlost > 0;
     *trans = 0;
-    *moved = false;
+    *moved = *ckpt = false;
     if (r->have_plan && !resources && !workload_moved(c, &r->planned)) {
         nrs_plan_t p = r->plan;
         if (nrs_plan_eval(r->s, &c->work, NULL, &p, err, errlen) == 0)
@@ -176,7 +207,7 @@ static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *mov
         return 1;
     if (r->have_plan && resources) {
         *trans = r->t->checkpoint_s;
-        *moved = true;
+        *moved = *ckpt = true; /* a restart: counted as a restore */
     }
     adopt(r, c, &np, *moved);
     return 0;
@@ -215,6 +246,9 @@ static int step_nereus(run_t *r, int step, const nrs_cond_t *c, double *trans, b
     if (!r->have_plan) {
         if (nrs_adapt_init(&r->adapt, r->s, c, err, errlen) != 0)
             return 1;
+        /* The simulated job lasts the trace's steps, not the spec's: the
+         * horizon is capped by what is left of the trace. */
+        r->adapt.adm.total_steps = r->t->steps;
         r->have_plan = true;
         r->plan = r->adapt.plan;
         return 0;
@@ -267,6 +301,12 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
     memset(sum, 0, sizeof(*sum));
     sum->infeasible_step = -1;
     r->gpus = t->initial_gpus ? t->initial_gpus : r->s->cluster.nodes * r->s->cluster.gpus_per_node;
+    if (r->gpus > NRS_SIM_MAX_GPUS) { /* as the planner says; before apply_events fills r->cur */
+        sum->infeasible_step = 0;
+        snprintf(sum->infeasible_why, sizeof(sum->infeasible_why),
+                 "GPU count %d out of range (1..%d)", r->gpus, NRS_SIM_MAX_GPUS);
+        return 0;
+    }
     for (int step = 0; step < t->steps; step++) {
         nrs_cond_t c;
         double trans = 0, true_s, pred_s;
@@ -281,9 +321,9 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
         else if (r->pol == NRS_SIM_ORACLE)
             rc = step_oracle(r, &c, &moved, err, errlen);
         else if (nrs_sim_policy_modelled(r->pol))
-            rc = step_modelled(r, &c, &trans, &moved, err, errlen);
+            rc = step_modelled(r, &c, &trans, &moved, &ckpt, err, errlen);
         else
-            rc = step_fixed(r, &c, &trans, &moved, err, errlen);
+            rc = step_fixed(r, &c, &trans, &moved, &ckpt, err, errlen);
         if (rc == 0)
             rc = run_plan(r, step, &c, &true_s, &pred_s, err, errlen);
         if (rc < 0)
@@ -322,8 +362,11 @@ static int run_one(const nrs_spec_t *s, const nrs_trace_t *t, nrs_sim_policy_t p
                    nrs_sim_summary_t *sum, char *err, size_t errlen)
 {
     run_t *r = calloc(1, sizeof(*r));
-    int maxg = 1 << 22, rc;
-    if (!r || !(r->lost = malloc(sizeof(int) * (size_t)maxg))) {
+    int maxg = NRS_SIM_MAX_GPUS, rc;
+    if (!r || !(r->lost = malloc(sizeof(int) * (size_t)maxg)) ||
+        !(r->cur = malloc(sizeof(int) * (size_t)maxg))) {
+        if (r)
+            free(r->lost);
         free(r);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -340,6 +383,7 @@ static int run_one(const nrs_spec_t *s, const nrs_trace_t *t, nrs_sim_policy_t p
         r->have_fixed_from = true;
     }
     rc = simulate(r, fn, arg, sum, err, errlen);
+    free(r->cur);
     free(r->lost);
     free(r);
     return rc;

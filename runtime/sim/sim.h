@@ -15,6 +15,7 @@ typedef struct {
     nrs_event_kind_t kind;
     int value; /* GPUS: GPU count; FAIL: node index; MEMORY: unused */
     int order; /* position in the file: ties keep it */
+    int line, col; /* of its value in the trace, for errors found while simulating */
 } nrs_event_t;
 
 typedef struct {

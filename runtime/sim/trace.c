@@ -43,7 +43,9 @@ static int num(ctx_t *c, int w, double lo, double hi, double *out)
         return fail(c, c->nwords ? c->nwords - 1 : 0, "missing a number");
     errno = 0;
     double v = strtod(c->word[w], &end);
-    if (errno || end == c->word[w] || *end || !isfinite(v) || v < lo || v > hi) {
+    /* numbers are decimal: strtod would take hexadecimal too */
+    if (errno || end == c->word[w] || *end || strpbrk(c->word[w], "xX") || !isfinite(v) ||
+        v < lo || v > hi) {
         snprintf(msg, sizeof(msg), "'%.40s' is not a number in [%g, %g]", c->word[w], lo, hi);
         return fail(c, w, msg);
     }
@@ -97,9 +99,10 @@ static void split(ctx_t *c, char *line)
 
 static int add_event(ctx_t *c, nrs_trace_t *t, int step, nrs_event_kind_t kind, int value)
 {
+    int w = c->nwords - 1; /* the value's word (the step's for memory) */
     if (t->nevents == NRS_TRACE_MAX_EVENTS)
         return fail(c, 0, "too many events (at most 4096)");
-    t->events[t->nevents] = (nrs_event_t){step, kind, value, t->nevents};
+    t->events[t->nevents] = (nrs_event_t){step, kind, value, t->nevents, c->line, c->col[w]};
     t->nevents++;
     return 0;
 }
@@ -116,13 +119,22 @@ static int directive(ctx_t *c, nrs_trace_t *t, const nrs_spec_t *s, seg_t *segs,
     int step, v;
     double x;
     if (!strcmp(d, "steps")) {
+        /* a second one would leave events and responses past the new end */
+        if (*have_steps)
+            return fail(c, 0, "'steps' given twice");
         if (want_words(c, 2) || integer(c, 1, 1, NRS_TRACE_MAX_STEPS, &t->steps))
             return -1;
         *have_steps = true;
         return 0;
     }
-    if (!strcmp(d, "seed"))
-        return want_words(c, 2) || num(c, 1, 0, 4294967295.0, &x) ? -1 : (t->seed = (unsigned long)x, 0);
+    if (!strcmp(d, "seed")) {
+        if (want_words(c, 2) || num(c, 1, 0, 4294967295.0, &x))
+            return -1;
+        if (x != floor(x)) /* above INT_MAX: not for integer() */
+            return fail(c, 1, "expected an integer");
+        t->seed = (unsigned long)x;
+        return 0;
+    }
     if (!strcmp(d, "noise"))
         return want_words(c, 2) || num(c, 1, 0, 1, &t->noise) ? -1 : 0;
     if (!strcmp(d, "checkpoint"))
@@ -267,6 +279,10 @@ int nrs_trace_load(const char *path, const nrs_spec_t *s, nrs_trace_t *t, char *
         goto out;
     }
     size_t n = fread(text, 1, TRACE_MAX_BYTES + 1, f);
+    if (ferror(f)) { /* e.g. a directory: not an empty trace */
+        snprintf(err, errlen, "%s:0:0: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
     if (n > TRACE_MAX_BYTES) {
         snprintf(err, errlen, "%s:0:0: larger than %d bytes", path, TRACE_MAX_BYTES);
         goto out;

@@ -110,6 +110,10 @@ check "simulate unknown policy" 2 "unknown policy 'best'" "$bin" simulate "$tiny
 check "simulate --csv - keeps the summary (stderr)" 0 "^oracle " sh -c '"$1" simulate "$2" --trace "$3" --csv - --quiet 2>&1 >/dev/null' _ "$bin" "$tiny" "$tmp/t.trace"
 check "simulate --csv - rows alone on stdout" 0 "^policy,step," sh -c '"$1" simulate "$2" --trace "$3" --csv - --quiet 2>/dev/null | head -n 1' _ "$bin" "$tiny" "$tmp/t.trace"
 check "simulate needs a trace" 2 "expected FILE and --trace" "$bin" simulate "$tiny"
+# Policies that stop at different steps cover different steps: no ratio.
+printf 'nereus-trace 1\nsteps 12\ngpus 0 32\ngpus 8 5\ngpus 10 3\n' >"$tmp/stop.trace"
+check "simulate: no ratio against a policy that stopped" 0 "nereus vs static-best: no ratio, nereus stopped" \
+    "$bin" simulate "$ex" --trace "$tmp/stop.trace" --quiet
 
 # Every shipped trace (but the slow 1,024-GPU one, run by bench/sim-baselines.sh):
 # nereus no worse than fixed, within 5% of static-best, oracle below every policy.

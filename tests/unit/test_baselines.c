@@ -186,6 +186,16 @@ static void test_verl_shape(void **st)
     s.models[NRS_ROLE_ACTOR].init_generate = (nrs_tp_pp_t){3, 1};
     plan_of(&s, NRS_SIM_VERL, 32, &p);
     layout_is(&p, NRS_MS_ACTOR_GENERATE, 0, 2, 1, 16);
+    /* Training hints but no rollout hint: the rollout runs at the training
+     * tp (docs/baselines.md), not at the fixed baseline's generation tp
+     * (2 here, for short responses on one node). */
+    spec_8b(&s, 1);
+    s.workload.response_len = 128;
+    for (int r = 0; r < NRS_ROLE_COUNT; r++)
+        s.models[r].init_infer = s.models[r].init_train = (nrs_tp_pp_t){4, 1};
+    plan_of(&s, NRS_SIM_VERL, 8, &p);
+    layout_is(&p, NRS_MS_ACTOR_TRAIN, 0, 4, 1, 2);
+    layout_is(&p, NRS_MS_ACTOR_GENERATE, 0, 4, 1, 2);
     /* No hints at all: the fixed baseline's initial choice, rollout tp still
      * dividing the training tp. */
     spec_8b(&s, 4);
@@ -274,6 +284,7 @@ static void test_resize_restarts(void **st)
         assert_int_equal(m.infeasible_step, -1);
         assert_int_equal(m.transitions, 1);
         assert_true(m.transition_s == 300);
+        assert_int_equal(m.checkpoints, 1); /* the restart is reported as one */
     }
     nrs_trace_free(&t);
 }

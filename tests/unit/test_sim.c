@@ -46,6 +46,15 @@ static void test_trace_errors(void **st)
 {
     (void)st;
     expect_error("", "bad.trace:", "empty trace");
+    {   /* a directory opens but does not read: say so, not "empty trace" */
+        nrs_spec_t s;
+        nrs_trace_t t;
+        char err[NRS_ERR_MAX];
+        spec_8b(&s, 1);
+        assert_int_equal(nrs_trace_load(tmpdir, &s, &t, err, sizeof(err)), -1);
+        if (!strstr(err, "cannot read: Is a directory"))
+            fail_msg("error '%s' for a directory", err);
+    }
     expect_error("steps 10\n", "bad.trace:1:1:", "expected 'nereus-trace 1'");
     expect_error("nereus-trace 1\nseed 3\n", "bad.trace:", "missing 'steps'");
     expect_error("nereus-trace 1\nsteps 0\n", "bad.trace:2:7:", "not a number in [1, 1e+06]");
@@ -58,6 +67,30 @@ static void test_trace_errors(void **st)
     expect_error("nereus-trace 1\ngpus 2 8\nsteps 10\n", "bad.trace:2:1:", "'steps' must come before");
     expect_error("nereus-trace 1\nsteps 10\nramp 5 2 100 200\n", "bad.trace:3:8:", "not a number in [5, 10]");
     expect_error("nereus-trace 1\nsteps 10\nresponse 1 2.5x\n", "bad.trace:3:12:", "'2.5x' is not a number");
+    /* a second 'steps' would drop the events past it without a word */
+    expect_error("nereus-trace 1\nsteps 10\ngpus 8 16\nsteps 5\n", "bad.trace:4:1:",
+                 "'steps' given twice");
+    expect_error("nereus-trace 1\nsteps 0x10\n", "bad.trace:2:7:", "'0x10' is not a number");
+    expect_error("nereus-trace 1\nsteps 10\nseed 1.5\n", "bad.trace:3:6:", "expected an integer");
+}
+
+/* A failure the job cannot take is found while simulating: the error names
+ * the trace line. */
+static void test_trace_event_error_line(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    assert_int_equal(nrs_trace_load(write_trace("fail.trace", "nereus-trace 1\nsteps 10\n"
+                                                "gpus 0 32\n# node 7 of 4\nfail 3 7\n"),
+                                    &s, &t, err, sizeof(err)), 0);
+    assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, NULL, NULL, &m, err, sizeof(err)), -1);
+    if (!strstr(err, "fail.trace:5:8:") || !strstr(err, "node 7 cannot fail"))
+        fail_msg("error '%s' lacks the trace line", err);
+    nrs_trace_free(&t);
 }
 
 static void test_trace_loads(void **st)
@@ -166,6 +199,127 @@ static void test_deterministic(void **st)
     nrs_trace_free(&t);
 }
 
+/* The horizon of the simulated job is capped by the trace's steps left, not
+ * by the spec's workload.steps: a trace longer than the spec must still
+ * admit paying moves after the spec's last step, and a shorter one must not
+ * amortize a move over steps that never run. */
+typedef struct {
+    int step;
+    double horizon;
+    bool changed;
+} horizon_at_t;
+
+static void note_horizon(const nrs_sim_row_t *row, void *arg)
+{
+    horizon_at_t *h = arg;
+    const char *x = row->why ? strstr(row->why, "horizon ") : NULL;
+    if (row->step == h->step && x) {
+        h->horizon = atof(x + strlen("horizon "));
+        h->changed = row->transition;
+    }
+}
+
+static void test_horizon_from_trace(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 4);
+    assert_int_equal(nrs_trace_load(write_trace("grow.trace", "nereus-trace 1\nsteps 40\n"
+                                                "gpus 0 32\ngpus 30 64\n"),
+                                    &s, &t, err, sizeof(err)), 0);
+    int spec_steps[2] = {10, 1000};
+    for (int i = 0; i < 2; i++) {
+        horizon_at_t h = {30, -1, false};
+        s.workload.steps = spec_steps[i];
+        assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, note_horizon, &h, &m, err,
+                                     sizeof(err)), 0);
+        print_message("spec steps %d: horizon %.0f at step 30, moved %d\n", spec_steps[i],
+                      h.horizon, h.changed);
+        assert_true(h.horizon == 10); /* 40 - 30: the first change of the run */
+        assert_true(h.changed);       /* 32 -> 64 GPUs pays within 10 steps */
+    }
+    nrs_trace_free(&t);
+}
+
+/* Events of one step count nodes in the numbering the ones before them
+ * left: node 0 failing twice is the first two nodes, the same as node 1 then
+ * node 0, not one node's state lost for two nodes' GPUs. */
+static void rows_of(const nrs_sim_row_t *row, void *arg)
+{
+    double *v = arg;
+    v[2 * row->step] = row->step_s;
+    v[2 * row->step + 1] = row->transition_s;
+}
+
+static void test_same_step_events(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    char err[NRS_ERR_MAX];
+    const char *traces[2] = {"nereus-trace 1\nsteps 8\ngpus 0 24\nfail 5 0\nfail 5 0\n",
+                             "nereus-trace 1\nsteps 8\ngpus 0 24\nfail 5 1\nfail 5 0\n"};
+    double v[2][16];
+    spec_8b(&s, 3);
+    s.runtime.zero1 = false; /* every shard has a replica: no checkpoint */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(nrs_trace_load(write_trace("same.trace", traces[i]), &s, &t, err,
+                                        sizeof(err)), 0);
+        if (nrs_sim_run(&s, &t, NRS_SIM_NEREUS, rows_of, v[i], &m, err, sizeof(err)) != 0)
+            fail_msg("%s", err);
+        assert_int_equal(m.steps, 8);
+        nrs_trace_free(&t);
+    }
+    print_message("transition at step 5: %.6f s and %.6f s\n", v[0][11], v[1][11]);
+    assert_true(v[0][11] > 0);
+    for (int k = 0; k < 16; k++)
+        assert_true(v[0][k] == v[1][k]);
+}
+
+/* A spec larger than any run (8M GPUs) with a failure at step 0: stopped
+ * there, as the planner would, before the events are numbered. */
+static void test_too_many_gpus(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1 << 20);
+    assert_int_equal(nrs_trace_load(write_trace("huge.trace", "nereus-trace 1\nsteps 3\nfail 0 1\n"),
+                                    &s, &t, err, sizeof(err)), 0);
+    assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_FIXED, NULL, NULL, &m, err, sizeof(err)), 0);
+    assert_int_equal(m.infeasible_step, 0);
+    assert_non_null(strstr(m.infeasible_why, "out of range"));
+    nrs_trace_free(&t);
+}
+
+/* The fixed baseline pays a checkpoint restore when a node loss leaves
+ * ZeRO-1 shards on no survivor, and the summary counts it. */
+static void test_fixed_counts_restores(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_trace_t t;
+    nrs_sim_summary_t m;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 3);
+    assert_int_equal(nrs_trace_load(write_trace("restore.trace", "nereus-trace 1\nsteps 8\n"
+                                                "checkpoint 300\nfail 5 0\n"),
+                                    &s, &t, err, sizeof(err)), 0);
+    if (nrs_sim_run(&s, &t, NRS_SIM_FIXED, NULL, NULL, &m, err, sizeof(err)) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(m.infeasible_step, -1);
+    assert_int_equal(m.transitions, 1);
+    assert_true(m.transition_s > 300);
+    assert_int_equal(m.checkpoints, 1);
+    nrs_trace_free(&t);
+}
+
 /* Node loss: the current plan cannot go on, the move is forced and priced by
  * its transition graph. Without ZeRO-1 every shard has a replica on the other
  * node and nothing is lost; with it, optimizer shards of the lost node exist
@@ -206,6 +360,41 @@ static void test_adapt_forced_on_loss(void **st)
     assert_int_equal(out.lost_boxes, 0);
     forced_on_loss(true, &out);
     assert_true(out.lost_boxes > 0);
+}
+
+/* GPUs lost that the current plan does not use (joined, not planned on: the
+ * expansion did not pay) do not end it: no forced move. */
+static void test_adapt_loss_outside_plan(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c = {.gpus = 32};
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX];
+    int lost[8];
+    spec_8b(&s, 4);
+    s.policy.min_gain = 100; /* nothing pays: only a forced move is made */
+    nrs_work_from_spec(&s, &c.work);
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    c.gpus = 64;
+    assert_int_equal(nrs_adapt_step(&a, 10, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_false(out.changed);
+    assert_int_equal(a.plan.total_gpus, 32);
+    for (int i = 0; i < 8; i++) /* node 5: one of the joiners */
+        lost[i] = 40 + i;
+    nrs_resize_t rz = {lost, 8};
+    c.gpus = 56;
+    if (nrs_adapt_step(&a, 20, &c, &rz, false, &out, err, sizeof(err)) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(out.trigger, NRS_TRIGGER_RESOURCES);
+    print_message("%s\n", out.decision.why);
+    assert_false(out.decision.forced);
+    assert_false(out.changed);
+    assert_int_equal(a.plan.total_gpus, 32);
+    lost[0] = 31; /* one of its own: now it must move */
+    assert_int_equal(nrs_adapt_step(&a, 30, &c, &rz, false, &out, err, sizeof(err)), 0);
+    assert_true(out.decision.forced && out.changed);
 }
 
 /* The horizon is the mean interval between changes of the job: a hysteresis
@@ -301,9 +490,15 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace_errors),
         cmocka_unit_test(test_trace_loads),
+        cmocka_unit_test(test_trace_event_error_line),
         cmocka_unit_test(test_policy_ordering),
         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_horizon_from_trace),
+        cmocka_unit_test(test_same_step_events),
+        cmocka_unit_test(test_too_many_gpus),
+        cmocka_unit_test(test_fixed_counts_restores),
         cmocka_unit_test(test_adapt_forced_on_loss),
+        cmocka_unit_test(test_adapt_loss_outside_plan),
         cmocka_unit_test(test_adapt_prices_once),
         cmocka_unit_test(test_adapt_records_changes),
     };
