@@ -20,7 +20,7 @@ static int layout_ok(const nrs_model_t *m, const nrs_layout_t *l)
 /* Parameters on the most loaded GPU of a (tp, pp) layout. */
 static double params_per_gpu(const nrs_model_t *m, const nrs_layout_t *l)
 {
-    return nrs_mdl_per_gpu(nrs_mdl_stage_weights(m, l->pp), l->tp);
+    return nrs_mdl_per_gpu(m, nrs_mdl_stage_weights(m, l->pp), l->tp);
 }
 
 static int role_trained(nrs_role_t r)

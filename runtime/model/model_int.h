@@ -17,17 +17,28 @@
 #define NRS_MDL_CPU_ADAM_HOST_PPS 4.5e9 /* offload: Adam parameters per second per host (§4) */
 #define NRS_MDL_Z3_LIVE_LAYERS 2.0      /* zero3: layers gathered at once (current + prefetch) */
 
-/* Parameters split in two: those tensor parallelism shards over tp ranks
- * (matmuls, vocab-parallel embedding and lm head) and those every tp rank keeps
- * whole (norm vectors, the 1-wide value head). */
+/* Parameters by how tensor parallelism splits them, as runtime/emu/geometry.c
+ * lays them out: q and o projections evenly over tp ranks (tp divides the
+ * heads); the MLP by ffn rows and the vocab-parallel embedding and lm head by
+ * vocab rows, balanced (the first ranks one row more when tp does not divide
+ * them); the k and v projections by kv head (sharded while tp <= kv heads, one
+ * whole kv head per rank beyond); and those every tp rank keeps whole (norm
+ * vectors, the 1-wide value head). */
 typedef struct {
     double sharded;
+    double ffn;
+    double vocab;
+    double kv;
     double replicated;
 } nrs_mdl_params_t;
 
 double nrs_mdl_head_dim(const nrs_model_t *m);
 int nrs_mdl_stage_layers(const nrs_model_t *m, int pp);
-double nrs_mdl_per_gpu(nrs_mdl_params_t p, int tp);
+/* Parameters the most loaded tensor rank holds (a replicated kv head counted
+ * whole, a balanced split's larger part). */
+double nrs_mdl_per_gpu(const nrs_model_t *m, nrs_mdl_params_t p, int tp);
+/* Parameters summed over the model (each kv head once). */
+double nrs_mdl_total(nrs_mdl_params_t p);
 
 /* Parameters of one decoder layer. */
 nrs_mdl_params_t nrs_mdl_layer_params(const nrs_model_t *m);

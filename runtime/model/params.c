@@ -77,9 +77,33 @@ int nrs_mdl_stage_layers(const nrs_model_t *m, int pp)
     return (m->layers + pp - 1) / pp;
 }
 
-double nrs_mdl_per_gpu(nrs_mdl_params_t p, int tp)
+/* kv heads one tensor rank holds: a share of them, or one replicated head when
+ * tp > kv_heads (Megatron/vLLM replicate kv heads in that case). */
+static double kv_heads_per_gpu(const nrs_model_t *m, int tp)
 {
-    return p.sharded / tp + p.replicated;
+    return m->kv_heads >= tp ? (double)m->kv_heads / tp : 1.0;
+}
+
+/* The larger part of x split over tp ranks by n rows (geometry.c's balanced
+ * split: ceil(n / tp) rows on the first ranks). */
+static double split_part(double x, int n, int tp)
+{
+    return n % tp ? x / n * ((n + tp - 1) / tp) : x / tp;
+}
+
+double nrs_mdl_per_gpu(const nrs_model_t *m, nrs_mdl_params_t p, int tp)
+{
+    /* With tp > kv heads a rank holds one whole kv head (runtime/emu/geometry.c),
+     * not 1/tp of them all: kv/tp would undercount what the rank allocates. */
+    double kv = m->kv_heads >= tp ? p.kv / tp : p.kv / m->kv_heads;
+
+    return p.sharded / tp + split_part(p.ffn, m->ffn, tp) + split_part(p.vocab, m->vocab, tp) +
+           kv + p.replicated;
+}
+
+double nrs_mdl_total(nrs_mdl_params_t p)
+{
+    return p.sharded + p.ffn + p.vocab + p.kv + p.replicated;
 }
 
 nrs_mdl_params_t nrs_mdl_layer_params(const nrs_model_t *m)
@@ -89,7 +113,9 @@ nrs_mdl_params_t nrs_mdl_layer_params(const nrs_model_t *m)
     /* q and o projections are h x q, k and v are h x kv (GQA); SwiGLU has gate,
      * up and down (3 h x ffn); two RMSNorm weight vectors. No biases (Llama). */
     nrs_mdl_params_t p = {
-        .sharded = h * q + 2.0 * h * kv + q * h + 3.0 * h * m->ffn,
+        .sharded = h * q + q * h,
+        .ffn = 3.0 * h * m->ffn,
+        .kv = 2.0 * h * kv,
         .replicated = 2.0 * h,
     };
     return p;
@@ -101,12 +127,12 @@ nrs_mdl_params_t nrs_mdl_layer_params(const nrs_model_t *m)
 static nrs_mdl_params_t head_params(const nrs_model_t *m)
 {
     double h = m->hidden;
-    nrs_mdl_params_t p = {.sharded = 0, .replicated = h};
+    nrs_mdl_params_t p = {.replicated = h};
 
     if (m->value_head)
         p.replicated += h;
     else
-        p.sharded += (double)m->vocab * h;
+        p.vocab += (double)m->vocab * h;
     return p;
 }
 
@@ -114,8 +140,7 @@ double nrs_cost_params(const nrs_model_t *m)
 {
     nrs_mdl_params_t layer = nrs_mdl_layer_params(m), head = head_params(m);
     double emb = (double)m->vocab * m->hidden;
-    double total = emb + m->layers * (layer.sharded + layer.replicated) + head.sharded +
-                   head.replicated;
+    double total = emb + m->layers * nrs_mdl_total(layer) + nrs_mdl_total(head);
 
     /* A tied lm head is the embedding matrix: count it once. */
     if (m->tied_embeddings && !m->value_head)
@@ -127,21 +152,24 @@ nrs_mdl_params_t nrs_mdl_stage_weights(const nrs_model_t *m, int pp)
 {
     nrs_mdl_params_t layer = nrs_mdl_layer_params(m), head = head_params(m);
     double ls = nrs_mdl_stage_layers(m, pp), emb = (double)m->vocab * m->hidden;
-    nrs_mdl_params_t p = {ls * layer.sharded, ls * layer.replicated};
+    nrs_mdl_params_t p = {.sharded = ls * layer.sharded,
+                          .ffn = ls * layer.ffn,
+                          .kv = ls * layer.kv,
+                          .replicated = ls * layer.replicated};
 
     if (pp == 1) {
         /* One stage holds everything; a tied head shares the embedding. */
-        p.sharded += emb + ((m->tied_embeddings && !m->value_head) ? 0 : head.sharded);
+        p.vocab += emb + ((m->tied_embeddings && !m->value_head) ? 0 : head.vocab);
         p.replicated += head.replicated;
         return p;
     }
     /* First stage: embedding; last: head and final norm (a tied head is a copy,
      * Megatron keeps one on each end). The heavier end is the most loaded GPU;
      * both ends are assumed to get ceil(layers/pp) layers (upper bound). */
-    if (emb >= head.sharded + head.replicated) {
-        p.sharded += emb;
+    if (emb >= nrs_mdl_total(head)) {
+        p.vocab += emb;
     } else {
-        p.sharded += head.sharded;
+        p.vocab += head.vocab;
         p.replicated += head.replicated;
     }
     return p;
@@ -152,21 +180,17 @@ nrs_mdl_params_t nrs_mdl_stage_matmul(const nrs_model_t *m, int pp)
     nrs_mdl_params_t layer = nrs_mdl_layer_params(m), head = head_params(m);
     double ls = nrs_mdl_stage_layers(m, pp);
     /* The last stage (layers + head) is the slowest; with pp = 1 it is all. */
-    nrs_mdl_params_t p = {ls * layer.sharded + head.sharded,
-                          ls * layer.replicated + head.replicated};
+    nrs_mdl_params_t p = {.sharded = ls * layer.sharded,
+                          .ffn = ls * layer.ffn,
+                          .vocab = head.vocab,
+                          .kv = ls * layer.kv,
+                          .replicated = ls * layer.replicated + head.replicated};
     return p;
 }
 
 double nrs_mdl_head_width(const nrs_model_t *m, int tp)
 {
     return m->value_head ? 1.0 : (double)m->vocab / tp;
-}
-
-/* kv heads one tensor rank holds: a share of them, or one replicated head when
- * tp > kv_heads (Megatron/vLLM replicate kv heads in that case). */
-static double kv_heads_per_gpu(const nrs_model_t *m, int tp)
-{
-    return m->kv_heads >= tp ? (double)m->kv_heads / tp : 1.0;
 }
 
 double nrs_mdl_act_token_layer(const nrs_model_t *m, int tp)

@@ -110,7 +110,7 @@ static double z3_gathered_bytes(const ctx_t *x)
 
     if (x->l.dp <= 1)
         return 0;
-    return x->b * (NRS_MDL_Z3_LIVE_LAYERS * nrs_mdl_per_gpu(layer, x->l.tp) + head);
+    return x->b * (NRS_MDL_Z3_LIVE_LAYERS * nrs_mdl_per_gpu(x->m, layer, x->l.tp) + head);
 }
 
 static double train_transient(const ctx_t *x, const nrs_runtime_t *rt)
@@ -134,7 +134,9 @@ static double train_transient(const ctx_t *x, const nrs_runtime_t *rt)
 static void cost_train(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
 {
     const nrs_layout_t *l = &x->l;
-    int ep = s->workload.ppo_epochs > 0 ? s->workload.ppo_epochs : 1;
+    /* double: ep * sequences or ep * micro-batches overflows int (up to 1024
+     * epochs times 2^31 sequences). */
+    double ep = s->workload.ppo_epochs > 0 ? s->workload.ppo_epochs : 1;
     int nmb = ceil_div(x->samples_r, l->mb);
     double rc = s->runtime.recompute ? 4.0 / 3.0 : 1.0;
     /* Narayanan et al. 2021: 6 FLOPs per matmul parameter per token (fwd + bwd),
@@ -143,7 +145,7 @@ static void cost_train(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
     double flops_seq = rc * (6.0 * x->mm * x->seq + 12.0 * x->ls * x->q * x->seq * x->seq);
     /* Megatron: 2 all-reduces forward, 2 backward per layer (+2 recompute). */
     double mb_comm = mb_comm_s(x, l->mb * x->seq, s->runtime.recompute ? 6 : 4, 2);
-    double p_gpu = nrs_mdl_per_gpu(nrs_mdl_stage_weights(x->m, l->pp), l->tp);
+    double p_gpu = nrs_mdl_per_gpu(x->m, nrs_mdl_stage_weights(x->m, l->pp), l->tp);
     const nrs_runtime_t *rt = &s->runtime;
     double opt_params = p_gpu / nrs_mdl_zero_o(rt, l);
 
@@ -196,7 +198,7 @@ static void cost_infer(const ctx_t *x, const nrs_spec_t *s, nrs_stage_cost_t *o)
                      logits_bytes(x, l->mb * x->seq);
     if (s->runtime.zero3) {
         /* One prefetched parameter all-gather per micro-batch's forward. */
-        double p_gpu = nrs_mdl_per_gpu(nrs_mdl_stage_weights(x->m, l->pp), l->tp);
+        double p_gpu = nrs_mdl_per_gpu(x->m, nrs_mdl_stage_weights(x->m, l->pp), l->tp);
         o->comm_s += nmb * fmax(0, z3_collective_s(x, p_gpu) - o->compute_s / nmb);
         o->trans_bytes += z3_gathered_bytes(x);
     }
@@ -249,7 +251,7 @@ static void gen_round(const ctx_t *x, int n, parts_t *p)
     double ng = (double)n / g;
     double hbm = x->c->hbm_gbps * NRS_MDL_GB;
     /* Weights one decode step streams: the slowest stage's matmul weights. */
-    double w_read = nrs_mdl_per_gpu(nrs_mdl_stage_matmul(x->m, l->pp), l->tp) * x->b;
+    double w_read = nrs_mdl_per_gpu(x->m, nrs_mdl_stage_matmul(x->m, l->pp), l->tp) * x->b;
     double kv_tok = nrs_cost_kv_token_bytes(x->m, l->tp, l->pp);
 
     /* Prefill: compute-bound forward of ng * prompt tokens per group-stage. */
@@ -340,7 +342,11 @@ static int ctx_init(ctx_t *x, const nrs_spec_t *s, nrs_ms_t ms, const nrs_layout
     x->h = m->hidden;
     x->q = m->heads * nrs_mdl_head_dim(m);
     nrs_mdl_params_t mm = nrs_mdl_stage_matmul(m, l->pp);
-    x->mm = mm.sharded + mm.replicated;
+    x->mm = nrs_mdl_total(mm);
+    /* tp > kv heads: every rank projects k and v for its own copy of a kv head,
+     * so the tp ranks together do tp/kv times those FLOPs. */
+    if (l->tp > m->kv_heads)
+        x->mm += mm.kv * ((double)l->tp / m->kv_heads - 1.0);
     x->stage_flops = l->tp * s->cluster.peak_tflops * 1e12 * s->cluster.efficiency;
     return 0;
 }

@@ -88,12 +88,25 @@ static int check_shape(const nrs_spec_t *s, const nrs_plan_t *p, char *err, size
     return 0;
 }
 
+bool nrs_plan_gen_in_place(const nrs_spec_t *s, bool same_pool, const nrs_layout_t *train,
+                           const nrs_layout_t *gen)
+{
+    if (!same_pool || train->tp != gen->tp || train->pp != gen->pp)
+        return false;
+    /* ZeRO-3 leaves 1/dp of the shard on a training rank: generation needs it
+     * whole (the sync all-gathers it into buffers of its own). A broadcast sync
+     * loads a generation engine that keeps its own copy. */
+    if (s->runtime.zero3 && train->dp > 1)
+        return false;
+    return s->runtime.weight_sync != NRS_WSYNC_BROADCAST;
+}
+
 /* Whether generation keeps its own weights on its pool, and what it adds. */
 static double gen_extra(const nrs_spec_t *s, const nrs_plan_t *p, bool *separate)
 {
     const nrs_layout_t *g = &p->layout[NRS_MS_ACTOR_GENERATE], *t = &p->layout[NRS_MS_ACTOR_TRAIN];
     *separate = p->pool_of[NRS_MS_ACTOR_GENERATE] != p->pool_of[NRS_MS_ACTOR_TRAIN];
-    if (!*separate && g->tp == t->tp && g->pp == t->pp)
+    if (nrs_plan_gen_in_place(s, !*separate, t, g))
         return 0; /* generation reads the training weights in place */
     return nrs_cost_gen_weight_bytes(s, g);
 }

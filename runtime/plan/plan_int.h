@@ -81,6 +81,13 @@ int nrs_pp_max(const nrs_planner_t *pl, nrs_unit_t u, int tp, int gpus);
 /* explain.c */
 void nrs_plan_explain_infeasible(nrs_planner_t *pl, int gpus, char *err, size_t errlen);
 
+/* eval.c: whether actor.generate reads actor.train's weights in place and so
+ * holds nothing of its own: same pool, same tp and pp, and the training ranks
+ * hold their whole shard (not 1/dp of it under ZeRO-3) with the reshard sync
+ * (a broadcast sync fills a separate engine's own copy). */
+bool nrs_plan_gen_in_place(const nrs_spec_t *s, bool same_pool, const nrs_layout_t *train,
+                           const nrs_layout_t *gen);
+
 /* 0 when every calibration factor is finite and > 0 (NULL: the defaults);
  * else -1 with err naming the factor: a NaN or infinite factor would make
  * every plan "infeasible" and blame memory. */

@@ -54,7 +54,7 @@ static double bound(const search_t *S, int depth, int mb[U_COUNT][2])
         const nrs_cand_t *a = &S->tab[U_ACTOR]->cand[S->choice[U_ACTOR]];
         const nrs_cand_t *g = &S->tab[U_GEN]->cand[S->choice[U_GEN]];
         nrs_layout_t la = {a->tp, a->pp, a->dp, 1}, lg = {g->tp, g->pp, g->dp, 1};
-        if (coloc && !(a->tp == g->tp && a->pp == g->pp))
+        if (coloc && !nrs_plan_gen_in_place(pl->spec, true, &la, &lg))
             extra = g->persist;
         sync = nrs_cost_sync_s(pl->spec, &la, &lg, coloc, &pl->calib);
     }

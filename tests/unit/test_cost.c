@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "emu/geometry.h"
 #include "nereus/cost.h"
 
 #define GIB 1073741824.0
@@ -219,12 +220,111 @@ static void test_gen_weights_and_kv(void **state)
     assert_true(nrs_cost_kv_token_bytes(m, 3, 1) < 0);
 }
 
+/* Qwen2.5-3B-like: 2 kv heads, so tp = 4 or 8 replicates whole kv heads. */
+static void qwen25_3b(nrs_model_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->present = true;
+    m->layers = 36;
+    m->hidden = 2048;
+    m->ffn = 11008;
+    m->heads = 16;
+    m->kv_heads = 2;
+    m->vocab = 151936;
+    m->tied_embeddings = true;
+    m->dtype = NRS_DTYPE_BF16;
+}
+
+/* Elements the most loaded rank of a (tp, pp) layout holds, as the EMU
+ * geometry lays them out (runtime/emu/geometry.c, the ground truth). */
+static double geometry_max_elems(const nrs_model_t *m, int tp, int pp)
+{
+    nrs_emu_tbox_t bx[64];
+    double most = 0;
+    assert_true(nrs_emu_rank_boxes_max(m, pp) <= 64);
+    for (int p = 0; p < pp; p++)
+        for (int t = 0; t < tp; t++) {
+            int nb = nrs_emu_rank_boxes(m, tp, pp, p, t, bx, 64);
+            double e = 0;
+            for (int i = 0; i < nb; i++)
+                e += (double)nrs_emu_rect_area(&bx[i].box);
+            if (e > most)
+                most = e;
+        }
+    return most;
+}
+
+/* The memory model must never count less than a rank really allocates, or a
+ * plan at the cap passes the planner and is refused at transition time. With
+ * tp > kv heads each rank holds a whole replicated kv head of k and v. */
+static void test_persist_covers_geometry(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    s.runtime.zero1 = false;
+    static const int tps[] = {1, 2, 4, 8, 16}, pps[] = {1, 2, 3, 4};
+    for (int k = 0; k < 3; k++) {
+        nrs_model_t *m = &s.models[NRS_ROLE_ACTOR];
+        if (k == 0) {
+            qwen25_3b(m);
+        } else {
+            llama3_8b(m);
+            if (k == 2) { /* ffn and vocab that tp does not divide: balanced rows */
+                m->ffn = 14337;
+                m->vocab = 50257;
+            }
+        }
+        for (size_t a = 0; a < sizeof(tps) / sizeof(tps[0]); a++)
+            for (size_t b = 0; b < sizeof(pps) / sizeof(pps[0]); b++) {
+                nrs_layout_t l = lay(tps[a], pps[b], 1, 1);
+                if (m->heads % l.tp)
+                    continue;
+                double g = geometry_max_elems(m, l.tp, l.pp);
+                /* weights 2 + grads 2 + fp32 master, m, v 12 bytes an element */
+                assert_true(nrs_cost_gen_weight_bytes(&s, &l) >= 2.0 * g);
+                assert_true(nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l) >= 16.0 * g);
+            }
+    }
+    /* Qwen at tp = 4, pp = 1: every layer's k and v hold one 128-wide head of
+     * 2048 inputs on each rank (2 kv heads spread over 4 ranks would be half). */
+    qwen25_3b(&s.models[NRS_ROLE_ACTOR]);
+    nrs_layout_t l = lay(4, 1, 1, 1);
+    double want = 151936.0 * 2048 / 4 +
+                  36.0 * ((2.0 * 2048 * 2048 + 3.0 * 2048 * 11008) / 4 + 2.0 * 2048 * 128 +
+                          2.0 * 2048) +
+                  2048;
+    assert_true(geometry_max_elems(&s.models[NRS_ROLE_ACTOR], 4, 1) == want);
+    assert_true(nrs_cost_gen_weight_bytes(&s, &l) == 2.0 * want);
+}
+
 /* ---- stage time: validity ------------------------------------------------------ */
 
 static int stage(const nrs_spec_t *s, nrs_ms_t ms, nrs_layout_t l, const nrs_work_t *w,
                  nrs_stage_cost_t *o)
 {
     return nrs_cost_stage(s, ms, &l, w, NULL, o);
+}
+
+/* With tp > kv heads every rank computes the k and v projections of its own
+ * (replicated) kv head: the tp ranks together do tp/kv times the k, v FLOPs. */
+static void test_replicated_kv_flops(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    qwen25_3b(&s.models[NRS_ROLE_ACTOR]);
+    nrs_work_t w = work_of(&s);
+    nrs_stage_cost_t c2, c4;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_INFER, lay(2, 1, 4, 4), &w, &c2), 0);
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_INFER, lay(4, 1, 4, 4), &w, &c4), 0);
+    double seq = 2048, kv_layer = 2.0 * 2048 * 256; /* k and v of both kv heads */
+    double mm = nrs_cost_params(&s.models[NRS_ROLE_ACTOR]); /* tied: the embedding is the head */
+    double att = 4.0 * 36 * 2048 * seq * seq;
+    double f_gpu = 989e12 * 0.5, seqs = 256.0 / 4;
+    assert_true(fabs(c2.compute_s - seqs * (2.0 * mm * seq + att) / (2 * f_gpu)) <=
+                1e-9 * c2.compute_s);
+    /* tp = 4 over 2 kv heads: each kv head computed twice. */
+    assert_true(fabs(c4.compute_s - seqs * (2.0 * (mm + 36 * kv_layer) * seq + att) / (4 * f_gpu)) <=
+                1e-9 * c4.compute_s);
 }
 
 static void test_stage_invalid(void **state)
@@ -284,6 +384,30 @@ static void test_stage_invalid(void **state)
 #define FOR_TP_PP(tp, pp)                                                                   \
     for (int tp = 1; tp <= 32; tp *= 2)                                                    \
         for (int pp = 1; pp * tp <= 32; pp *= 2)
+
+/* Epochs times micro-batches (or sequences) must not be int arithmetic: with
+ * 2^24 sequences on one replica at mb = 1 and 256 epochs the product is 2^32,
+ * which wrapped to 0 and priced the whole training stage at zero compute. */
+static void test_train_epochs_no_int_overflow(void **state)
+{
+    nrs_spec_t s;
+    ppo_8b_h100(&s);
+    s.workload.global_batch = 1 << 24;
+    s.workload.prompt_len = 16;
+    s.workload.response_len = 16;
+    s.runtime.zero3 = true; /* its per-micro-batch terms divide by epochs * micro-batches */
+    nrs_work_t w = work_of(&s);
+    nrs_stage_cost_t one, many;
+    nrs_layout_t l = lay(8, 4, 1, 1);
+    s.workload.ppo_epochs = 1;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, l, &w, &one), 0);
+    s.workload.ppo_epochs = 256;
+    assert_int_equal(stage(&s, NRS_MS_ACTOR_TRAIN, l, &w, &many), 0);
+    assert_true(isfinite(many.time_s) && isfinite(many.comm_s));
+    assert_true(fabs(many.compute_s - 256 * one.compute_s) <= 1e-9 * many.compute_s);
+    assert_true(fabs(many.comm_s - 256 * one.comm_s) <= 1e-9 * many.comm_s);
+    assert_true(fabs(many.time_s - 256 * one.time_s) <= 1e-9 * many.time_s);
+}
 
 static void test_stage_finite_positive(void **state)
 {
@@ -675,8 +799,11 @@ int main(void)
         cmocka_unit_test(test_persist_hand_worked),
         cmocka_unit_test(test_persist_monotone),
         cmocka_unit_test(test_gen_weights_and_kv),
+        cmocka_unit_test(test_persist_covers_geometry),
+        cmocka_unit_test(test_replicated_kv_flops),
         cmocka_unit_test(test_stage_invalid),
         cmocka_unit_test(test_stage_finite_positive),
+        cmocka_unit_test(test_train_epochs_no_int_overflow),
         cmocka_unit_test(test_stage_mb_monotone_memory),
         cmocka_unit_test(test_train_dp_monotone),
         cmocka_unit_test(test_response_monotone),

@@ -343,6 +343,50 @@ static void test_deterministic(void **st)
     assert_memory_equal(&a, &b, sizeof(a));
 }
 
+/* Generation on the actor's pool at the actor's tp and pp reads the training
+ * weights in place only when a training rank holds its whole shard: under
+ * ZeRO-3 (dp > 1) it holds 1/dp and generation needs the shard gathered, and a
+ * broadcast sync fills an engine copy of its own. Those weights must be counted
+ * while generation runs, and the planner must agree with its ground truth. */
+static void test_colocated_gen_weights(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_t p, q;
+    nrs_work_t w;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 1);
+    s.cluster.gpu_mem_gib = 1000; /* memory does not bind: compare the counts */
+    nrs_work_from_spec(&s, &w);
+    memset(&p, 0, sizeof(p));
+    p.total_gpus = 8;
+    p.npools = 1;
+    p.pools[0] = (nrs_pool_t){0, 8};
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        p.has[ms] = true;
+        p.pool_of[ms] = 0;
+        p.layout[ms] = (nrs_layout_t){1, 1, 8, ms == NRS_MS_ACTOR_GENERATE ? 8 : 1};
+    }
+    for (int k = 0; k < 3; k++) {
+        s.runtime.zero3 = k == 1;
+        s.runtime.weight_sync = k == 2 ? NRS_WSYNC_BROADCAST : NRS_WSYNC_RESHARD;
+        double persist = 0;
+        for (int r = 0; r < NRS_ROLE_COUNT; r++)
+            persist += nrs_cost_persist_bytes(&s, (nrs_role_t)r, &p.layout[NRS_MS_ACTOR_TRAIN]);
+        nrs_stage_cost_t c;
+        assert_int_equal(nrs_cost_stage(&s, NRS_MS_ACTOR_GENERATE, &p.layout[NRS_MS_ACTOR_GENERATE],
+                                        &w, NULL, &c), 0);
+        double own = k == 0 ? 0 : nrs_cost_gen_weight_bytes(&s, &p.layout[NRS_MS_ACTOR_GENERATE]);
+        q = p;
+        assert_int_equal(nrs_plan_eval(&s, &w, NULL, &q, err, sizeof(err)), 0);
+        assert_true(fabs(q.ms_mem[NRS_MS_ACTOR_GENERATE] - (persist + c.trans_bytes + own)) <=
+                    1e-9 * q.ms_mem[NRS_MS_ACTOR_GENERATE]);
+        /* The search prices the same memory as the ground truth. */
+        plan_ok(&s, 8, NRS_PLAN_BEST, &q);
+        assert_feasible(&s, &q);
+    }
+}
+
 static void test_eval_rejects_bad_plans(void **st)
 {
     (void)st;
@@ -385,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_template),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_eval_rejects_bad_plans),
+        cmocka_unit_test(test_colocated_gen_weights),
         cmocka_unit_test(test_samples_near_int_max),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
