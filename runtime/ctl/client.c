@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,7 +16,34 @@
 #include "ctl/auth.h"
 #include "ctl/client.h"
 
-int nrs_client_connect_unix(const char *dir, char *err, size_t errlen)
+/* SO_SNDTIMEO bounds a blocking connect (unix: while the listener's backlog
+ * is full; TCP: the SYN retries) and each send; 0 s: no bound. */
+static int set_sndtimeo(int fd, double s)
+{
+    struct timeval tv = {0, 0};
+    if (s > 0) {
+        tv.tv_sec = (time_t)s;
+        tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
+        if (tv.tv_sec == 0 && tv.tv_usec == 0)
+            tv.tv_usec = 1;
+    }
+    return setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* connect() within the fd's send time-out: 0, or -1 with errno (ETIMEDOUT
+ * once it passed: Linux says EINPROGRESS for TCP, EAGAIN for unix). */
+static int connect_bounded(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    int rc;
+    do
+        rc = connect(fd, sa, len);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0 && (errno == EINPROGRESS || errno == EAGAIN || errno == EWOULDBLOCK))
+        errno = ETIMEDOUT;
+    return rc;
+}
+
+int nrs_client_connect_unix_within(const char *dir, double timeout_s, char *err, size_t errlen)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof(sa));
@@ -25,9 +53,14 @@ int nrs_client_connect_unix(const char *dir, char *err, size_t errlen)
         return -1;
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        snprintf(err, errlen, "cannot connect to the controller at %s: %s", sa.sun_path,
-                 strerror(errno));
+    if (fd < 0 || set_sndtimeo(fd, timeout_s) != 0 ||
+        connect_bounded(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        if (errno == ETIMEDOUT)
+            snprintf(err, errlen, "cannot connect to the controller at %s: no connection within "
+                     "%g s (its backlog is full)", sa.sun_path, timeout_s);
+        else
+            snprintf(err, errlen, "cannot connect to the controller at %s: %s", sa.sun_path,
+                     strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
@@ -35,7 +68,8 @@ int nrs_client_connect_unix(const char *dir, char *err, size_t errlen)
     return fd;
 }
 
-int nrs_client_connect_tcp(const char *hostport, char *err, size_t errlen)
+int nrs_client_connect_tcp_within(const char *hostport, double timeout_s, char *err,
+                                  size_t errlen)
 {
     char host[256];
     struct addrinfo hints, *res = NULL, *ai;
@@ -53,19 +87,48 @@ int nrs_client_connect_tcp(const char *hostport, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", hostport, gai_strerror(gai));
         return -1;
     }
-    int fd = -1;
-    for (ai = res; ai; ai = ai->ai_next) {
+    /* one deadline for every address the name has */
+    double deadline = nrs_now_s() + timeout_s, left = timeout_s;
+    int fd = -1, e = 0;
+    for (ai = res; ai && left > 0; ai = ai->ai_next, left = deadline - nrs_now_s()) {
         fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+        if (fd >= 0 && set_sndtimeo(fd, left) == 0 &&
+            connect_bounded(fd, ai->ai_addr, ai->ai_addrlen) == 0)
             break;
+        e = errno;
         if (fd >= 0)
             close(fd);
         fd = -1;
     }
-    if (fd < 0)
-        snprintf(err, errlen, "cannot connect to %s: %s", hostport, strerror(errno));
+    if (fd < 0 && (e == ETIMEDOUT || e == 0))
+        snprintf(err, errlen, "cannot connect to %s: no connection within %g s", hostport,
+                 timeout_s);
+    else if (fd < 0)
+        snprintf(err, errlen, "cannot connect to %s: %s", hostport, strerror(e));
+    else
+        set_sndtimeo(fd, timeout_s); /* what is left of it bounded the connect */
     freeaddrinfo(res);
     return fd;
+}
+
+/* The bounded connect, then sends without a bound (the peer's pace, as
+ * before): ranks keep their fd for the whole job. */
+static int unbound_sends(int fd)
+{
+    if (fd >= 0)
+        set_sndtimeo(fd, 0);
+    return fd;
+}
+
+int nrs_client_connect_unix(const char *dir, char *err, size_t errlen)
+{
+    return unbound_sends(nrs_client_connect_unix_within(dir, NRS_CLIENT_CONNECT_S, err, errlen));
+}
+
+int nrs_client_connect_tcp(const char *hostport, char *err, size_t errlen)
+{
+    return unbound_sends(nrs_client_connect_tcp_within(hostport, NRS_CLIENT_CONNECT_S, err,
+                                                       errlen));
 }
 
 int nrs_client_send(int fd, const uint8_t *frame, int n, char *err, size_t errlen)
@@ -78,6 +141,12 @@ int nrs_client_send(int fd, const uint8_t *frame, int n, char *err, size_t errle
         ssize_t k = send(fd, frame + off, (size_t)(n - off), MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR)
             continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* the fd's send time-out (connect_*_within) passed: not
+             * "timed out", which callers read as "sent, not answered" */
+            snprintf(err, errlen, "send: the controller does not read its input");
+            return -1;
+        }
         if (k < 0) {
             snprintf(err, errlen, "send: %s", strerror(errno));
             return -1;

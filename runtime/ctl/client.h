@@ -9,11 +9,20 @@
 
 #include "ctl/proto.h"
 
-/* Connect to DIR/ctl.sock, or to HOST:PORT: a connected fd, or -1 with err. */
+/* Connect to DIR/ctl.sock, or to HOST:PORT, within NRS_CLIENT_CONNECT_S: a
+ * connected fd (sends on it block as long as the peer needs), or -1 with err. */
+enum { NRS_CLIENT_CONNECT_S = 30 };
 int nrs_client_connect_unix(const char *dir, char *err, size_t errlen);
 int nrs_client_connect_tcp(const char *hostport, char *err, size_t errlen);
+/* The same within timeout_s (> 0), which also bounds each send on the fd
+ * (SO_SNDTIMEO): a unix connect waits while the controller's backlog is
+ * full, a TCP connect to a host that does not answer for minutes. */
+int nrs_client_connect_unix_within(const char *dir, double timeout_s, char *err, size_t errlen);
+int nrs_client_connect_tcp_within(const char *hostport, double timeout_s, char *err,
+                                  size_t errlen);
 
-/* Write a whole encoded frame: 0, or -1 with err. */
+/* Write a whole encoded frame: 0, or -1 with err (also when the fd's send
+ * time-out passes with no byte taken). */
 int nrs_client_send(int fd, const uint8_t *frame, int n, char *err, size_t errlen);
 
 /* Read one frame within timeout_s into buf[cap] (cap >= NRS_PROTO_HDR +

@@ -156,11 +156,23 @@ void nrs_conn_consume(nrs_conn_t *c, const nrs_hdr_t *h, double now)
     }
 }
 
+/* Whether an encoded frame says more of its message follows. */
+static bool frame_more(const uint8_t *frame, size_t n)
+{
+    nrs_hdr_t h;
+    return n >= NRS_PROTO_HDR && nrs_proto_hdr_decode(frame, &h) == 0 && (h.flags & NRS_FLAG_MORE);
+}
+
 int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n)
 {
+    /* A message's first frame must find the backlog under the bound; the
+     * rest of it is let through (up to NRS_CONN_MSG_MAX more): a status
+     * reply larger than the bound reaches a peer that reads it, and one
+     * that does not is dropped at its next message. */
+    size_t max = c->out_more ? (size_t)NRS_CONN_OUT_MAX + NRS_CONN_MSG_MAX : NRS_CONN_OUT_MAX;
     if (c->out_off > 0 && c->out_off == c->out_len)
         c->out_off = c->out_len = 0;
-    if (c->out_len - c->out_off + n > NRS_CONN_OUT_MAX)
+    if (c->out_len - c->out_off + n > max)
         return -1;
     if (c->out_len + n > c->out_cap) {
         if (c->out_off > 0) { /* compact first */
@@ -182,6 +194,7 @@ int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n)
     memcpy(c->out + c->out_len, frame, n);
     c->out_len += n;
     c->out_put += n;
+    c->out_more = frame_more(frame, n);
     return 0;
 }
 

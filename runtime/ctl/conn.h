@@ -15,6 +15,11 @@
 enum {
     NRS_CONN_IN_MAX = NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, /* one whole frame */
     NRS_CONN_OUT_MAX = 8 << 20, /* a peer that lets more pile up is dropped */
+    /* the frames of one message after its first (a status reply in chunks,
+     * each but the last with MORE) may go this far beyond NRS_CONN_OUT_MAX:
+     * the whole reply is queued before a byte of it can be sent, so the
+     * bound on what a peer lets pile up cannot apply to it */
+    NRS_CONN_MSG_MAX = 64 << 20,
     /* shared frames (one gather answer for every rank) a peer may hold
      * references to: bytes, and how many pieces */
     NRS_CONN_SHARED_MAX = 256 << 20,
@@ -58,6 +63,7 @@ typedef struct nrs_conn {
     int nrefs, refs_cap;
     size_t out_shared;       /* shared bytes still to send */
     unsigned long long out_sent, out_put; /* private bytes ever sent, queued */
+    bool out_more;           /* the last frame queued set MORE: its message goes on */
     double t_open, t_partial, t_closing; /* monotonic seconds */
     /* > 0: while NEW, a frame whose payload is longer is refused (LENGTH)
      * and its bytes are never buffered: the controller's peers before HELLO
@@ -81,6 +87,7 @@ typedef struct nrs_conn {
     int joiner;      /* 1: a joining rank without a GPU yet; 2: its world is connected */
     double tr_seconds;
     bool dirty;      /* queued output not yet handed to the socket (loop.c) */
+    bool pre_hello;  /* a TCP peer counted as not yet past HELLO (loop.c) */
     unsigned ev;     /* epoll events armed (loop.c) */
 } nrs_conn_t;
 
@@ -98,7 +105,9 @@ int nrs_conn_frame(nrs_conn_t *c, nrs_hdr_t *h, const uint8_t **payload);
 /* Drop the frame returned by nrs_conn_frame. */
 void nrs_conn_consume(nrs_conn_t *c, const nrs_hdr_t *h, double now);
 
-/* Queue an encoded frame: 0, or -1 when the output bound would be exceeded. */
+/* Queue an encoded frame: 0, or -1 when the output bound would be exceeded
+ * (NRS_CONN_OUT_MAX pending; for a frame that continues a message, one after
+ * a frame with MORE, NRS_CONN_OUT_MAX + NRS_CONN_MSG_MAX). */
 int nrs_conn_queue(nrs_conn_t *c, const uint8_t *frame, size_t n);
 /* Queue bytes [off, off + n) of s after what is queued (the connection
  * takes its own reference): 0, or -1 when the shared bounds would be

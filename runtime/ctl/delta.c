@@ -74,7 +74,7 @@ static int split_gpus(const char *arg, nrs_msg_delta_t *m)
 static int exchange(const char *dir, const nrs_msg_delta_t *m, double timeout,
                     nrs_msg_delta_reply_t *r, char *err, size_t el)
 {
-    int fd = nrs_client_connect_unix(dir, err, el);
+    int fd = nrs_client_connect_unix_within(dir, timeout, err, el);
     if (fd < 0)
         return -1;
     uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);

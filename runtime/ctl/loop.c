@@ -38,6 +38,13 @@ typedef struct {
     bool stopping, oom;
     bool full;      /* the listeners are disarmed: the fd table (or memory) ran out */
     bool full_said; /* that was logged, and no peer was accepted since */
+    /* TCP peers that have not said HELLO (nor been closed): at max_pre the
+     * TCP listener is disarmed (tcp_held) until one says HELLO or goes, so
+     * a remote host connecting in a loop cannot take the fd table from the
+     * job's own peers (the unix socket's: ranks, watcher, CLI) */
+    int npre, max_pre;
+    bool tcp_held;
+    double last_held;
     uid_t uid;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     char contact[sizeof(((struct sockaddr_un *)0)->sun_path) + 16]; /* DIR/ctl.tcp, written */
@@ -99,22 +106,45 @@ static void set_events(loop_t *L, nrs_conn_t *k, unsigned ev)
 /* Arm or disarm both listeners (they share the fd table). A listener with a
  * peer pending stays readable while accept fails with EMFILE: left armed,
  * the level-triggered epoll_wait would return at once forever. */
+static void arm(loop_t *L, int fd, uint64_t tag, bool on)
+{
+    struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.u64 = tag};
+    if (fd >= 0)
+        epoll_ctl(L->ep, EPOLL_CTL_MOD, fd, &e);
+}
+
 static void arm_listeners(loop_t *L, bool on)
 {
-    const int fds[] = {L->ufd, L->tfd};
-    const uint64_t tags[] = {TAG_UNIX, TAG_TCP};
-    for (int i = 0; i < 2; i++) {
-        struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.u64 = tags[i]};
-        if (fds[i] >= 0)
-            epoll_ctl(L->ep, EPOLL_CTL_MOD, fds[i], &e);
-    }
+    arm(L, L->ufd, TAG_UNIX, on);
+    arm(L, L->tfd, TAG_TCP, on && !L->tcp_held);
     L->full = !on;
+}
+
+/* Hold (or take again) TCP peers in the listener's backlog. */
+static void hold_tcp(loop_t *L, bool held)
+{
+    if (L->tfd < 0 || L->tcp_held == held)
+        return;
+    L->tcp_held = held;
+    arm(L, L->tfd, TAG_TCP, !held && !L->full);
+}
+
+/* k is past HELLO, or gone: one TCP peer fewer before HELLO. */
+static void uncount_pre(loop_t *L, nrs_conn_t *k)
+{
+    if (!k->pre_hello)
+        return;
+    k->pre_hello = false;
+    L->npre--;
+    if (L->tcp_held && L->npre < L->max_pre && !L->stopping)
+        hold_tcp(L, false);
 }
 
 static void close_conn(loop_t *L, nrs_conn_t *k, double now)
 {
     epoll_ctl(L->ep, EPOLL_CTL_DEL, k->fd, NULL);
     close(k->fd);
+    uncount_pre(L, k);
     nrs_ctl_detach(L->ctl, k, now);
     nrs_conn_free(k);
     if (L->full && !L->stopping) /* an fd is free again: a pending peer may have it */
@@ -159,6 +189,14 @@ static void refuse(loop_t *L, int fd, int code, const char *text)
 static void on_accept(loop_t *L, int lfd, bool tcp, double now)
 {
     for (;;) {
+        if (tcp && L->npre >= L->max_pre) { /* the rest wait in the backlog */
+            if (!L->tcp_held && now - L->last_held > 5) { /* at most every 5 s */
+                lg(L, "%d TCP peers have not said HELLO: not accepting more for now", L->npre);
+                L->last_held = now;
+            }
+            hold_tcp(L, true);
+            return;
+        }
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
@@ -210,6 +248,10 @@ static void on_accept(loop_t *L, int lfd, bool tcp, double now)
             continue;
         }
         k->ev = EPOLLIN;
+        if (tcp) {
+            k->pre_hello = true;
+            L->npre++;
+        }
     }
 }
 
@@ -239,6 +281,8 @@ static void on_conn(loop_t *L, nrs_conn_t *k, uint32_t ev, double now)
                 break;
             }
             nrs_ctl_input(L->ctl, k, now);
+            if (k->state == NRS_CONN_READY)
+                uncount_pre(L, k);
         }
         if (k->state >= NRS_CONN_CLOSING)
             on_output(L, k);
@@ -366,6 +410,15 @@ static int setup(loop_t *L, const nrs_loop_opts_t *o, char *err, size_t el)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+    /* an eighth of the peers (or of the fd table) for unauthenticated ones:
+     * a legitimate TCP rank says HELLO at once, so more than that before
+     * HELLO is a flood, or a burst the loop catches up with in a moment */
+    long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                      ? (long)rl.rlim_cur
+                      : L->max_conns;
+    L->max_pre = (int)((nofile < L->max_conns ? nofile : L->max_conns) / 8);
+    if (L->max_pre < 16)
+        L->max_pre = 16;
     signal(SIGPIPE, SIG_IGN);
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -447,6 +500,7 @@ int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t
     L.log = o->log;
     L.t0 = nrs_loop_now();
     L.max_conns = o->max_conns > 0 ? o->max_conns : 60000;
+    L.last_held = -1e9;
     L.last_full = -1e9;
     if (setup(&L, o, err, errlen) != 0) {
         if (L.ufd >= 0 && L.path[0]) { /* bound but failed later: not ours to leave */

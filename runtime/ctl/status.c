@@ -20,7 +20,9 @@ static const char status_usage[] =
     "\n"
     "  -j, --json               print one JSON object\n"
     "  -d, --socket-dir DIR     the controller's job directory (default $NEREUS_SOCKET_DIR)\n"
-    "  -t, --timeout SECONDS    wait at most that long for each part of the answer\n"
+    "  -t, --timeout SECONDS    wait at most that long for the connection, for the\n"
+    "                           controller to take the request and for each part\n"
+    "                           of the answer\n"
     "                           (in (0, 3600]; default 10)\n"
     "  -h, --help               show this help\n"
     "\n"
@@ -113,7 +115,7 @@ int nrs_cmd_status(int argc, char **argv)
         fprintf(stderr, "nereus status: no --socket-dir and no $NEREUS_SOCKET_DIR\n");
         return 2;
     }
-    int fd = nrs_client_connect_unix(dir, err, sizeof(err));
+    int fd = nrs_client_connect_unix_within(dir, timeout, err, sizeof(err));
     if (fd < 0) {
         fprintf(stderr, "nereus status: %s\n", err);
         return 1;

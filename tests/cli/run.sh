@@ -64,6 +64,24 @@ check "status stray argument" 2 "nereus status: unexpected argument 'extra'" "$b
 check "status unknown option" 2 "nereus status: unknown or incomplete option '--frob'" "$bin" status --frob
 check "status --timeout junk" 2 "--timeout: '5x' is not in" "$bin" status -d "$tmp" --timeout 5x
 check "status no controller" 1 "cannot connect to the controller at $tmp/ctl.sock" "$bin" status -d "$tmp"
+# A controller that accepts nobody (its backlog full): --timeout bounds the
+# connect too (before: the unix connect waited for ever).
+mkdir -m 0700 "$tmp/full"
+python3 -c '
+import socket, sys, time
+l = socket.socket(socket.AF_UNIX); l.bind(sys.argv[1] + "/ctl.sock"); l.listen(0)
+held = []
+while True:  # fill the backlog
+    c = socket.socket(socket.AF_UNIX); c.setblocking(False)
+    try: c.connect(sys.argv[1] + "/ctl.sock")
+    except BlockingIOError: break
+    held.append(c)
+print("ready", flush=True); time.sleep(30)' "$tmp/full" >"$tmp/full.out" 2>&1 &
+fullpid=$!
+for _ in $(seq 50); do grep -q ready "$tmp/full.out" && break; sleep 0.1; done
+check "status --timeout 1 when the controller accepts nobody" 1 "no connection within 1 s" \
+    timeout 10 "$bin" status -d "$tmp/full" --timeout 1
+kill "$fullpid" 2>/dev/null; wait "$fullpid" 2>/dev/null
 check "delta --help" 0 "--lost-gpus LIST" "$bin" delta --help
 check "delta needs one kind" 2 "give exactly one of --add" "$bin" delta -d "$tmp"
 check "delta two kinds" 2 "give exactly one of --add" "$bin" delta -d "$tmp" --add 1 --lost a

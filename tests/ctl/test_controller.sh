@@ -203,6 +203,35 @@ check "the full fd table was logged once" bash -c "[ \$(grep -c 'not accepting p
 term_ctl "$c4"; wait "$c4"
 CURLOG=""
 
+# --- a TCP flood before HELLO does not take the fd table from the unix peers ----
+# (before: 300 silent TCP peers filled a table of 200 fds, and `nereus status`
+# waited in the unix backlog until the HELLO time-out dropped them)
+D6="$tmp/sock6"
+CURLOG="$tmp/c6.log"
+(ulimit -n 200 && exec "$CTL" --socket-dir "$D6" --gpus 16 --secret-file "$tmp/secret" --tcp 127.0.0.1:0 \
+    --hello-timeout 10 --log "$tmp/c6.log" "$SPEC" 2>/dev/null) &
+c6=$!
+wait_for 10 timeout 5 "$CLI" status --socket-dir "$D6"
+port6=$(sed -n 's/.*listening on tcp 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/c6.log" | head -1)
+python3 -c '
+import socket, sys, time
+held = []
+for i in range(300):
+    s = socket.socket(); s.settimeout(2)
+    try: s.connect(("127.0.0.1", int(sys.argv[1]))); held.append(s)
+    except OSError: pass
+print("connected", len(held), flush=True); time.sleep(8)' "${port6:-1}" >"$tmp/flood.out" 2>&1 &
+flood=$!
+wait_for 5 grep -q connected "$tmp/flood.out"
+check "300 silent TCP peers: status over the unix socket is answered at once" \
+    timeout 10 "$CLI" status --socket-dir "$D6" --timeout 3
+check "the TCP peers held back were logged" grep -q 'TCP peers have not said HELLO: not accepting more' "$tmp/c6.log"
+kill "$flood" 2>/dev/null; wait "$flood" 2>/dev/null
+check "a TCP worker with the secret gets the plan after the flood" \
+    "$FW" --tcp "127.0.0.1:${port6:-1}" --token-file "$tmp/secret" --ranks 1 --nranks 16 --timeout 5
+term_ctl "$c6"; wait "$c6"
+CURLOG=""
+
 # --- TCP: the job's secret is required ------------------------------------------
 if [ -n "$port" ]; then
     check "TCP worker with the secret gets the plan" "$FW" --tcp "127.0.0.1:$port" --token-file "$tmp/secret" --ranks 1 --nranks 16 --timeout 5
