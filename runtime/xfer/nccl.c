@@ -35,6 +35,16 @@ struct nrs_nccl {
 int nrs_cuda_device_count(int *n, char *err, size_t errlen)
 {
     cudaError_t e = cudaGetDeviceCount(n);
+    int drv = 0, rt = 0;
+    if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
+        cudaRuntimeGetVersion(&rt) == cudaSuccess) {
+        /* a driver, too old for this runtime: GPUs may well be there */
+        nrs_seterr(err, errlen,
+                   "no GPU: %s: the driver supports CUDA %d.%d, this CUDA runtime needs %d.%d",
+                   cudaGetErrorName(e), drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        *n = 0;
+        return -1;
+    }
     if (e != cudaSuccess || *n < 1) {
         nrs_seterr(err, errlen, "no GPU: %s", e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
         *n = 0;
@@ -91,14 +101,26 @@ int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err
     return legacy_done(cudaMemcpy(dst, src, bytes, copy_kind(kind)), err, errlen, what);
 }
 
+/* Rows back to back on both sides: one 1-D copy. cudaMemcpy2D refuses a
+ * pitch over the device's maximum (cudaDevAttrMaxPitch, 2^31 - 1 on an
+ * H200) even for one row, so a contiguous region of 2 GiB or more could
+ * not move as a 2-D copy. */
+static bool copy_flat(const nrs_cuda_copy2d_t *cp)
+{
+    return cp->rows <= 1 || (cp->dpitch == cp->width && cp->spitch == cp->width);
+}
+
 int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen)
 {
     char what[96];
     snprintf(what, sizeof what, "2-D copy of %zu rows of %zu bytes", cp->rows, cp->width);
-    return legacy_done(cp->rows ? cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch,
-                                               cp->width, cp->rows, copy_kind(kind))
-                                : cudaSuccess,
-                       err, errlen, what);
+    cudaError_t e = cudaSuccess;
+    if (cp->rows && copy_flat(cp))
+        e = cudaMemcpy(cp->dst, cp->src, cp->rows * cp->width, copy_kind(kind));
+    else if (cp->rows)
+        e = cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch, cp->width, cp->rows,
+                         copy_kind(kind));
+    return legacy_done(e, err, errlen, what);
 }
 
 int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen)
@@ -309,6 +331,17 @@ int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t 
         free(ex);
         return 0;
     }
+    /* Built against 2.28, but the library loaded may be older: ncclCommShrink
+     * came with 2.27, and calling it there (lazy binding) would kill the
+     * process with "undefined symbol". */
+    int lib, hdr;
+    nrs_nccl_version(&lib, &hdr);
+    if (lib < 22700) {
+        nrs_seterr(err, errlen, "nccl: shrink: ncclCommShrink needs NCCL 2.27, NCCL %d is loaded",
+                   lib);
+        free(ex);
+        return -1;
+    }
     nrs_nccl_t *d = comm_new(c->device, err, errlen);
     if (!d) {
         free(ex);
@@ -498,7 +531,10 @@ static cudaError_t copies(nrs_nccl_t *c, const nrs_cuda_copy2d_t *cp, int n)
 {
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < n && e == cudaSuccess; i++)
-        if (cp[i].rows)
+        if (cp[i].rows && copy_flat(&cp[i]))
+            e = cudaMemcpyAsync(cp[i].dst, cp[i].src, cp[i].rows * cp[i].width,
+                                cudaMemcpyDeviceToDevice, c->stream);
+        else if (cp[i].rows)
             e = cudaMemcpy2DAsync(cp[i].dst, cp[i].dpitch, cp[i].src, cp[i].spitch, cp[i].width,
                                   cp[i].rows, cudaMemcpyDeviceToDevice, c->stream);
     return e;

@@ -20,11 +20,17 @@
  * connection per pair (a length that differs from the receive's is an
  * error, as is a peer that hung up); ncclCommSplit exchanges colours and
  * keys over those connections; ncclCommShrink keeps the ranks not excluded.
+ * cudaMemcpy2D[Async] keeps CUDA's pitch rules: width <= both pitches,
+ * and pitches at most the device's maximum (2^31 - 1 as on an H200, or
+ * FAKE_MAX_PITCH=N), one row or many.
  * Knobs: FAKE_GPUS=N (0: no device), FAKE_NOSYNC=1 (legacy-stream syncs and
  * event waits do nothing: the races they prevent appear), FAKE_CORRUPT=1
  * (each NCCL chunk to self loses its last byte), FAKE_SLEEP=S
- * (cudaGetDeviceCount sleeps: a hang), FAKE_NCCL_DUPLICATE=1 (init fails,
- * as real NCCL's does for two ranks on one GPU), FAKE_NCCL_STRICT=1 (a
+ * (cudaGetDeviceCount sleeps: a hang), FAKE_DRIVER=V (a driver for CUDA V
+ * only, e.g. 12040: cudaGetDeviceCount finds cudaErrorInsufficientDriver),
+ * FAKE_NCCL_DUPLICATE=1 (init fails, as real NCCL's does for two ranks on
+ * one GPU), FAKE_NCCL_VERSION=V (ncclGetVersion's; below 22700 calling
+ * ncclCommShrink exits 127, as the loader would: 2.27 added it), FAKE_NCCL_STRICT=1 (a
  * group may hold one transfer per peer and direction, and the first group
  * that reaches a peer must go both ways with it: the rules the NCCL
  * transport keeps so that NCCL's lazy connection set-up and per-channel
@@ -234,11 +240,32 @@ static int ndev(void)
     const char *e = getenv("FAKE_GPUS");
     return e ? atoi(e) : 1;
 }
+/* FAKE_DRIVER=V: the driver supports CUDA V (12040: 12.4), older than the
+ * runtime's 13.0: no device can be used, as CUDA 13 on such a driver. */
+static int fake_driver(void)
+{
+    const char *e = getenv("FAKE_DRIVER");
+    return e && *e ? atoi(e) : 13000;
+}
+cudaError_t cudaDriverGetVersion(int *v)
+{
+    *v = fake_driver();
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    *v = 13000;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDeviceCount(int *n)
 {
     if (getenv("FAKE_SLEEP"))
         sleep(atoi(getenv("FAKE_SLEEP")));
     *n = ndev();
+    if (fake_driver() < 13000) {
+        *n = 0;
+        return cudaErrorInsufficientDriver;
+    }
     return *n ? cudaSuccess : cudaErrorNoDevice;
 }
 cudaError_t cudaSetDevice(int d) { return d >= 0 && d < ndev() ? cudaSuccess : cudaErrorInvalidDevice; }
@@ -288,7 +315,29 @@ static cudaError_t check(const void *p, size_t n, int dev)
     }
     return cudaSuccess;
 }
+/* CUDA's limit on a 2-D copy's pitches (cudaDevAttrMaxPitch, memPitch:
+ * 2^31 - 1 on an H200), whatever the height: a contiguous copy larger than
+ * that must be a 1-D one. FAKE_MAX_PITCH=N lowers it, for the tests. */
+static size_t max_pitch(void)
+{
+    const char *e = getenv("FAKE_MAX_PITCH");
+    return e && *e ? (size_t)strtoull(e, NULL, 0) : 2147483647u;
+}
+static cudaError_t copy_async(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
+                              enum cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
+                              enum cudaMemcpyKind k, cudaStream_t st)
+{
+    if (h && (dp < w || sp < w)) /* CUDA's rule for every height, one row included */
+        return cudaErrorInvalidPitchValue;
+    if (dp > max_pitch() || sp > max_pitch()) {
+        fprintf(stderr, "fake: 2-D copy with pitches %zu, %zu: over the maximum pitch %zu\n", dp,
+                sp, max_pitch());
+        return cudaErrorInvalidPitchValue;
+    }
+    return copy_async(d, dp, s, sp, w, h, k, st);
+}
+static cudaError_t copy_async(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
                               enum cudaMemcpyKind k, cudaStream_t st)
 {
     if (h > 1 && (dp < w || sp < w))
@@ -310,7 +359,7 @@ cudaError_t cudaMemcpy2D(void *d, size_t dp, const void *s, size_t sp, size_t w,
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
-    return cudaMemcpy2DAsync(d, n, s, n, n, 1, k, st);
+    return copy_async(d, n, s, n, n, 1, k, st); /* 1-D: no pitch limit */
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
@@ -423,9 +472,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int fl)
 }
 
 /* ---- NCCL: communicators across processes ---- */
+/* FAKE_NCCL_VERSION=V: the library is NCCL V; before 2.27 (22700) it has no
+ * ncclCommShrink, which then ends the process as the dynamic loader does. */
+static int fake_nccl_version(void)
+{
+    const char *e = getenv("FAKE_NCCL_VERSION");
+    return e && *e ? atoi(e) : 22809;
+}
 ncclResult_t ncclGetVersion(int *v)
 {
-    *v = 22809;
+    *v = fake_nccl_version();
     return ncclSuccess;
 }
 const char *ncclGetErrorString(ncclResult_t r) { return r ? "fake nccl error" : "no error"; }
@@ -705,6 +761,11 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *ex, int nex, ncclComm_t *newco
                             int flags)
 {
     fcomm_t *c = (fcomm_t *)comm;
+    if (fake_nccl_version() < 22700) {
+        fprintf(stderr, "fake: symbol lookup error: undefined symbol: ncclCommShrink (NCCL %d)\n",
+                fake_nccl_version());
+        _exit(127);
+    }
     if (!c || c->destroyed || c->aborted || !ex || nex <= 0 || nex >= c->size)
         return ncclInvalidArgument;
     if (c->failed) /* real NCCL (2.28 ncclCommInitChildComm): the parent's async error */

@@ -19,6 +19,12 @@ fake="LD_PRELOAD=$FAKE" # mp_case runs commands, not shell functions: env "$fake
 mp_case "fake GPU: nccl 1 rank, world and split" 0 60 env "$fake" "$N"
 mp_grep "fake GPU: nccl 1 rank: split bytes verified" "mp_nccl\[0/1\]: split: 67108867 bytes from rank 0 verified"
 mp_case "fake GPU: nccl 1 rank, a lone receive ends in an abort" 0 60 env "$fake" "$N" --lone-recv
+# A driver older than the CUDA runtime: the GPU is there, the message says
+# why it cannot be used (a device check must not read as "no GPU" alone).
+mp_case "fake GPU: a driver too old for CUDA 13 skips, and says so" 77 30 env "$fake" \
+    FAKE_DRIVER=12040 "$N" --count
+mp_grep "fake GPU: old driver: versions named" \
+    "skipped: no GPU: .*: the driver supports CUDA 12.4, this CUDA runtime needs 13.0"
 for n in 2 4; do
     mp_case "fake GPU: nccl $n ranks: ring, split halves, shrink" 0 120 env "$fake" FAKE_GPUS="$n" \
         "$SRV" -q -n "$n" -t 110 -- "$N" --bytes 1048579
@@ -26,11 +32,23 @@ for n in 2 4; do
     [ "$got" -eq $((n - 1)) ] && { echo "[       OK ] fake GPU: nccl $n ranks: $got survivor(s) verified the shrunk ring"; mp_pass=$((mp_pass + 1)); } \
         || { echo "[  FAILED  ] fake GPU: nccl $n ranks: $got of $((n - 1)) survivor(s) verified the shrunk ring"; mp_fail=$((mp_fail + 1)); }
 done
+# NCCL older than 2.27 (a GPU machine's own library, found at run time) has
+# no ncclCommShrink: the shrink must be refused with the reason, not end the
+# process at the call ("undefined symbol", as the double does then).
+mp_case "fake GPU: NCCL 2.26 loaded: the shrink is refused, no crash" 1 60 env "$fake" FAKE_GPUS=2 \
+    FAKE_NCCL_VERSION=22600 "$SRV" -q -n 2 -t 50 -- "$N" --bytes 4099
+mp_grep "fake GPU: NCCL 2.26: the reason is given" "ncclCommShrink needs NCCL 2.27, NCCL 22600 is loaded"
 for n in 2 4 8; do
     mp_case "fake GPU: transitions over NCCL, $n ranks, 6 random" 0 150 env "$fake" FAKE_NCCL_STRICT=1 \
         "$SRV" -q -n "$n" -t 140 -- "$T" --nccl --seed $((n * 7 + 3)) --count 6
     mp_grep "fake GPU: $n ranks moved their shards over nccl" "6 transition(s) over nccl"
 done
+# CUDA refuses a 2-D copy whose pitch is over the device's maximum (2^31 - 1
+# on an H200), even of one row: a contiguous region (here: 72 and 256 bytes,
+# the strided ones' pitches are at most 22) must move as a 1-D copy.
+mp_case "fake GPU: over NCCL, contiguous copies are 1-D (maximum pitch 32)" 0 60 env "$fake" \
+    FAKE_MAX_PITCH=32 FAKE_NCCL_STRICT=1 "$SRV" -q -n 2 -t 50 -- "$T" --nccl --seed 17 --count 6
+mp_grep "fake GPU: small maximum pitch: 2 ranks moved their shards" "6 transition(s) over nccl"
 mp_case "fake GPU: over NCCL, a corrupted byte is caught" 1 60 env "$fake" NRS_MP_CORRUPT=1 \
     "$SRV" -q -n 2 -t 50 --kill-on-fail 2 -- "$T" --nccl --seed 3 --count 4
 mp_grep "fake GPU: the mismatch is reported" "checksum mismatch"
