@@ -641,6 +641,33 @@ out:
 
 /* ---- the run -------------------------------------------------------------------------- */
 
+/* Ops that move or place data: any but the scheduler's communicator notes. */
+static size_t count_data_ops(const nrs_emu_graph_t *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < g->nops; i++)
+        n += g->ops[i].type != NRS_EMU_OP_COMM;
+    return n;
+}
+
+/* This rank cannot run its part (opts.fail_local, or no memory for the run):
+ * it still casts its vote in the run's first collective, the hash vote, as a
+ * no, so that every rank aborts there with its old state intact. Leaving it
+ * out paired this rank's next collective with the others' hash vote (PMIx
+ * fences match by who takes part, not by key): they saw "did not vote
+ * (dead)", it saw them gone, and their counters of runs parted. A weight
+ * sync with nothing to move has no vote on any rank: nothing to take part in. */
+static void vote_no(dt_t *D, uint64_t epoch, const char *why)
+{
+    const nrs_emu_graph_t *g = D->g;
+    if (!(D->o->sync_tags && count_data_ops(g) == 0)) {
+        int64_t h = (int64_t)nrs_emu_graph_hash(g), no = (int64_t)((uint64_t)h ^ 1);
+        vote(D, epoch, "hash", no, &h);
+    }
+    snprintf(D->res->msg, sizeof D->res->msg, "%s; this rank voted no: aborted before the point "
+             "of no return on every rank, no op done here: old state intact", why);
+}
+
 static void abort_run(dt_t *D, nrs_xmem_t *new_mem)
 {
     const nrs_emu_graph_t *g = D->g;
@@ -688,11 +715,17 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     D.got = calloc(g->nbuf + 1, sizeof(int32_t));
     D.fl = calloc((size_t)D.window, sizeof(*D.fl));
     D.late = o->verify ? calloc(g->nbuf + 1, 1) : NULL;
-    if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
-        g->nops >> DT_TAG_OP_BITS) {
-        snprintf(res->msg, sizeof res->msg, g->nops >> DT_TAG_OP_BITS ? "graph too large"
-                                                                      : "out of memory");
+    if (g->nops >> DT_TAG_OP_BITS) { /* the same graph everywhere: alike on every rank */
+        snprintf(res->msg, sizeof res->msg, "graph too large");
         res->outcome = NRS_DT_ERROR;
+        goto out;
+    }
+    if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
+        o->fail_local) {
+        vote_no(&D, epoch, o->fail_local ? "this rank failed before the run" : "out of memory");
+        res->outcome = o->fail_local ? NRS_DT_ABORTED : NRS_DT_ERROR;
+        if (new_mem)
+            memset(new_mem, 0, sizeof(*new_mem) * (size_t)g->nnew);
         goto out;
     }
     for (int32_t i = 0; i < g->nold; i++)

@@ -101,6 +101,13 @@ typedef struct {
     bool verify;
     int64_t corrupt_recv;  /* test hook: flip a byte of this rank's Nth received
                             * transfer as it arrives; -1 none */
+    /* This rank failed on its own before the run (its memory could not be
+     * staged, ...): it runs none of its ops but still takes part in the
+     * run's first collective, the hash vote, saying no, so that every rank
+     * aborts there alike (old state intact) and the collectives that follow
+     * pair up; old_mem and new_mem may then be NULL. The same happens when
+     * the run's own memory cannot be had (NRS_DT_ERROR on this rank). */
+    bool fail_local;
 } nrs_dtrans_opts_t;
 
 typedef struct {
@@ -135,6 +142,9 @@ int nrs_dtrans_settle(const nrs_dtrans_opts_t *o, nrs_rdv_t *r, uint64_t epoch, 
  *   ABORTED:   new_mem is empty again, old_mem untouched.
  *   PARTIAL:   new_mem holds what this rank has of the new state (complete or
  *              not), old_mem what was not freed; res->present/rebuildable/lost.
+ *   With opts.fail_local this rank votes no and returns ABORTED (the others
+ *   abort too); a weight sync with nothing to move (no vote) returns ABORTED
+ *   here and COMMITTED on the others, who moved nothing either.
  * Returns res->outcome. res->msg says what happened, naming ranks and ops. */
 int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *x, nrs_rdv_t *r,
                    nrs_xmem_t *old_mem, nrs_xmem_t *new_mem, const nrs_dtrans_opts_t *o,

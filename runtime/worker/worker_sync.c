@@ -66,6 +66,20 @@ static int64_t corrupt_hook(const nrs_worker_t *w)
     return strtoll(end + 1, NULL, 10);
 }
 
+/* NRS_WORKER_SYNC_FAIL=RANK:N: rank RANK's Nth weight sync (from 0, counting
+ * those that committed or failed) fails on that rank alone before its
+ * transfers, as a failed copy of the GPU weights to the host does: the tests'
+ * check that such a rank still takes part in the sync's votes. */
+static int sync_fail_hook(nrs_worker_t *w)
+{
+    const char *k = getenv("NRS_WORKER_SYNC_FAIL");
+    char *end;
+    long long n = w->sync_steps + w->sync_failed;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':' || strtoll(end + 1, NULL, 10) != n)
+        return 0;
+    return nrs_wk_seterr(w, NRS_ERR_XPORT, "test hook: weight sync %lld fails on this rank", n);
+}
+
 static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
 {
     char name[48], err[384];
@@ -337,31 +351,38 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
                              "plan are retired or dead (waiting for the transition without "
                              "them)", w->plan.epoch);
     }
-    if (!w->sg && (rc = sync_build(w))) {
+    /* A failure of this rank alone (its memory, its GPU copy): it still takes
+     * part in the sync's votes, saying no, so that every rank aborts the sync
+     * alike and counts it (sync_n): a rank that left them out paired its next
+     * collective, the step agreement, with the others' hash vote. Only the
+     * graph's own failure (the same plan and spec everywhere) skips them. */
+    int lrc = w->sg ? 0 : sync_build(w), keep = !lrc; /* keep the graph for the next sync */
+    if (lrc && !w->sg) {
         nrs_wk_sync_free(w); /* the epoch's agreements and gone ranks stand */
-        return rc;
+        return lrc;
     }
     const nrs_emu_graph_t *g = w->sg;
     nrs_xmem_t *om = calloc((size_t)g->nold + 1, sizeof(*om));
     nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
     int *out = calloc((size_t)w->n + 1, sizeof(int)), nout = 0;
-    if (!om || !nm || !out) {
+    if (!out) { /* not even who votes is known here */
         free(om);
         free(nm);
-        free(out);
+        if (!keep)
+            nrs_wk_sync_free(w);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
-    for (int32_t i = 0; i < g->nold; i++)
+    if (!lrc && (!om || !nm))
+        lrc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; !lrc && i < g->nold; i++)
         if (w->stmap[i] >= 0)
             om[i] = w->mem[w->stmap[i]];
     for (int g2 = w->plan.total_gpus; w->n > 1 && g2 < w->n; g2++)
         out[nout++] = w->perm[g2]; /* ranks without a GPU of the plan */
-    if ((rc = nrs_wk_sync_host(w, 'd'))) {
-        free(om);
-        free(nm);
-        free(out);
-        return rc;
-    }
+    if (!lrc && (rc = nrs_wk_sync_host(w, 'd')))
+        lrc = rc;
+    if (!lrc && (rc = sync_fail_hook(w)))
+        lrc = rc;
     nrs_dtrans_opts_t o;
     nrs_wk_dtrans_opts(w, &o);
     /* tags of the syncs' own (never a transition's); keys: its own epoch tag, one
@@ -376,7 +397,21 @@ int nrs_worker_weight_sync(nrs_worker_t *w)
     o.nout = nout;
     o.verify = nrs_wk_verify_on(w); /* host memory: the sync stages GPU weights */
     o.corrupt_recv = corrupt_hook(w);
+    o.fail_local = lrc != 0;
     nrs_dtrans_result_t res;
+    if (lrc) {
+        char why[sizeof w->err];
+        snprintf(why, sizeof why, "%s", w->err);
+        nrs_dtrans_run(g, tag, &w->x, nrs_wk_job_rdv(w), NULL, NULL, &o, &res);
+        free(om);
+        free(nm);
+        free(out);
+        if (!keep)
+            nrs_wk_sync_free(w);
+        w->sync_failed++;
+        return nrs_wk_seterr(w, lrc, "weight sync of epoch %u: %.400s; this rank voted no: the "
+                             "sync aborted on every rank, the state intact", w->plan.epoch, why);
+    }
     int oc = nrs_dtrans_run(g, tag, &w->x, nrs_wk_job_rdv(w), om, nm, &o, &res);
     free(om);
     free(out);

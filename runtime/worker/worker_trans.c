@@ -33,6 +33,21 @@ static int64_t kill_hook(const nrs_worker_t *w)
     return !strcmp(end + 1, "ponr") ? -2 : strtoll(end + 1, NULL, 10);
 }
 
+/* NRS_WORKER_TRANS_FAIL=RANK:N: rank RANK's transition attempt N (the counter
+ * the ranks share, from 0) fails on that rank alone before its ops, as a
+ * failed copy of its GPU state to the host does: the tests' check that such
+ * a rank still votes in the transition. */
+static int trans_fail_hook(nrs_worker_t *w)
+{
+    const char *k = getenv("NRS_WORKER_TRANS_FAIL");
+    char *end;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':' ||
+        strtoll(end + 1, NULL, 10) != (long long)w->attempt)
+        return 0;
+    return nrs_wk_seterr(w, NRS_ERR_XPORT, "test hook: transition attempt %u fails on this rank",
+                         w->attempt);
+}
+
 static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
                    int nout, int job_step);
 
@@ -190,20 +205,20 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     const nrs_xport_t *x = nccl ? nrs_wk_nccl_xport(w) : &w->x;
     nrs_xmem_t *old = nccl ? calloc(w->st.nbuf + 1, sizeof(*old)) : w->mem;
-    if (!old) {
-        nrs_emu_graph_free(g);
-        free(nperm);
-        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-    }
-    for (int k = 0; nccl && k < w->nmine; k++) {
+    /* A failure of this rank alone from here on: it still votes, a no, in the
+     * run (nrs_dtrans_opts_t.fail_local), so that every rank aborts it alike
+     * and counts the attempt: a rank that returned before the votes paired
+     * its next collective with the others' hash vote (they saw it dead) and
+     * its attempt counter fell behind theirs. */
+    int lrc = old ? 0 : nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    for (int k = 0; nccl && old && k < w->nmine; k++) {
         int i = w->mine[k];
         nrs_wk_nccl_wrap(&old[i], w->dev[i], w->st.buf[i].gpu, (size_t)w->st.buf[i].bytes);
     }
-    if (!nccl && (rc = nrs_wk_sync_host(w, 'd'))) {
-        nrs_emu_graph_free(g);
-        free(nperm);
-        return rc;
-    }
+    if (!lrc && !nccl && (rc = nrs_wk_sync_host(w, 'd')))
+        lrc = rc;
+    if (!lrc && (rc = trans_fail_hook(w)))
+        lrc = rc;
     nrs_dtrans_opts_t o;
     nrs_wk_dtrans_opts(w, &o);
     if (nccl)
@@ -222,24 +237,24 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         o.settle = !w->coll_ctl; /* PMIx gathers outlive the controller */
     }
     nrs_xmem_t *nm = calloc((size_t)g->nnew + 1, sizeof(*nm));
-    if (!nm) {
-        nrs_emu_graph_free(g);
-        free(nperm);
-        if (nccl)
-            free(old);
-        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-    }
+    if (!nm && !lrc)
+        lrc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     unsigned char *present = calloc((size_t)g->nnew + 1, 1);
     o.present_out = present;
+    o.fail_local = lrc != 0;
+    char why[sizeof w->err] = "";
+    if (lrc)
+        snprintf(why, sizeof why, "%s", w->err);
     if (nccl) /* a failure here fails the run at once, on every rank alike */
         nrs_wk_nccl_preconnect(w, g);
-    int out = nrs_dtrans_run(g, next->epoch, x, nrs_wk_job_rdv(w), old, nm, &o, &w->last);
+    int out = nrs_dtrans_run(g, next->epoch, x, nrs_wk_job_rdv(w), lrc ? NULL : old,
+                             lrc ? NULL : nm, &o, &w->last);
     size_t nnew = (size_t)g->nnew;
     w->have_last = 1;
     snprintf(w->err, sizeof w->err, "transition %u -> %u%s: %s", w->plan.epoch, next->epoch,
              nccl ? " (over NCCL)" : "", w->last.msg);
     nrs_emu_graph_free(g);
-    if (out == NRS_DT_ABORTED || out == NRS_DT_ERROR) { /* the old state is intact */
+    if (lrc || out == NRS_DT_ABORTED || out == NRS_DT_ERROR) { /* the old state is intact */
         free(nm);
         free(nperm);
         free(present);
@@ -247,6 +262,10 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
             nrs_wk_nccl_after(w, out);
             free(old);
         }
+        if (lrc)
+            return nrs_wk_seterr(w, lrc, "transition %u -> %u: %.400s; this rank voted no: "
+                                 "aborted on every rank, old state intact", w->plan.epoch,
+                                 next->epoch, why);
         return out == NRS_DT_ERROR ? NRS_ERR_NOMEM : NRS_ERR_ABORTED;
     }
     for (int i = 0; i < nout; i++) /* out of the job for good */

@@ -2,7 +2,7 @@
  * under tests/mp/pmix_srv.
  *
  *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
- *             [--transports MASK]
+ *             [--transports MASK] [--fail RANK]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -22,6 +22,13 @@
  * the census only once told of its death: what it contributed must count
  * all the same.
  *
+ * --fail R: the first transition fails on rank R alone before its ops
+ * (NRS_WORKER_TRANS_FAIL=R:0): R must come back with its own error and say
+ * it voted no, every other rank NRS_ERR_ABORTED naming R's no, all with the
+ * old state intact; each prints
+ *   mp_worker[i]: transition 1 failed on rank R alone (...): aborted everywhere, old state intact
+ * and the same transition is tried again: it and the rest of the chain commit.
+ *
  * Before the chain every rank calls each public function with a NULL
  * handle (each must return its failure value and name itself in
  * nrs_worker_last_error(NULL)) and the calls with output pointers with
@@ -39,6 +46,7 @@
  *   mp_worker[i]: layer views (<when>): B buffer(s), P part(s) tile their boxes, R refused
  */
 #define _GNU_SOURCE
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,7 +370,7 @@ static void show_roles(nrs_worker_t *w)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, rc = 1;
+    int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, fail = -1, rc = 1;
     unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed"))
@@ -375,6 +383,8 @@ int main(int argc, char **argv)
             kill_ponr = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kill-census"))
             kill_census = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fail"))
+            fail = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--transports"))
             transports = (unsigned)atoi(argv[++i]);
     }
@@ -414,10 +424,16 @@ int main(int argc, char **argv)
     printf("mp_worker[%d]: NULL checks: %d calls refused a NULL handle, NULL outputs taken\n", me,
            ncalls);
     show_roles(w);
-    int armed = 0, skips = 0;
+    int armed = 0, skips = 0, retry = 0, failed = 0;
     double t_kill0 = 0;
+    if (fail >= 0) { /* rank fail's first transition (attempt 0) */
+        char v[32];
+        snprintf(v, sizeof v, "%d:0", fail);
+        setenv("NRS_WORKER_TRANS_FAIL", v, 1);
+    }
     for (int t = 1; t <= count; t++) {
-        draw_plan(&rng, &s, n, (unsigned)t + 1, &next);
+        if (!retry) /* a retry: the same plan again */
+            draw_plan(&rng, &s, n, (unsigned)t + 1, &next);
         if (kill >= 0 && !armed) {
             int64_t k = pre_ponr_ops(&s, &cur, &next, kill);
             if (k >= 8) {
@@ -445,11 +461,34 @@ int main(int argc, char **argv)
             snprintf(v, sizeof v, "%d", kill_census);
             setenv("NRS_WORKER_KILL_CENSUS", v, 1);
         }
-        nrs_worker_report_stage(w, NRS_MS_ACTOR_TRAIN, 0.25 * t);
-        nrs_worker_report_memory(w, 1 << 20, 1 << 21, 0);
-        nrs_worker_report_step(w, t, 128);
+        if (!retry) { /* one report a step */
+            nrs_worker_report_stage(w, NRS_MS_ACTOR_TRAIN, 0.25 * t);
+            nrs_worker_report_memory(w, 1 << 20, 1 << 21, 0);
+            nrs_worker_report_step(w, t, 128);
+        }
+        retry = 0;
         t_kill0 = wall_s();
         e = nrs_worker_transition(w, &next);
+        if (fail >= 0 && t == 1 && !failed++) {
+            /* rank fail votes no; the others abort with it; all keep the old state */
+            char no[64];
+            snprintf(no, sizeof no, "rank %d says no", fail);
+            const char *msg = nrs_worker_last_error(w);
+            bool ok = me == fail ? e == NRS_ERR_XPORT && strstr(msg, "this rank voted no")
+                                 : e == NRS_ERR_ABORTED && strstr(msg, no);
+            if (!ok) {
+                fprintf(stderr, "mp_worker[%d]: transition 1, rank %d failing: %s: %s\n", me, fail,
+                        nrs_worker_strerror(e), msg);
+                goto out;
+            }
+            if (check(w, "old state after the failure", &nv))
+                goto out;
+            printf("mp_worker[%d]: transition 1 failed on rank %d alone (%s): aborted everywhere, "
+                   "old state intact (%lld shards)\n", me, fail, nrs_worker_strerror(e), nv);
+            retry = 1;
+            t--;
+            continue;
+        }
         double took = wall_s() - t_kill0;
         if (e == NRS_ERR_ABORTED) {
             const char *f = getenv("NRS_MP_KILL_STAMP");

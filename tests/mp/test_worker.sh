@@ -11,7 +11,8 @@
 # (nrs_worker_buffer_layer, API 5) and checks each part against the geometry
 # and the pattern. Then runtime.verify on the weight syncs of nereus-worker:
 # a byte flipped on the wire fails every sync (none commits), and without
-# verify the same flip is committed. No hang: hard time-outs on everything.
+# verify the same flip is committed; a sync or a transition that fails on one
+# rank alone is aborted by all, and the later ones commit. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -51,6 +52,19 @@ for tls in sm tcp; do
     done
 done
 rm -f "$stamp"
+# A transition that fails on one rank alone before its ops (its GPU state not
+# copied out: NRS_WORKER_TRANS_FAIL via --fail): that rank still votes, a no.
+# It used to return before the votes: the others saw it dead, its transition
+# counter fell behind theirs, and the same transition tried again never
+# paired up. Every rank aborts, keeps its old state, and the retry commits.
+for tls in sm tcp; do
+    mp_case "worker $tls 4 ranks: rank 1's first transition fails on it alone, the retry commits" 0 60 \
+        env UCX_TLS=$tls "$SRV" -q -n 4 -t 50 -- "$W" --seed 7 --count 3 --fail 1
+    a=$(grep -c "transition 1 failed on rank 1 alone .*: aborted everywhere, old state intact" "$mp_out")
+    c=$(grep -c "3 transition(s) committed, every shard verified" "$mp_out")
+    [ "$a" -eq 4 ] && [ "$c" -eq 4 ] && { echo "[       OK ] worker $tls: 4 of 4 ranks aborted with rank 1's no, then committed the chain"; mp_pass=$((mp_pass + 1)); } \
+        || { echo "[  FAILED  ] worker $tls: $a of 4 ranks aborted with rank 1's no, $c of 4 committed the chain"; mp_fail=$((mp_fail + 1)); }
+done
 # runtime.transports: a job of several ranks needs ucx; one rank runs without it
 mp_case "worker 2 ranks, runtime.transports [local]: init refused" 1 60 env UCX_TLS=sm \
     "$SRV" -q -n 2 -t 50 -- "$W" --seed 5 --count 1 --transports 1
@@ -129,6 +143,28 @@ for r in 0 1 2 3; do
 done
 [ -z "$bad" ] && mp_ok "weight sync: no rank committed a corrupted sync" ||
     mp_ko "weight sync: no rank committed a corrupted sync" "$bad"
+# A sync that fails on one rank alone (NRS_WORKER_SYNC_FAIL=1:1: rank 1's
+# second sync, before its transfers): that rank still votes, a no, in the
+# sync's collectives. It used to return before them: its next collective (the
+# step agreement) paired with the others' hash vote, they saw "rank 1 did not
+# vote (dead)", it saw them gone, and every later sync was skipped.
+mp_case "weight sync, rank 1's second sync fails on it alone: every rank aborts it, the rest commit" 0 60 \
+    env UCX_TLS=sm NRS_WORKER_VERIFY=1 NRS_WORKER_SYNC_FAIL=1:1 \
+    "$SRV" -q -n 4 -t 50 -- "$WK" --spec "$GRPO" --steps 5 --step-ms 10 --gpus-per-host 4
+n=$(grep -c 'step 1: weight sync: .*hash vote: rank 1 says no' "$mp_out")
+m=$(grep -c 'rank 1: step 1: weight sync: .*test hook: weight sync 1 fails on this rank; this rank voted no' "$mp_out")
+[ "$n" -eq 3 ] && [ "$m" -eq 1 ] && ! grep -q 'did not vote\|skipped, ranks of the plan' "$mp_out" &&
+    mp_ok "weight sync, one rank's local failure: it votes no, the 3 others abort with it" ||
+    mp_ko "weight sync, one rank's local failure: it votes no, the 3 others abort with it" \
+        "$n of 3 saw its no, $m of 1 said it"
+bad=""
+for r in 0 1 2 3; do
+    set -- $(sync_line $r)
+    # 4 of the 5 syncs committed on every rank, the generation shards verified
+    [ $# -eq 5 ] && [ "$1" -eq 4 ] && [ "$3" -eq 1 ] && [ "$4" -eq 0 ] || bad="$bad rank $r: ${*:-no summary};"
+done
+[ -z "$bad" ] && mp_ok "weight sync, one rank's local failure: the later syncs commit, every shard verified" ||
+    mp_ko "weight sync, one rank's local failure: the later syncs commit, every shard verified" "$bad"
 mp_case "weight sync, verify off, the same flip: committed, only the test's own check finds it" 1 60 \
     env UCX_TLS=sm NRS_WORKER_VERIFY=0 NRS_WORKER_CORRUPT_SYNC=1:0 \
     "${SYNCS[@]}"
