@@ -329,7 +329,14 @@ static int listen_unix(loop_t *L, const char *dir, char *err, size_t el)
     mode_t old = umask(0177);
     int rc = bind(L->ufd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
-    if (rc != 0 || listen(L->ufd, 4096) != 0) {
+    if (rc != 0) { /* what is at the path is not ours (another controller bound it since
+                    * the probe above): closed here, so that nrs_loop_run leaves it */
+        snprintf(err, el, "%s: %s", L->path, strerror(errno));
+        close(L->ufd);
+        L->ufd = -1;
+        return -1;
+    }
+    if (listen(L->ufd, 4096) != 0) {
         snprintf(err, el, "%s: %s", L->path, strerror(errno));
         return -1;
     }
