@@ -596,7 +596,10 @@ static int get_take(nrs_rdv_t *r, rdv_trk_t *t, int rank, const char *key, void 
     return rc;
 }
 
-/* One get; the wait also ends when the rank is reported dead. */
+/* One get; the wait also ends when the rank is reported dead, after up to
+ * 1.5 s more for what PMIx already holds of it (it published and fenced
+ * before it died: a rank told of the death between the fence and its gets
+ * must read it as the others do). */
 int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
                 size_t *len, double timeout_s, char *err, size_t errlen)
 {
@@ -615,9 +618,16 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     rdv_trk_t *t = get_post(r, rank, key, timeout_s, err, errlen);
     if (!t)
         return -1;
-    double end = nrs_now_s() + timeout_s + 0.5;
-    while (!atomic_load(&t->done) && nrs_now_s() < end && !nrs_rdv_peer_failed(r, rank))
+    double end = nrs_now_s() + timeout_s + 0.5, grace = 0;
+    while (!atomic_load(&t->done) && nrs_now_s() < end) {
+        if (nrs_rdv_peer_failed(r, rank)) {
+            if (!grace)
+                grace = nrs_now_s() + 1.5;
+            else if (nrs_now_s() > grace)
+                break;
+        }
         poll_once(r);
+    }
     return get_take(r, t, rank, key, blob, len, err, errlen);
 }
 

@@ -65,7 +65,8 @@ int nrs_rdv_fence(nrs_rdv_t *r, uint64_t epoch, const char *name, double timeout
 int nrs_rdv_fence_survivors(nrs_rdv_t *r, const int *ranks, int nranks, double timeout_s,
                             char *err, size_t errlen);
 
-/* Peer's blob (malloc'd, caller frees). */
+/* Peer's blob (malloc'd, caller frees). A rank reported dead gets up to 1.5 s more
+ * for what PMIx holds of it (published and fenced before it died). */
 int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void **blob,
                 size_t *len, double timeout_s, char *err, size_t errlen);
 

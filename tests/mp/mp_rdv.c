@@ -2,6 +2,7 @@
  *
  *   mp_rdv [--epochs N] [--nojoin RANK] [--timeout S] [--expect-singleton] [--gather]
  *   mp_rdv --die-after-gather RANK [--die-before RANK2]
+ *   mp_rdv --die-after-put RANK
  *
  * Every rank publishes a rank- and epoch-specific blob for N epochs and checks
  * every peer's. With --nojoin R, rank R never calls PMIx and sleeps; the others
@@ -22,6 +23,14 @@
  * the others also wait to be told of its death: R's bytes must still be
  * found and R2's must be missing, on every survivor. A second gather
  * follows: the survivors' bytes only (mp_rdv[i]: second gather: ...).
+ *
+ * --die-after-put R: every rank puts a blob and fences (nrs_rdv_allgather's
+ * first half); rank R SIGKILLs itself after the fence, the others wait until
+ * PMIx told them of its death and only then get R's blob (nrs_rdv_get): what
+ * PMIx already holds must still come (mp_rdv[i]: rank R's blob read after
+ * its death; exit 0). Giving up at once because the rank is dead (a rank
+ * that learned of a death between the fence and its gets failed its
+ * allgather) exits 4.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -112,6 +121,44 @@ out:
     return rc;
 }
 
+/* --die-after-put: see the head of the file. */
+static int die_after_put(nrs_rdv_t *r, int dier, double timeout)
+{
+    int me = nrs_rdv_rank(r), n = nrs_rdv_size(r);
+    char mine[128], want[128], err[512];
+    void *blob = NULL;
+    size_t len = 0;
+    if (dier < 0 || dier >= n) {
+        fprintf(stderr, "mp_rdv[%d]: bad --die-after-put %d of %d\n", me, dier, n);
+        return 1;
+    }
+    make_blob(mine, sizeof mine, me, 9);
+    if (nrs_rdv_put(r, 9, "late", mine, strlen(mine) + 1, err, sizeof err) ||
+        nrs_rdv_commit(r, err, sizeof err) || nrs_rdv_fence(r, 9, "late", timeout, err, sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: %s\n", me, err);
+        return 1;
+    }
+    if (me == dier)
+        raise(SIGKILL);
+    if (!told(r, dier)) {
+        fprintf(stderr, "mp_rdv[%d]: never told of rank %d's death\n", me, dier);
+        return 1;
+    }
+    if (nrs_rdv_get(r, dier, 9, "late", &blob, &len, timeout, err, sizeof err)) {
+        fprintf(stderr, "mp_rdv[%d]: %s\n", me, err);
+        return 4;
+    }
+    make_blob(want, sizeof want, dier, 9);
+    int ok = len == strlen(want) + 1 && !memcmp(blob, want, len);
+    free(blob);
+    if (!ok) {
+        fprintf(stderr, "mp_rdv[%d]: rank %d's blob is wrong\n", me, dier);
+        return 1;
+    }
+    printf("mp_rdv[%d]: rank %d's blob read after its death\n", me, dier);
+    return 0;
+}
+
 /* --gather: one epoch as a survivors' gather; 0 ok, 3 the failure naming
  * nojoin, 1 anything else. */
 static int gather_epoch(nrs_rdv_t *r, unsigned e, int nojoin, double timeout)
@@ -144,7 +191,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1, before = -1, gather = 0;
+    int epochs = 3, nojoin = -1, expect_singleton = 0, dier = -1, before = -1, gather = 0, putdier = -1;
     double timeout = 10;
     char err[512];
     for (int i = 1; i < argc; i++) {
@@ -156,6 +203,8 @@ int main(int argc, char **argv)
             timeout = atof(argv[++i]);
         else if (!strcmp(argv[i], "--die-after-gather") && i + 1 < argc)
             dier = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--die-after-put") && i + 1 < argc)
+            putdier = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--die-before") && i + 1 < argc)
             before = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--expect-singleton"))
@@ -177,6 +226,11 @@ int main(int argc, char **argv)
     if (expect_singleton && (!nrs_rdv_is_singleton(r) || n != 1 || me != 0)) {
         fprintf(stderr, "mp_rdv: expected a singleton, got rank %d of %d\n", me, n);
         rc = 1;
+    }
+    if (putdier >= 0) {
+        rc = die_after_put(r, putdier, timeout);
+        nrs_rdv_fini(r);
+        return rc;
     }
     if (dier >= 0) {
         rc = die_after_gather(r, dier, before, timeout);

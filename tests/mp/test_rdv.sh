@@ -16,6 +16,19 @@ mp_grep "rdv rank never joins: names rank 2" "rank 2 never arrived"
 mp_case "rdv gather, rank never joins: clear error" 3 40 "$SRV" -q -n 4 -t 30 --kill-on-fail 1 -- "$R" --gather --nojoin 2 --timeout 3
 mp_grep "rdv gather, rank never joins: names rank 2 and the key" "rank 2 never arrived (no 'nrs.e1.gtest')"
 mp_case "rdv gather 4 ranks, 3 epochs" 0 60 "$SRV" -q -n 4 -t 50 -- "$R" --gather --epochs 3
+# Rank 2 dies after its fence; the others get its blob only once told of
+# the death: what PMIx holds still comes (before, nrs_rdv_get gave up at
+# once on a dead rank: an allgather failed on a rank that learned of a death
+# between the fence and its gets, test_fail's "rdv: rank 1's 'nrs.e1.sums'
+# unavailable: the rank died").
+mp_case "rdv get of a rank that published and died" 137 40 "$SRV" -q -n 4 -t 30 --exits -- "$R" --die-after-put 2
+n=$(grep -c "mp_rdv\[[013]\]: rank 2's blob read after its death" "$mp_out")
+if [ "$n" -eq 3 ]; then
+    echo "[       OK ] rdv get: 3 of 3 survivors read the dead rank's blob"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] rdv get: $n of 3 survivors read the dead rank's blob"; mp_fail=$((mp_fail + 1))
+    grep -E "mp_rdv|pmix_srv: rank" "$mp_out" | tail -n 12 | sed 's/^/    | /'
+fi
 # Rank 2 dies once its survivors' fence is complete; the others read the
 # gather only after PMIx told them of the death. What the fence brought
 # decides, the same on every rank: all 3 find rank 2's bytes (before, each
