@@ -49,14 +49,32 @@ step() { # name limit_s cmd...: run under timeout, log, remember failures
     return "$rc"
 }
 
+# Of the directories given, the one whose libnccl.so.2 is the newest, by
+# the version its real file name carries (libnccl.so.2.X.Y), else the first
+# that has one: an older wheel of PyTorch's may come first and lack
+# ncclCommShrink (2.27).
+newest_nccl() {
+    local d f v best="" bestv=""
+    for d in "$@"; do
+        [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] || continue
+        f=$(readlink -f "$d/libnccl.so.2")
+        v=$(basename "$f" | sed -n 's/^libnccl\.so\.\([0-9][0-9.]*\)$/\1/p')
+        if [ -z "$best" ] || { [ -n "$v" ] && [ "$v" != "$bestv" ] &&
+            [ "$(printf '%s\n%s\n' "${bestv:-0}" "$v" | sort -V | tail -1)" = "$v" ]; }; then
+            best=$d bestv=$v
+        fi
+    done
+    [ -n "$best" ] && echo "$best"
+}
+
 find_nccl() {
     local d f py
     py=$(command -v python3 || true)
-    for d in "${NRS_NCCL_LIBDIR:-}" \
+    [ -n "${NRS_NCCL_LIBDIR:-}" ] && [ -e "$NRS_NCCL_LIBDIR/libnccl.so.2" ] && { echo "$NRS_NCCL_LIBDIR"; return 0; }
+    d=$(newest_nccl \
         $([ -n "$py" ] && timeout 30 "$py" -c 'import nvidia.nccl as m, os; print(" ".join(os.path.join(p, "lib") for p in m.__path__))' 2>/dev/null) \
-        /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/local/lib; do
-        [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { echo "$d"; return 0; }
-    done
+        /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/local/lib)
+    [ -n "$d" ] && { echo "$d"; return 0; }
     for d in $([ -n "$py" ] && timeout 30 "$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /opt /usr; do
         f=$(timeout 60 find "$d" -name libnccl.so.2 2>/dev/null | head -1)
         [ -n "$f" ] && { dirname "$f"; return 0; }
