@@ -108,7 +108,9 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
 fi
 [ -d "$D/lib/pmix" ] && export PMIX_MCA_mca_base_component_path="$D/lib/pmix"
 [ -d "$D/lib/ucx" ] && export UCX_MODULE_DIR="$D/lib/ucx"
-export NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+# one host: sockets on loopback, not an IB/RoCE NIC NCCL may pick for ranks
+# that NCCL_HOSTID makes hosts of their own (set NCCL_IB_DISABLE=0 to allow it)
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
 export NRS_BUILDDIR="$D" NRS_SRCDIR="$R"
 
 export D nccl_dir

@@ -10,6 +10,7 @@ N="$B/tests/mp/mp_nccl"
 # bootstrap stays on loopback (a VM's only other interface may lead nowhere).
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" # and sockets there, not an IB NIC
 probe=$(timeout -k 5 60 "$N" --count 2>&1); prc=$?
 if [ "$prc" -eq 77 ]; then
     echo "$probe"
