@@ -641,13 +641,19 @@ out:
 
 /* ---- the run -------------------------------------------------------------------------- */
 
-/* Ops that move or place data: any but the scheduler's communicator notes. */
-static size_t count_data_ops(const nrs_emu_graph_t *g)
+/* A weight sync with nothing to do anywhere (the generation layout is the
+ * training one: every generation buffer aliases its train buffer; at most the
+ * communicator set-up the scheduler notes, which runs nothing here). Its
+ * graph comes from the epoch's plan, the same on every rank, so every rank
+ * skips the votes alike: three collectives a step saved. */
+static bool no_vote(const nrs_emu_graph_t *g, const nrs_dtrans_opts_t *o)
 {
-    size_t n = 0;
+    if (!o->sync_tags)
+        return false;
     for (size_t i = 0; i < g->nops; i++)
-        n += g->ops[i].type != NRS_EMU_OP_COMM;
-    return n;
+        if (g->ops[i].type != NRS_EMU_OP_COMM)
+            return false;
+    return true;
 }
 
 /* This rank cannot run its part (opts.fail_local, or no memory for the run):
@@ -660,7 +666,7 @@ static size_t count_data_ops(const nrs_emu_graph_t *g)
 static void vote_no(dt_t *D, uint64_t epoch, const char *why)
 {
     const nrs_emu_graph_t *g = D->g;
-    if (!(D->o->sync_tags && count_data_ops(g) == 0)) {
+    if (!no_vote(g, D->o)) {
         int64_t h = (int64_t)nrs_emu_graph_hash(g), no = (int64_t)((uint64_t)h ^ 1);
         vote(D, epoch, "hash", no, &h);
     }
@@ -733,7 +739,6 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
             D.mem[i] = old_mem[i];
             D.live[i] = 1;
         }
-    size_t data_ops = 0; /* any but the scheduler's communicator notes */
     for (size_t i = 0; i < g->nops; i++) {
         const nrs_emu_op_t *op = &g->ops[i];
         if (op->type == NRS_EMU_OP_XFER || op->type == NRS_EMU_OP_COPY ||
@@ -741,15 +746,8 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
             D.need[op->dst_buf]++;
         if (mine(&D, op))
             res->my_ops++;
-        data_ops += op->type != NRS_EMU_OP_COMM;
     }
-
-    /* A weight sync with nothing to do anywhere (the generation layout is the
-     * training one: every generation buffer aliases its train buffer; at most
-     * the communicator set-up the scheduler notes, which runs nothing here).
-     * Its graph comes from the epoch's plan, the same on every rank, so every
-     * rank skips the votes alike: three collectives a step saved. */
-    if (o->sync_tags && data_ops == 0) {
+    if (no_vote(g, o)) {
         hand_over(&D, old_mem, new_mem);
         res->outcome = NRS_DT_COMMITTED;
         res->no_vote = true;

@@ -366,6 +366,12 @@ int nrs_wk_unusable(const nrs_worker_t *w, const char *fn)
     return nrs_wk_seterr(w, NRS_ERR_INVAL, "%s: nrs_worker_init failed: %s", fn, w->init_err);
 }
 
+int nrs_wk_cannot_act(nrs_worker_t *w, const char *fn)
+{
+    int rc = nrs_wk_unusable(w, fn);
+    return rc ? rc : w->retired ? nrs_wk_retired_err(w, fn) : 0;
+}
+
 /* A handle that holds nothing yet: finalize may take it as it is. */
 static nrs_worker_t *worker_new(void)
 {

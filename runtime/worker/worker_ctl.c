@@ -327,10 +327,9 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
 int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
 {
     nrs_hdr_t h;
-    if (nrs_wk_unusable(w, __func__))
-        return NRS_ERR_INVAL;
-    if (w->retired)
-        return nrs_wk_retired_err(w, __func__);
+    int bad = nrs_wk_cannot_act(w, __func__);
+    if (bad)
+        return bad;
     if (w->ctl_fd < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_control_plan: no control channel: %s",
                              nrs_worker_control(w));
@@ -355,10 +354,9 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
 {
     nrs_hdr_t h;
     int first = 1;
-    if (nrs_wk_unusable(w, __func__))
-        return NRS_ERR_INVAL;
-    if (w->retired)
-        return nrs_wk_retired_err(w, __func__);
+    int bad = nrs_wk_cannot_act(w, __func__);
+    if (bad)
+        return bad;
     if (w->prep_epoch) { /* a PREPARE that came during the last run's votes (a retry) */
         unsigned e = w->prep_epoch;
         w->prep_epoch = 0;

@@ -124,6 +124,10 @@ bool nrs_wk_verify_on(const nrs_worker_t *w);
  * only last_error, finalize and the queries of what it is (rank, size,
  * is_singleton, transport, control). */
 int nrs_wk_unusable(const nrs_worker_t *w, const char *fn);
+/* nrs_wk_unusable, then NRS_ERR_RETIRED once the controller retired the rank:
+ * the entry check of every call that acts (a retired rank has only finalize
+ * and the queries left). */
+int nrs_wk_cannot_act(nrs_worker_t *w, const char *fn);
 /* The rendezvous that names this job's ranks in failure reports (NULL: a joiner). */
 nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);
 

@@ -579,10 +579,8 @@ int nrs_worker_set_report_sink(nrs_worker_t *w, nrs_report_fn fn, void *arg)
 int nrs_worker_report_stage(nrs_worker_t *w, int ms, double seconds)
 {
     int rc;
-    if ((rc = nrs_wk_unusable(w, __func__)))
+    if ((rc = nrs_wk_cannot_act(w, __func__)))
         return rc;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
     if (ms < 0 || ms >= NRS_MS_COUNT)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_stage: model-stage %d: not an "
                              "nrs_ms_t (0..%d)", ms, NRS_MS_COUNT - 1);
@@ -608,10 +606,8 @@ int nrs_worker_report_memory(nrs_worker_t *w, long long used_bytes, long long ca
                              int alloc_failed)
 {
     int rc;
-    if ((rc = nrs_wk_unusable(w, __func__)))
+    if ((rc = nrs_wk_cannot_act(w, __func__)))
         return rc;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
     if (used_bytes < 0 || cap_bytes < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_memory: %lld bytes used of %lld: "
                              "negative", used_bytes, cap_bytes);
@@ -638,10 +634,8 @@ static void file_sink(const char *json)
 int nrs_worker_report_step(nrs_worker_t *w, int step, double response_len)
 {
     int rc;
-    if ((rc = nrs_wk_unusable(w, __func__)))
+    if ((rc = nrs_wk_cannot_act(w, __func__)))
         return rc;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
     if (step < 0 || !(response_len >= 0))
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_report_step: step %d, response "
                              "length %g: negative", step, response_len);

@@ -331,10 +331,8 @@ static int64_t gen_max_bytes(const nrs_worker_t *w)
 int nrs_worker_weight_sync(nrs_worker_t *w)
 {
     int rc;
-    if (nrs_wk_unusable(w, __func__))
-        return NRS_ERR_INVAL;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
+    if ((rc = nrs_wk_cannot_act(w, __func__)))
+        return rc;
     if (!w->have_plan || !w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_weight_sync: %s", w->broken
                              ? "the state is partial (a transition failed past its point of no "

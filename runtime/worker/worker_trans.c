@@ -336,10 +336,9 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
 
 int nrs_worker_transition(nrs_worker_t *w, const nrs_plan_t *next)
 {
-    if (nrs_wk_unusable(w, __func__))
-        return NRS_ERR_INVAL;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
+    int bad = nrs_wk_cannot_act(w, __func__);
+    if (bad)
+        return bad;
     if (!next || !w->have_plan || !w->allocated)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_transition: %s", !next
                              ? "next is NULL" : "no plan or no state (nrs_worker_set_plan, "
@@ -424,10 +423,9 @@ out:
 int nrs_worker_checkpoint(nrs_worker_t *w, long step)
 {
     char err[512] = "", name[48];
-    if (nrs_wk_unusable(w, __func__))
-        return NRS_ERR_INVAL;
-    if (w->retired) /* only finalize is allowed */
-        return nrs_wk_retired_err(w, __func__);
+    int bad = nrs_wk_cannot_act(w, __func__);
+    if (bad)
+        return bad;
     if (step < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: step %ld: negative", step);
     if (!w->ckpt_dir)

@@ -42,16 +42,19 @@ watcher() { # socket dir [interval [runtime dir]]: the command line (in $cmd)
     cmd=("$NRS_BUILDDIR/nereus-watcher" --socket-dir "$1" --job "$job" --runtime-dir "${3:-$fake}"
         --interval "${2:-1}" --tcp none --slurm-conf "$SLURM_CONF" "$sl_good")
 }
+shrunk_job() { # socket dir, runtime dir, job name: 2 nodes, the watcher on them, shrunk to 1
+    sl_run 30 salloc -N 2 --no-shell -J "$3"
+    job=$(sl_granted_job)
+    watcher "$1" 1 "$2"
+    "${cmd[@]}" >"$1/watcher.log" 2>&1 &
+    wpid=$!
+    sl_wait_until 10 test -S "$1/ctl.sock"
+    sleep 1
+    sl_run 20 scontrol update JobId="$job" NumNodes=1
+}
 
 # ---- 1. a delta that failed is sent again, with a bounded backoff ---------------
-sl_run 30 salloc -N 2 --no-shell -J nrs-watcher
-job=$(sl_granted_job)
-watcher "$w"
-"${cmd[@]}" >"$w/watcher.log" 2>&1 &
-wpid=$!
-sl_wait_until 10 test -S "$w/ctl.sock"
-sleep 1
-sl_run 20 scontrol update JobId="$job" NumNodes=1
+shrunk_job "$w" "$fake" nrs-watcher
 keep=$(sl_job_field "$job" NodeList)
 sl_wait_until 10 grep -q 'delta REMOVE' "$w/watcher.log"
 sleep 10
@@ -153,14 +156,7 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 PY
 chmod 755 "$fake4/nereus-controller"
-sl_run 30 salloc -N 2 --no-shell -J nrs-watcher4
-job=$(sl_granted_job)
-watcher "$w4" 1 "$fake4"
-"${cmd[@]}" >"$w4/watcher.log" 2>&1 &
-wpid=$!
-sl_wait_until 10 test -S "$w4/ctl.sock"
-sleep 1
-sl_run 20 scontrol update JobId="$job" NumNodes=1
+shrunk_job "$w4" "$fake4" nrs-watcher4
 sl_wait_until 60 grep -q 'delta REMOVE hosts' "$w4/watcher.log"
 cp "$w4/watcher.log" "$sl_out"
 if grep -q 'delta REMOVE hosts .*: accepted: .*applied after a slow commit' "$w4/watcher.log"; then

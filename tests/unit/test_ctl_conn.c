@@ -113,17 +113,33 @@ static int fill_backlog(const struct sockaddr *sa, socklen_t len, int *held, int
     return n;
 }
 
+/* A listener on DIR/ctl.sock in a new temporary dir (a controller that
+ * accepts nobody); unix_done removes it. */
+static int unix_listener(char *dir, struct sockaddr_un *sa, int backlog)
+{
+    assert_non_null(mkdtemp(dir));
+    *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+    snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/ctl.sock", dir);
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(l, (struct sockaddr *)sa, sizeof(*sa)), 0);
+    assert_int_equal(listen(l, backlog), 0);
+    return l;
+}
+
+static void unix_done(int l, const struct sockaddr_un *sa, const char *dir)
+{
+    close(l);
+    unlink(sa->sun_path);
+    rmdir(dir);
+}
+
 static void test_connect_unix_backlog_full(void **st)
 {
     (void)st;
     char dir[] = "/tmp/nrs-conn-XXXXXX", err[512];
     int held[64];
-    assert_non_null(mkdtemp(dir));
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/ctl.sock", dir);
-    int l = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(l, 0), 0);
+    struct sockaddr_un sa;
+    int l = unix_listener(dir, &sa, 0);
     int n = fill_backlog((struct sockaddr *)&sa, sizeof(sa), held, 64);
     double t0 = nrs_now_s();
     assert_int_equal(nrs_client_connect_unix_within(dir, 0.3, err, sizeof(err)), -1);
@@ -133,9 +149,7 @@ static void test_connect_unix_backlog_full(void **st)
     assert_null(strstr(err, "timed out")); /* nereus delta reads that as "sent" */
     for (int i = 0; i < n; i++)
         close(held[i]);
-    close(l);
-    unlink(sa.sun_path);
-    rmdir(dir);
+    unix_done(l, &sa, dir);
 }
 
 static void test_connect_tcp_backlog_full(void **st)
@@ -167,12 +181,8 @@ static void test_send_not_read(void **st)
 {
     (void)st;
     char dir[] = "/tmp/nrs-conn-XXXXXX", err[512];
-    assert_non_null(mkdtemp(dir));
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/ctl.sock", dir);
-    int l = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(l, 4), 0);
+    struct sockaddr_un sa;
+    int l = unix_listener(dir, &sa, 4);
     int fd = nrs_client_connect_unix_within(dir, 0.3, err, sizeof(err));
     assert_true(fd >= 0);
     /* a peer that never reads: the socket buffers fill, then the send gives up */
@@ -184,9 +194,7 @@ static void test_send_not_read(void **st)
     assert_true(nrs_now_s() - t0 < 3);
     assert_non_null(strstr(err, "does not read"));
     close(fd);
-    close(l);
-    unlink(sa.sun_path);
-    rmdir(dir);
+    unix_done(l, &sa, dir);
 }
 
 int main(void)

@@ -28,6 +28,18 @@ typedef struct {
     const char *kind;
 } pair_t;
 
+/* Marks k distinct nodes of [0, n) in gone[] (drawn until k are). */
+static void pick_gone(tu_rng_t *r, int n, int k, int *gone)
+{
+    for (int i = 0; i < k;) {
+        int x = tu_int(r, 0, n - 1);
+        if (!gone[x]) {
+            gone[x] = 1;
+            i++;
+        }
+    }
+}
+
 /* A random pair: same GPUs, more nodes, fewer nodes (released: their state is
  * still readable), or lost nodes (their state is gone). */
 static void random_pair_ex(tu_rng_t *r, pair_t *c, int infer_only)
@@ -51,13 +63,7 @@ static void random_pair_ex(tu_rng_t *r, pair_t *c, int infer_only)
         nb = na + tu_int(r, 1, 2);
     if (kind >= 2) { /* drop some nodes, maybe add new ones */
         int ndrop = tu_int(r, 1, na - 1);
-        for (int i = 0; i < ndrop;) {
-            int n = tu_int(r, 0, na - 1);
-            if (!gone[n]) {
-                gone[n] = 1;
-                i++;
-            }
-        }
+        pick_gone(r, na, ndrop, gone);
         nb = na - ndrop + tu_int(r, 0, 1);
         for (int n = 0; n < na; n++)
             if (!gone[n])
@@ -413,13 +419,7 @@ static void random_pair_opts(tu_rng_t *r, pair_t *c, unsigned char *missing, siz
     int kind = tu_int(r, 0, 3), gone[MAX_GPUS] = {0}, pool[MAX_GPUS], np = 0;
     if (kind == 2 && na > 1) { /* lose or release some nodes, maybe add new ones */
         int nd = tu_int(r, 1, na - 1);
-        for (int i = 0; i < nd;) {
-            int k = tu_int(r, 0, na - 1);
-            if (!gone[k]) {
-                gone[k] = 1;
-                i++;
-            }
-        }
+        pick_gone(r, na, nd, gone);
         nb = na - nd + tu_int(r, 0, 2);
     }
     if (kind == 3)

@@ -30,6 +30,14 @@ static const char *write_trace(const char *name, const char *text)
     return path;
 }
 
+/* The trace text as file name in tmpdir, loaded for s: it must load. */
+static void load_trace(const nrs_spec_t *s, nrs_trace_t *t, const char *name, const char *text)
+{
+    char err[NRS_ERR_MAX];
+    if (nrs_trace_load(write_trace(name, text), s, t, err, sizeof(err)) != 0)
+        fail_msg("%s: %s", name, err);
+}
+
 static void expect_error(const char *text, const char *where, const char *what)
 {
     nrs_spec_t s;
@@ -84,9 +92,8 @@ static void test_trace_event_error_line(void **st)
     nrs_sim_summary_t m;
     char err[NRS_ERR_MAX];
     spec_8b(&s, 4);
-    assert_int_equal(nrs_trace_load(write_trace("fail.trace", "nereus-trace 1\nsteps 10\n"
-                                                "gpus 0 32\n# node 7 of 4\nfail 3 7\n"),
-                                    &s, &t, err, sizeof(err)), 0);
+    load_trace(&s, &t, "fail.trace", "nereus-trace 1\nsteps 10\n"
+                                      "gpus 0 32\n# node 7 of 4\nfail 3 7\n");
     assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, NULL, NULL, &m, err, sizeof(err)), -1);
     if (!strstr(err, "fail.trace:5:8:") || !strstr(err, "node 7 cannot fail"))
         fail_msg("error '%s' lacks the trace line", err);
@@ -138,8 +145,7 @@ static void test_policy_ordering(void **st)
         s.models[r].init_infer = (nrs_tp_pp_t){2, 1};
         s.models[r].init_train = (nrs_tp_pp_t){4, 1};
     }
-    assert_int_equal(nrs_trace_load(write_trace("small.trace", small_trace), &s, &t, err,
-                                    sizeof(err)), 0);
+    load_trace(&s, &t, "small.trace", small_trace);
     for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
         if (nrs_sim_run(&s, &t, (nrs_sim_policy_t)p, NULL, NULL, &m[p], err, sizeof(err)) != 0)
             fail_msg("%s: %s", nrs_sim_policy_name((nrs_sim_policy_t)p), err);
@@ -190,8 +196,7 @@ static void test_deterministic(void **st)
     digest_t a = {14695981039346656037ULL, 0}, b = a;
     char err[NRS_ERR_MAX];
     spec_8b(&s, 2);
-    assert_int_equal(nrs_trace_load(write_trace("small.trace", small_trace), &s, &t, err,
-                                    sizeof(err)), 0);
+    load_trace(&s, &t, "small.trace", small_trace);
     assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, digest, &a, &m, err, sizeof(err)), 0);
     assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_NEREUS, digest, &b, &m, err, sizeof(err)), 0);
     assert_int_equal(a.n, 80);
@@ -227,9 +232,8 @@ static void test_horizon_from_trace(void **st)
     nrs_sim_summary_t m;
     char err[NRS_ERR_MAX];
     spec_8b(&s, 4);
-    assert_int_equal(nrs_trace_load(write_trace("grow.trace", "nereus-trace 1\nsteps 40\n"
-                                                "gpus 0 32\ngpus 30 64\n"),
-                                    &s, &t, err, sizeof(err)), 0);
+    load_trace(&s, &t, "grow.trace", "nereus-trace 1\nsteps 40\n"
+                                      "gpus 0 32\ngpus 30 64\n");
     int spec_steps[2] = {10, 1000};
     for (int i = 0; i < 2; i++) {
         horizon_at_t h = {30, -1, false};
@@ -267,8 +271,7 @@ static void test_same_step_events(void **st)
     spec_8b(&s, 3);
     s.runtime.zero1 = false; /* every shard has a replica: no checkpoint */
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(nrs_trace_load(write_trace("same.trace", traces[i]), &s, &t, err,
-                                        sizeof(err)), 0);
+        load_trace(&s, &t, "same.trace", traces[i]);
         if (nrs_sim_run(&s, &t, NRS_SIM_NEREUS, rows_of, v[i], &m, err, sizeof(err)) != 0)
             fail_msg("%s", err);
         assert_int_equal(m.steps, 8);
@@ -290,8 +293,7 @@ static void test_too_many_gpus(void **st)
     nrs_sim_summary_t m;
     char err[NRS_ERR_MAX];
     spec_8b(&s, 1 << 20);
-    assert_int_equal(nrs_trace_load(write_trace("huge.trace", "nereus-trace 1\nsteps 3\nfail 0 1\n"),
-                                    &s, &t, err, sizeof(err)), 0);
+    load_trace(&s, &t, "huge.trace", "nereus-trace 1\nsteps 3\nfail 0 1\n");
     assert_int_equal(nrs_sim_run(&s, &t, NRS_SIM_FIXED, NULL, NULL, &m, err, sizeof(err)), 0);
     assert_int_equal(m.infeasible_step, 0);
     assert_non_null(strstr(m.infeasible_why, "out of range"));
@@ -308,9 +310,8 @@ static void test_fixed_counts_restores(void **st)
     nrs_sim_summary_t m;
     char err[NRS_ERR_MAX];
     spec_8b(&s, 3);
-    assert_int_equal(nrs_trace_load(write_trace("restore.trace", "nereus-trace 1\nsteps 8\n"
-                                                "checkpoint 300\nfail 5 0\n"),
-                                    &s, &t, err, sizeof(err)), 0);
+    load_trace(&s, &t, "restore.trace", "nereus-trace 1\nsteps 8\n"
+                                         "checkpoint 300\nfail 5 0\n");
     if (nrs_sim_run(&s, &t, NRS_SIM_FIXED, NULL, NULL, &m, err, sizeof(err)) != 0)
         fail_msg("%s", err);
     assert_int_equal(m.infeasible_step, -1);
