@@ -1,6 +1,6 @@
 #define _GNU_SOURCE
 /* nereus-controller: one per job. Loads the spec, plans epoch 1, then serves
- * ranks, the allocation watcher and the CLI until SIGTERM/SIGINT. */
+ * ranks, the allocation watcher and the CLI until SIGTERM/SIGINT/SIGHUP. */
 #include "config.h"
 
 #include <errno.h>
@@ -33,7 +33,8 @@ static const char usage[] =
     "  -h, --help               show this help\n"
     "  -V, --version            print the version\n"
     "\n"
-    "Exit status: 0 after SIGTERM/SIGINT (socket removed), 1 set-up failed, 2 usage.\n"
+    "Exit status: 0 after SIGTERM/SIGINT/SIGHUP (socket removed), 1 set-up failed,\n"
+    "2 usage.\n"
     "Protocol: docs/protocol.md.\n";
 
 typedef struct {

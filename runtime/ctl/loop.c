@@ -430,6 +430,11 @@ static int setup(loop_t *L, const nrs_loop_opts_t *o, char *err, size_t el)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    /* a hang-up (the terminal of a controller started by hand closed) stops it
+     * like SIGTERM, socket removed. Unblocked, it went to the handler libucs
+     * installs for UCX_DEBUG_SIGNO (HUP by default), which only raises UCX's
+     * log level to trace-data: the controller ran on, unnoticed */
+    sigaddset(&set, SIGHUP);
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0 ||
         (L->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         snprintf(err, el, "signalfd: %s", strerror(errno));

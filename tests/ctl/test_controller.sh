@@ -321,6 +321,19 @@ if [ "$rc" -eq 0 ] && [ ! -e "$D/ctl.sock" ]; then ok "SIGTERM exits 0 and remov
     ko "SIGTERM exits 0 and removes the socket" "exit $rc, socket $( [ -e "$D/ctl.sock" ] && echo left || echo gone)"; fi
 check "controller log says it stopped" grep -q 'stopped' "$LOG"
 
+# a hang-up stops it the same way (before, libucs's UCX_DEBUG_SIGNO handler took
+# it and the controller ran on)
+echo "[ RUN      ] SIGHUP exits 0 and removes the socket"
+DH="$tmp/hup"
+"$CTL" --socket-dir "$DH" --gpus 16 --log "$tmp/hup.log" "$SPEC" 2>/dev/null &
+hpid=$!
+wait_for 10 test -S "$DH/ctl.sock"
+[ "$(cat /proc/"$hpid"/comm 2>/dev/null)" = nereus-controll ] && kill -HUP "$hpid"
+rc=124
+for _ in $(seq 100); do if ! kill -0 "$hpid" 2>/dev/null; then wait "$hpid"; rc=$?; break; fi; sleep 0.1; done
+if [ "$rc" -eq 0 ] && [ ! -e "$DH/ctl.sock" ] && grep -q 'signal 1 from' "$tmp/hup.log"; then ok "SIGHUP exits 0 and removes the socket"; else
+    ko "SIGHUP exits 0 and removes the socket" "exit $rc, socket $( [ -e "$DH/ctl.sock" ] && echo left || echo gone)"; fi
+
 [ "$pass" -gt 0 ] && echo "[  PASSED  ] $pass test(s)."
 [ "$fail" -gt 0 ] && echo "[  FAILED  ] $fail test(s), listed above"
 [ "$skip" -gt 0 ] && echo "[  SKIPPED ] $skip test(s)"
