@@ -5,12 +5,29 @@
 
 #include "spec/spec_internal.h"
 
-/* A message must stay one printable line even when it echoes user bytes. */
+/* A message must stay one printable line even when it echoes user bytes:
+ * C0 controls, DEL, the C1 controls (NEL among them) and the line and
+ * paragraph separators each become one '?'. */
 static void flatten(char *s)
 {
-    for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
-            *s = '?';
+    const unsigned char *p = (const unsigned char *)s;
+    char *o = s;
+    while (*p) {
+        size_t n = 0;
+        if (*p < 0x20 || *p == 0x7f)
+            n = 1;
+        else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            n = 2;
+        else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+            n = 3;
+        if (n) {
+            *o++ = '?';
+            p += n;
+        } else {
+            *o++ = (char)*p++;
+        }
+    }
+    *o = '\0';
 }
 
 int nrs_diag_at(nrs_diag_t *d, nrs_mark_t m, const char *fmt, ...)

@@ -125,6 +125,16 @@ int nrs_get_string(nrs_sctx_t *c, const char *path, int node, char *dst, size_t 
         return nrs_type_error(c, path, node, "a string");
     if (memchr(n->text, '\0', n->len))
         return nrs_diag_at(&c->d, n->mark, "%s: string contains a NUL byte", path);
+    /* the reader refuses raw control characters; escapes ("\e", "\x1b",
+     * "\N") reach here, and a name with ESC [ 31m in it would colour every
+     * log line and status table that prints it */
+    for (size_t i = 0; i < n->len; i++) {
+        const unsigned char *u = (const unsigned char *)n->text + i;
+        if (u[0] < 0x20 || u[0] == 0x7f || (u[0] == 0xc2 && u[1] >= 0x80 && u[1] <= 0x9f) ||
+            (u[0] == 0xe2 && u[1] == 0x80 && (u[2] == 0xa8 || u[2] == 0xa9)))
+            return nrs_diag_at(&c->d, n->mark, "%s: string contains a control character",
+                               path);
+    }
     if (n->len >= cap)
         return nrs_diag_at(&c->d, n->mark, "%s: string too long (%zu bytes, max %zu)", path,
                            n->len, cap - 1);

@@ -2,6 +2,8 @@
  * while parsing: depth, node count, anchors and aliases, no tags, one document.
  * Aliases are kept as references (never copied); the walker counts every
  * dereference, so no input can make the loader expand a "billion laughs". */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,19 +28,60 @@ static nrs_mark_t mark_of(yaml_mark_t m)
     return r;
 }
 
-/* Reader errors (bad UTF-8, control characters) carry a byte offset only. */
-static nrs_mark_t mark_of_offset(const char *buf, size_t len, size_t off)
+/* The character at u[i] (of len bytes, already checked by the reader, as
+ * everything before a reader error is) and its size in bytes. */
+static uint32_t char_at(const unsigned char *u, size_t len, size_t i, yaml_encoding_t enc,
+                        size_t *n)
 {
+    uint32_t c;
+    if (enc == YAML_UTF16LE_ENCODING || enc == YAML_UTF16BE_ENCODING) {
+        if (i + 1 >= len) {
+            *n = 1;
+            return 0;
+        }
+        c = enc == YAML_UTF16LE_ENCODING ? u[i] | (uint32_t)u[i + 1] << 8
+                                         : (uint32_t)u[i] << 8 | u[i + 1];
+        *n = c >= 0xD800 && c < 0xDC00 && i + 3 < len ? 4 : 2; /* a surrogate pair */
+        return c;
+    }
+    c = u[i];
+    *n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (i + *n > len)
+        *n = 1;
+    else if (*n == 2)
+        c = (c & 0x1F) << 6 | (u[i + 1] & 0x3F);
+    else if (*n == 3)
+        c = (c & 0x0F) << 12 | (uint32_t)(u[i + 1] & 0x3F) << 6 | (u[i + 2] & 0x3F);
+    return c;
+}
+
+/* Reader errors (bad UTF-8, control characters) carry a byte offset only:
+ * count characters and line breaks up to it as libyaml's marks do (the BOM
+ * is no column; CR LF, CR, LF, NEL, LS and PS are breaks; UTF-16 in 2-byte
+ * units). */
+static nrs_mark_t mark_of_offset(const char *buf, size_t len, size_t off, yaml_encoding_t enc)
+{
+    const unsigned char *u = (const unsigned char *)buf;
     nrs_mark_t m = {1, 1};
+    bool utf16 = enc == YAML_UTF16LE_ENCODING || enc == YAML_UTF16BE_ENCODING, cr = false;
+    size_t i = 0, n;
     if (off > len)
         off = len;
-    for (size_t i = 0; i < off; i++) {
-        if (buf[i] == '\n') {
+    if (utf16 && len >= 2 && ((u[0] == 0xFF && u[1] == 0xFE) || (u[0] == 0xFE && u[1] == 0xFF)))
+        i = 2;
+    else if (!utf16 && len >= 3 && u[0] == 0xEF && u[1] == 0xBB && u[2] == 0xBF)
+        i = 3;
+    for (; i < off; i += n) {
+        uint32_t c = char_at(u, len, i, enc, &n);
+        if (c == '\n' && cr) {
+            /* the LF of a CR LF: one break */
+        } else if (c == '\n' || c == '\r' || c == 0x85 || c == 0x2028 || c == 0x2029) {
             m.line++;
             m.col = 1;
-        } else if (((unsigned char)buf[i] & 0xC0) != 0x80) {
+        } else {
             m.col++;
         }
+        cr = c == '\r';
     }
     return m;
 }
@@ -49,13 +92,20 @@ static int syntax_error(builder_t *b, yaml_parser_t *p, const char *buf, size_t 
     case YAML_MEMORY_ERROR:
         return nrs_diag_at(b->d, (nrs_mark_t){1, 1}, "out of memory while parsing YAML");
     case YAML_READER_ERROR:
-        if (p->problem_value != -1)
-            return nrs_diag_at(b->d, mark_of_offset(buf, len, p->problem_offset),
-                               "invalid input: %s (byte 0x%02x)",
-                               p->problem ? p->problem : "unreadable",
+    {
+        nrs_mark_t m = mark_of_offset(buf, len, p->problem_offset, p->encoding);
+        const char *what = p->problem ? p->problem : "unreadable";
+        /* libyaml gives the octet for the UTF-8 octet problems and the decoded
+         * character for the others (a control character, a surrogate, U+FFFE) */
+        if (p->problem_value == -1)
+            return nrs_diag_at(b->d, m, "invalid input: %s", what);
+        if (strstr(what, "octet") ||
+            (p->problem_value < 0x80 && p->encoding == YAML_UTF8_ENCODING))
+            return nrs_diag_at(b->d, m, "invalid input: %s (byte 0x%02x)", what,
                                (unsigned)p->problem_value & 0xff);
-        return nrs_diag_at(b->d, mark_of_offset(buf, len, p->problem_offset), "invalid input: %s",
-                           p->problem ? p->problem : "unreadable");
+        return nrs_diag_at(b->d, m, "invalid input: %s (U+%04X)", what,
+                           (unsigned)p->problem_value);
+    }
     default:
         break;
     }

@@ -379,7 +379,7 @@ static void test_aliases_within_bounds(void **state)
 /* ---- the error classes, one file each ------------------------------------ */
 
 static const char *const bad_cases[] = {
-    "alias-expansions", "alias-recursive", "alias-undefined", "billion-laughs", "depth",
+    "alias-expansions", "alias-recursive", "alias-undefined", "billion-laughs", "control-escape", "depth",
     "depth-block", "duplicate-in-flow", "duplicate-key", "duplicate-section", "empty",
     "enum-algorithm", "enum-dtype", "enum-dtype-nosuggest", "enum-reward", "enum-transport",
     "generate-not-actor", "grpo-critic", "grpo-samples", "grpo-samples-default", "headroom",
@@ -501,6 +501,46 @@ static void test_buffer_bounds(void **state)
     assert_int_equal(nrs_spec_load_buffer("q", q, sizeof(q) - 1, &s, err, sizeof(err)), -1);
     assert_string_equal(err, "q:1:1: unknown key 'a?b' in the top level (valid keys: cluster, models, "
                              "algorithm, workload, policy, runtime)");
+    /* C1 controls (NEL) and the line separator become '?' too */
+    static const char c1[] = "\"a\\Nb\\Lc\\x80\": 1\n";
+    assert_int_equal(nrs_spec_load_buffer("c1", c1, sizeof(c1) - 1, &s, err, sizeof(err)), -1);
+    assert_string_equal(err, "c1:1:1: unknown key 'a?b?c?' in the top level (valid keys: cluster, "
+                             "models, algorithm, workload, policy, runtime)");
+}
+
+/* A reader error names the character libyaml decoded (not its low byte) at
+ * the line and column libyaml's own marks would give: the BOM is no column,
+ * CR, NEL and LS break lines, UTF-16 counts 2-byte units. */
+static void test_reader_error_marks(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in;
+        size_t len;
+        const char *want;
+    } c[] = {
+#define C(s, w) {s, sizeof(s) - 1, w}
+        C("ab: \xed\xa0\x80\n", "t:1:5: invalid input: invalid Unicode character (U+D800)"),
+        C("ab: \xef\xbf\xbe\n", "t:1:5: invalid input: control characters are not allowed (U+FFFE)"),
+        C("ab: \xc2\x80\n",
+          "t:1:5: invalid input: control characters are not allowed (U+0080)"),
+        C("\xef\xbb\xbfx: \xff\n", "t:1:4: invalid input: invalid leading UTF-8 octet (byte 0xff)"),
+        C("a: 1\rb: \xff\n", "t:2:4: invalid input: invalid leading UTF-8 octet (byte 0xff)"),
+        C("a: 1\r\nb: \xff\n", "t:2:4: invalid input: invalid leading UTF-8 octet (byte 0xff)"),
+        C("a: 1\xe2\x80\xa8" "b: \xff\n",
+          "t:2:4: invalid input: invalid leading UTF-8 octet (byte 0xff)"),
+        C("\xff\xfe\n\0\n\0x\0\0\xdc\n\0",
+          "t:3:2: invalid input: unexpected low surrogate area (U+DC00)"),
+#undef C
+    };
+    char err[NRS_ERR_MAX];
+    nrs_spec_t s;
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        assert_int_equal(nrs_spec_load_buffer("t", c[i].in, c[i].len, &s, err, sizeof(err)), -1);
+        if (strcmp(err, c[i].want) != 0)
+            print_error("case %zu:\n  want %s\n  got  %s\n", i, c[i].want, err);
+        assert_string_equal(err, c[i].want);
+    }
 }
 
 static void test_file_errors(void **state)
@@ -656,6 +696,7 @@ int main(void)
         cmocka_unit_test(test_aliases_within_bounds),
         cmocka_unit_test(test_bad_files_all_listed),
         cmocka_unit_test(test_buffer_bounds),
+        cmocka_unit_test(test_reader_error_marks),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_load_fd),
         cmocka_unit_test(test_suggest),
