@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -151,11 +152,14 @@ static bool nrs_proc_is_daemon_of(int pfd, const char *dir)
  * that reads alike). */
 static bool nrs_proc_is_ours(int pfd, const char *dir, const struct stat *jst, uid_t uid)
 {
-    struct stat st;
+    struct statx sx;
 
+    /* the cwd's attributes from the cache: a cwd in a FUSE mount of the
+     * user's would ask its daemon, which may never answer */
     return nrs_proc_uids_are(pfd, uid) && nrs_proc_is_daemon_of(pfd, dir) &&
-           fstatat(pfd, "cwd", &st, 0) == 0 && st.st_dev == jst->st_dev &&
-           st.st_ino == jst->st_ino;
+           statx(pfd, "cwd", AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC, STATX_INO, &sx) == 0 &&
+           makedev(sx.stx_dev_major, sx.stx_dev_minor) == jst->st_dev &&
+           sx.stx_ino == jst->st_ino;
 }
 
 typedef struct {
@@ -245,16 +249,64 @@ static int nrs_dir_wait_free(uint32_t job_id, uid_t uid, int jfd, const char *di
     }
 }
 
+/* statx of name in dfd ("" with AT_EMPTY_PATH: dfd itself) from what the
+ * kernel has cached, asking no filesystem daemon: the user may have mounted
+ * a FUSE filesystem (allow_other) on an entry of their job directory, and
+ * a stat that crosses into it waits for its daemon, which may never answer
+ * (root's epilog would hang until slurmd's time-out drains the node). 0 or
+ * -1. */
+static int nrs_statx_cached(int dfd, const char *name, int flags, struct statx *sx)
+{
+    return statx(dfd, name, flags | AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC,
+                 STATX_BASIC_STATS, sx);
+}
+
 /* A log file the clean-up keeps: NAME.log at the top (controller.log,
  * watcher.log: the job's record of deltas and decisions, for afterwards). */
 static bool nrs_keep(int dfd, const char *name, int depth)
 {
     size_t l = strlen(name);
-    struct stat st;
+    struct statx sx;
 
     return depth == 0 && l > 4 &&
            strcmp(name + l - 4, ".log") == 0 &&
-           fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+           nrs_statx_cached(dfd, name, 0, &sx) == 0 && S_ISREG(sx.stx_mode);
+}
+
+/* name in dfd opened with flags (O_RDONLY | O_DIRECTORY for a directory,
+ * else a regular file) only if it is on dev, dfd's filesystem, so not a
+ * mount point of the user's: it is pinned first with an O_PATH descriptor
+ * (which calls no filesystem's open, follows no link) and checked from the
+ * cache, so that a mount point's daemon is never asked; then that very
+ * inode is opened. fd, or -1 with errno (EXDEV: a mount point; ENOTDIR or
+ * ELOOP: not the kind asked for). */
+static int nrs_open_here(int dfd, const char *name, int flags, dev_t dev)
+{
+    bool want_dir = (flags & O_DIRECTORY) != 0;
+    int at = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC | (want_dir ? O_DIRECTORY : 0));
+    int fd = -1, e = EXDEV;
+    struct statx sx;
+    char self[64];
+
+    if (at < 0)
+        return -1;
+    if (nrs_statx_cached(at, "", AT_EMPTY_PATH, &sx) != 0) {
+        e = errno;
+    } else if (makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev) {
+        e = EXDEV;
+    } else if (want_dir) {
+        fd = openat(at, ".", flags | O_CLOEXEC);
+        e = errno;
+    } else if (!S_ISREG(sx.stx_mode)) {
+        e = S_ISLNK(sx.stx_mode) ? ELOOP : EINVAL;
+    } else {
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", at);
+        fd = open(self, flags | O_CLOEXEC);
+        e = errno;
+    }
+    close(at);
+    errno = e;
+    return fd;
 }
 
 /* A subdirectory (sub: its fd) root's clean-up may go into: one of the
@@ -306,7 +358,7 @@ static int nrs_rm_walk(nrs_rm_t *rm, int dfd, int depth)
             rc = -1;
             continue;
         }
-        int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int sub = nrs_open_here(dfd, e->d_name, O_RDONLY | O_DIRECTORY, rm->top.st_dev);
         if (sub < 0) {
             rc = -1;
             continue;
@@ -352,6 +404,9 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int
         if (jerr == ELOOP || jerr == ENOTDIR)
             slurm_error(NRS_SPANK_PREFIX "job %u: %s is not a directory of uid %u: left alone",
                         job_id, dir, (unsigned)uid);
+        else if (jerr == EXDEV)
+            slurm_error(NRS_SPANK_PREFIX "job %u: %s is a mount point (another filesystem): "
+                        "left alone", job_id, dir);
         else if (jerr != ENOENT)
             slurm_error(NRS_SPANK_PREFIX "job %u: %s: %s", job_id, dir, strerror(jerr));
         return;
@@ -394,8 +449,10 @@ static void nrs_epilog_cleanup(uint32_t job_id, uid_t uid, int sfd, int jfd, int
 static void nrs_epilog_first_node(int jfd, char *out, size_t n)
 {
     ssize_t k = -1;
-    int fd = jfd >= 0 ? openat(jfd, "ctl_node", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-                      : -1;
+    struct stat js;
+    int fd = jfd >= 0 && fstat(jfd, &js) == 0 ? nrs_open_here(jfd, "ctl_node", O_RDONLY | O_NONBLOCK,
+                                                               js.st_dev)
+                                              : -1;
 
     if (fd >= 0) {
         k = read(fd, out, n - 1);
@@ -447,7 +504,7 @@ static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
     char mark[NRS_SPANK_PATH_MAX + 16], why[NRS_SPANK_MSG_MAX];
     uint32_t job_id = 0, u32;
     uid_t uid;
-    struct stat st;
+    struct statx ss, st, sm;
     int k;
 
     if (nrs_spank_config_parse(ac, av) != 0)
@@ -470,12 +527,18 @@ static bool nrs_epilog_has_job_dir(spank_t sp, int ac, char **av)
                     "with --nereus here; no clean-up", job_id, why);
         return false;
     }
+    /* from the cache only, and no further than a mount point of the user's
+     * on the job directory or on ctl_node (its daemon may never answer) */
     k = snprintf(dir, sizeof(dir), "%s/%u", state, job_id);
-    if (k <= 0 || (size_t)k >= sizeof(dir) || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
-        st.st_uid != uid)
+    if (k <= 0 || (size_t)k >= sizeof(dir) ||
+        statx(AT_FDCWD, state, AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC, STATX_BASIC_STATS, &ss) != 0 ||
+        nrs_statx_cached(AT_FDCWD, dir, 0, &st) != 0 || !S_ISDIR(st.stx_mode) ||
+        st.stx_uid != uid || st.stx_dev_major != ss.stx_dev_major ||
+        st.stx_dev_minor != ss.stx_dev_minor)
         return false;
     snprintf(mark, sizeof(mark), "%s/ctl_node", dir);
-    return lstat(mark, &st) == 0 && S_ISREG(st.st_mode);
+    return nrs_statx_cached(AT_FDCWD, mark, 0, &sm) == 0 && S_ISREG(sm.stx_mode) &&
+           sm.stx_dev_major == st.stx_dev_major && sm.stx_dev_minor == st.stx_dev_minor;
 }
 
 void nrs_epilog(spank_t sp, int ac, char **av)
@@ -532,8 +595,11 @@ void nrs_epilog(spank_t sp, int ac, char **av)
             slurm_error(NRS_SPANK_PREFIX "job %u: epilog: %s: no clean-up", job_id, why);
         return;
     }
-    jfd = openat(sfd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    jerr = jfd < 0 ? errno : 0;
+    {
+        struct stat ss;
+        jfd = fstat(sfd, &ss) == 0 ? nrs_open_here(sfd, id, O_RDONLY | O_DIRECTORY, ss.st_dev) : -1;
+        jerr = jfd < 0 ? errno : 0;
+    }
     /* A state_dir without %n may be one directory shared by every node: only
      * the job's final epilog (the job no longer runs) may remove it. */
     shared = strstr(nrs_spank_config.state_dir, "%n") == NULL;

@@ -815,6 +815,121 @@ static int case_rm_late(void)
                   "root's removal stops at its deadline, leaves the rest, finishes later");
 }
 
+/* The job's user mounted a FUSE file system (allow_other, as
+ * user_allow_other in /etc/fuse.conf permits) on a directory in their job
+ * directory, and its daemon does not answer: root's epilog clean-up leaves
+ * the mount alone (another filesystem) without asking its daemon anything,
+ * removes the rest and returns, instead of blocking in the kernel until
+ * slurmd's epilog time-out drains the node. Before: blocked in openat (the
+ * directory's open) and in nrs_keep's stat of a "*.log" mount point. */
+static int case_epilog_mount(void)
+{
+    char jd[NRS_SPANK_PATH_MAX], sub[NRS_SPANK_PATH_MAX + 16], lg[NRS_SPANK_PATH_MAX + 16];
+    pid_t w;
+    int fs, fl, own, mounted;
+
+    snprintf(jd, sizeof(jd), "%s/state/nodeB/4313", base);
+    snprintf(sub, sizeof(sub), "%s/sub", jd);
+    snprintf(lg, sizeof(lg), "%s/x.log", jd);
+    epilog_job_dir(jd, 0700);
+    if (sh(AS_1000 "sh -c 'mkdir %s %s && touch %s/own'", sub, lg, jd) != 0)
+        return result(0, "cannot stage the case (setpriv?)");
+    w = watchdog(HUNG_LIMIT_S);
+    if ((fs = hung_mount(sub)) < 0 || (fl = hung_mount(lg)) < 0) {
+        watchdog_stop(w);
+        if (fs >= 0)
+            hung_umount(sub, fs);
+        return skip(NO_FUSE);
+    }
+    epilog_run(4313);
+    watchdog_stop(w);
+    own = sh("test -e %s/own", jd) == 0;
+    mounted = sh("grep -q ' %s ' /proc/mounts && grep -q ' %s ' /proc/mounts", sub, lg) == 0;
+    hung_umount(sub, fs);
+    hung_umount(lg, fl);
+    printf("  epilog returned; the user's file: %s; the mounts: %s\n", own ? "KEPT" : "removed",
+           mounted ? "left" : "GONE");
+    return result(!own && mounted, "a hung FUSE mount of the user's in the job dir: root's "
+                                   "clean-up leaves it alone, removes the rest, returns");
+}
+
+/* A hung FUSE mount on the file path (rootmode: a regular file). */
+static int hung_mount_file(const char *path)
+{
+    char opts[128];
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    snprintf(opts, sizeof(opts), "fd=%d,rootmode=100000,user_id=0,group_id=0,allow_other", fd);
+    if (mount("nrs-hung", path, "fuse.nrs-hung", MS_NOSUID | MS_NODEV, opts) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The same with the mount on the job directory itself (0), or on its
+ * ctl_node file (1; 2: a job without --nereus, whose epilog only looks for
+ * ctl_node): the epilog leaves the mount alone and returns. Before: blocked
+ * in the job directory's open, ctl_node's open, ctl_node's lstat. */
+static int case_epilog_mount_top(int on_ctl_node)
+{
+    char jd[NRS_SPANK_PATH_MAX], at[NRS_SPANK_PATH_MAX + 16];
+    pid_t w;
+    int fd, own, mounted;
+
+    snprintf(jd, sizeof(jd), "%s/state/nodeB/%d", base, 4314 + on_ctl_node);
+    snprintf(at, sizeof(at), on_ctl_node ? "%s/ctl_node" : "%s", jd);
+    epilog_job_dir(jd, 0700);
+    if (sh(AS_1000 "sh -c 'touch %s/own'", jd) != 0)
+        return result(0, "cannot stage the case (setpriv?)");
+    w = watchdog(HUNG_LIMIT_S);
+    if ((fd = on_ctl_node ? hung_mount_file(at) : hung_mount(at)) < 0) {
+        watchdog_stop(w);
+        return skip(NO_FUSE);
+    }
+    if (on_ctl_node == 2) { /* a job without --nereus whose steps had it */
+        fake_job = 4316;
+        fake_uid = 1000;
+        fake_gid = 1000;
+        fake_ctx = S_CTX_JOB_SCRIPT;
+        setenv("SLURMD_NODENAME", "nodeB", 1);
+        slurm_spank_job_epilog(NULL, 3, conf);
+    } else {
+        epilog_run((uint32_t)(4314 + on_ctl_node));
+    }
+    watchdog_stop(w);
+    mounted = sh("grep -q ' %s ' /proc/mounts", at) == 0;
+    hung_umount(at, fd);
+    own = sh("test -e %s/own", jd) == 0;
+    printf("  epilog returned; the mount: %s; the user's file under it: %s\n",
+           mounted ? "left" : "GONE", own ? "kept" : "removed");
+    if (on_ctl_node == 2)
+        return result(mounted && own, "a hung FUSE mount on ctl_node, a job without --nereus: "
+                                      "the epilog does not look through it, returns");
+    if (on_ctl_node)
+        return result(mounted && !own, "a hung FUSE mount on ctl_node: the epilog leaves it "
+                                       "alone, removes the rest, returns");
+    return result(mounted && own, "a hung FUSE mount on the job dir: the epilog leaves it "
+                                  "alone and returns");
+}
+
+static int case_epilog_mount_jobdir(void)
+{
+    return case_epilog_mount_top(0);
+}
+
+static int case_epilog_mount_ctl_node(void)
+{
+    return case_epilog_mount_top(1);
+}
+
+static int case_epilog_mount_no_nereus(void)
+{
+    return case_epilog_mount_top(2);
+}
+
 /* ---- S5: the hint's whole process group goes -----------------------------------
  *
  * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
@@ -888,7 +1003,11 @@ int main(int argc, char **argv)
                  {"hung-state", case_hung_state},
                  {"hung-state-epilog", case_hung_state_epilog},
                  {"hung-state-epilog-ours", case_hung_state_epilog_ours},
-                 {"rm-late", case_rm_late}};
+                 {"rm-late", case_rm_late},
+                 {"epilog-mount", case_epilog_mount},
+                 {"epilog-mount-jobdir", case_epilog_mount_jobdir},
+                 {"epilog-mount-ctl-node", case_epilog_mount_ctl_node},
+                 {"epilog-mount-no-nereus", case_epilog_mount_no_nereus}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)

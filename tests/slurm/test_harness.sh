@@ -28,6 +28,8 @@
 #    --nereus, returns and logs why;
 #  - root's removal of a job directory stops at its deadline (10 s: an
 #    epilog past slurmd's time-out drains the node) and leaves the rest;
+#  - a hung FUSE mount of the user's in their job dir, on it, or on its
+#    ctl_node: root's epilog leaves it alone and returns instead of blocking;
 #  - a released node's hint killed at its deadline, or exiting, leaves
 #    nothing it started running (its whole process group is killed).
 # Needs root, a C compiler and the Slurm and libyaml headers (as the build).
@@ -67,7 +69,8 @@ sl_at_exit hung_umount
 for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreign \
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
     hung-submit hung-jobdir hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
-    hung-state-epilog-ours rm-late; do
+    hung-state-epilog-ours rm-late epilog-mount epilog-mount-jobdir epilog-mount-ctl-node \
+    epilog-mount-no-nereus; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
     sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
