@@ -337,7 +337,10 @@ static int push_rank(nrs_emu_state_t *st, const nrs_spec_t *s, const nrs_emu_eng
 
     for (int k = 0; k < kinds; k++) {
         int mode = kind_mode(&s->runtime, e, k), ke = k >= NRS_EMU_MASTER ? 4 : es;
-        if (mode == 0)
+        /* An fp32 model is its own master copy, as the memory model counts it
+         * (nrs_mdl_opt_bytes_per_param): a second one would not fit the
+         * plans the planner accepted. */
+        if (mode == 0 || (k == NRS_EMU_MASTER && m->dtype == NRS_DTYPE_FP32))
             continue;
         if (mode == 2) {
             int64_t total = 0, a, b;

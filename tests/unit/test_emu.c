@@ -369,7 +369,10 @@ static void test_state_matches_memory_model(void **state)
     char err[256];
     (void)state;
     spec_8b(&s, 4);
-    for (int z = 0; z < 8; z++) {
+    for (int z = 0; z < 24; z++) {
+        /* every dtype: an fp32 model is its own master copy (no master kind) */
+        for (int r = 0; r < NRS_ROLE_COUNT; r++)
+            s.models[r].dtype = (nrs_dtype_t)(z / 8);
         s.runtime.zero1 = z & 1;
         s.runtime.zero3 = (z >> 1) & 1;
         s.runtime.offload_optimizer = (z >> 2) & 1;
@@ -391,10 +394,10 @@ static void test_state_matches_memory_model(void **state)
                 for (int g = 0; g < 32; g++)
                     most = per[g][r] > most ? per[g][r] : most;
                 if (fabs(most - want) > 1e-6 * want)
-                    fail_msg("zero1 %d zero3 %d offload %d layout %zu role %d: EMU %.0f, "
-                             "memory model %.0f bytes",
-                             s.runtime.zero1, s.runtime.zero3, s.runtime.offload_optimizer, li,
-                             r, most, want);
+                    fail_msg("dtype %d zero1 %d zero3 %d offload %d layout %zu role %d: EMU "
+                             "%.0f, memory model %.0f bytes",
+                             z / 8, s.runtime.zero1, s.runtime.zero3,
+                             s.runtime.offload_optimizer, li, r, most, want);
             }
             nrs_emu_state_free(&st);
         }

@@ -531,6 +531,105 @@ static void check_exact_cover(const nrs_emu_graph_t *g)
     free(moved);
 }
 
+/* How many copies of kind k each (replica, rank) of engine e holds in total
+ * over the dp replicas: dp when every replica holds the kind whole, 1 when
+ * ZeRO splits it, 0 when it is not on the GPU. Written from the spec and the
+ * docs (docs/transitions.md §1), not from geometry.c. */
+static int kind_copies(const nrs_spec_t *s, const nrs_emu_engine_t *e, int k)
+{
+    const nrs_runtime_t *rt = &s->runtime;
+    if (!e->trained && k != NRS_EMU_WEIGHT)
+        return 0;
+    if (k >= NRS_EMU_MASTER) {
+        if (rt->offload_optimizer ||
+            (k == NRS_EMU_MASTER && s->models[e->role].dtype == NRS_DTYPE_FP32))
+            return 0;
+        return rt->zero1 || rt->zero3 ? 1 : e->lay.dp;
+    }
+    return rt->zero3 && e->ms != NRS_MS_ACTOR_GENERATE ? 1 : e->lay.dp;
+}
+
+/* Every rank position (p, t) of every engine, over all dp replicas, holds each
+ * element of its weight boxes exactly kind_copies times per kind (no element
+ * twice in one ZeRO partition, none missing), nothing outside them, with the
+ * kind's element size: the state a transition starts from and must rebuild
+ * is the model, whole, under every option. */
+static void check_state_cover(const nrs_spec_t *s, const nrs_plan_t *p)
+{
+    nrs_emu_state_t st;
+    char err[256];
+    if (nrs_emu_state_build(s, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err, sizeof(err)))
+        fail_msg("state: %s", err);
+    for (int e = 0; e < st.nengines; e++) {
+        const nrs_emu_engine_t *E = &st.eng[e];
+        const nrs_model_t *m = &s->models[E->role];
+        int nt = nrs_emu_tensor_count(m), maxb = nrs_emu_rank_boxes_max(m, E->lay.pp);
+        nrs_emu_tbox_t *bx = malloc(sizeof(*bx) * (size_t)maxb);
+        int32_t *base[16] = {0}, *cnt[16] = {0};
+        int rows[16], cols[16];
+        assert_true(nt <= 16);
+        for (int t = 0; t < nt; t++) {
+            nrs_emu_tensor_shape(m, t, &rows[t], &cols[t]);
+            base[t] = calloc((size_t)rows[t] * (size_t)cols[t] + 1, sizeof(int32_t));
+            cnt[t] = calloc((size_t)rows[t] * (size_t)cols[t] + 1, sizeof(int32_t));
+        }
+        for (int rank = 0; rank < E->lay.tp * E->lay.pp; rank++) {
+            int n = nrs_emu_rank_boxes(m, E->lay.tp, E->lay.pp, rank / E->lay.tp,
+                                       rank % E->lay.tp, bx, maxb);
+            for (int t = 0; t < nt; t++)
+                memset(base[t], 0, sizeof(int32_t) * (size_t)rows[t] * (size_t)cols[t]);
+            for (int i = 0; i < n; i++)
+                for (int y = bx[i].box.r0; y < bx[i].box.r1; y++)
+                    for (int x = bx[i].box.c0; x < bx[i].box.c1; x++)
+                        base[bx[i].tensor][y * cols[bx[i].tensor] + x]++;
+            for (int k = 0; k < NRS_EMU_KIND_COUNT; k++) {
+                int want = kind_copies(s, E, k);
+                int es = k >= NRS_EMU_MASTER || m->dtype == NRS_DTYPE_FP32 ? 4 : 2;
+                for (int t = 0; t < nt; t++)
+                    memset(cnt[t], 0, sizeof(int32_t) * (size_t)rows[t] * (size_t)cols[t]);
+                for (size_t i = 0; i < st.nbuf; i++) {
+                    const nrs_emu_buf_t *b = &st.buf[i];
+                    if (b->engine != e || b->rank != rank || b->kind != k)
+                        continue;
+                    assert_int_equal(b->esize, es);
+                    assert_int_equal(b->bytes, nrs_emu_rect_area(&b->box) * es);
+                    assert_true(b->box.r0 >= 0 && b->box.r1 <= rows[b->tensor] &&
+                                b->box.c0 >= 0 && b->box.c1 <= cols[b->tensor]);
+                    for (int y = b->box.r0; y < b->box.r1; y++)
+                        for (int x = b->box.c0; x < b->box.c1; x++)
+                            cnt[b->tensor][y * cols[b->tensor] + x]++;
+                }
+                for (int t = 0; t < nt; t++)
+                    for (int j = 0; j < rows[t] * cols[t]; j++)
+                        if (cnt[t][j] != base[t][j] * want)
+                            fail_msg("engine %d (%s) rank %d %s tensor %d element %d: %d "
+                                     "copies, want %d", e, nrs_ms_name(E->ms), rank,
+                                     nrs_emu_kind_name(k), t, j, cnt[t][j],
+                                     base[t][j] * want);
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            free(base[t]);
+            free(cnt[t]);
+        }
+        free(bx);
+    }
+    nrs_emu_state_free(&st);
+}
+
+static void test_state_covers_model(void **state)
+{
+    static unsigned char missing[1 << 16];
+    tu_rng_t r = {31337};
+    (void)state;
+    for (int i = 0; i < CASES; i++) {
+        pair_t c;
+        random_pair_opts(&r, &c, missing, sizeof(missing));
+        check_state_cover(&c.s, &c.a);
+        check_state_cover(&c.s, &c.b);
+    }
+}
+
 static void test_random_options_and_maps(void **state)
 {
     static unsigned char missing[1 << 16];
@@ -593,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_random_weight_sync),
         cmocka_unit_test(test_per_rank_programs_deadlock_free),
         cmocka_unit_test(test_random_options_and_maps),
+        cmocka_unit_test(test_state_covers_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
