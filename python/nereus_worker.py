@@ -26,9 +26,10 @@ Conventions:
   exception: a checksum mismatch is a result (its counts), not an error.
 - Strings come back as str; paths go in as str (or bytes, or os.PathLike).
 - Arguments the C call could not receive as given raise NereusError
-  (NRS_ERR_INVAL) naming the call, before it: an int that does not fit its C
-  type (ctypes would wrap it: buffer 2**32 would be buffer 0), a path with a
-  NUL byte (C would read it cut there).
+  (NRS_ERR_INVAL) naming the call, before it: an int (or an integer with
+  __index__, as numpy's) that does not fit its C type (ctypes would wrap it:
+  buffer 2**32 would be buffer 0), a path with a NUL byte (C would read it
+  cut there).
 - The library is $NEREUS_LIB if set, else ctypes.util.find_library("nereus"),
   else "libnereus.so.0" (the dynamic loader's search path).
 - Calls that take Nereus structs (nrs_worker_init_spec, nrs_worker_set_plan,
@@ -57,6 +58,7 @@ asked for less (want=).
 
 import ctypes
 import ctypes.util
+import operator
 import os
 from collections import namedtuple
 
@@ -268,9 +270,15 @@ def _find_library():
     return ctypes.util.find_library("nereus") or "libnereus.so.0"
 
 
-# Functions newer than API 7, with the API that added them: a library that
-# has only an older API (load(want=7)) lacks them, and using one says so.
-_SINCE = {"nrs_worker_job_step": 8}
+# Functions newer than API 1, with the API that added them (nereus.h's
+# history): a library that has only an older API (load(want=4)) lacks them,
+# and using one says so.
+_SINCE = {"nrs_worker_control_plan": 2, "nrs_worker_control_poll": 2, "nrs_worker_gpu": 2,
+          "nrs_worker_set_checkpoint_dir": 3, "nrs_worker_checkpoint": 3,
+          "nrs_worker_joined_at": 3, "nrs_worker_init_emulated": 4,
+          "nrs_worker_control_step": 4, "nrs_worker_weight_sync": 4,
+          "nrs_worker_sync_stat": 4, "nrs_worker_verify_generation": 4,
+          "nrs_worker_buffer_layer": 5, "nrs_worker_job_step": 8}
 
 
 def _declare(lib, table, have=API_VERSION):
@@ -286,13 +294,26 @@ def _declare(lib, table, have=API_VERSION):
         fn.restype, fn.argtypes = restype, argtypes
 
 
+def _function(lib, name):
+    """lib's function `name`, or NereusLibraryError when the library's API
+    is older than the one that added it (a library taken with want=)."""
+    need, have = _SINCE.get(name, 0), getattr(lib, "_nrs_api", API_VERSION)
+    if need > have:
+        raise NereusLibraryError(f"{name} needs worker API {need}; the library has {have}")
+    return getattr(lib, name)
+
+
 def load(path=None, want=API_VERSION):
     """Load libnereus (path, else the default search above), declare every
     function's types and check its API version: a library older than `want`
     lacks functions this binding calls (the API only grows, so a newer one is
-    fine). Returns the ctypes.CDLL; later calls return the same one."""
+    fine). Returns the ctypes.CDLL; later calls return the same one (checked
+    against their own `want`)."""
     global _lib
     if _lib is not None and path is None:
+        if _lib._nrs_api < want:
+            raise NereusLibraryError(f"{_lib._name}: worker API version {_lib._nrs_api}, "
+                                     f"asked for {want}: install a newer libnereus")
         return _lib
     name = path or _find_library()
     try:
@@ -318,6 +339,11 @@ def load(path=None, want=API_VERSION):
     return lib
 
 
+def _loaded():
+    """The library load() took first (whatever it was asked for), else load()."""
+    return _lib if _lib is not None else load()
+
+
 def _text(b):
     return b.decode("utf-8", "replace") if b is not None else ""
 
@@ -338,9 +364,13 @@ _BITS = {_I: 8 * ctypes.sizeof(_I), ctypes.c_long: 8 * ctypes.sizeof(ctypes.c_lo
 
 def _check_ints(fn, name, args):
     """Refuse an int argument (after the handle) that its C type cannot hold:
-    ctypes would pass it wrapped, silently (2**32 as 0)."""
+    ctypes would pass it wrapped, silently (2**32 as 0). An integer that is
+    not an int (numpy.int64: __index__) is one too: ctypes takes and wraps it
+    the same."""
     for k, (t, a) in enumerate(zip((getattr(fn, "argtypes", None) or [])[1:], args)):
         bits = _BITS.get(t)
+        if bits and not isinstance(a, int) and hasattr(type(a), "__index__"):
+            a = operator.index(a)
         if bits and isinstance(a, int) and not -(1 << (bits - 1)) <= a < 1 << (bits - 1):
             raise NereusError(NRS_ERR_INVAL, f"{name}: argument {k + 1} = {a}: does not fit "
                                              f"its C type ({bits}-bit)")
@@ -348,24 +378,24 @@ def _check_ints(fn, name, args):
 
 def api_version():
     """nrs_worker_api_version() of the loaded library."""
-    return load().nrs_worker_api_version()
+    return _loaded().nrs_worker_api_version()
 
 
 def strerror(code):
     """nrs_worker_strerror(code): the name of an NRS_ERR_* code."""
-    return _text(load().nrs_worker_strerror(code))
+    return _text(_loaded().nrs_worker_strerror(code))
 
 
 def ms_name(ms):
     """nrs_worker_ms_name(ms): e.g. 'actor.train'; '?' for an unknown id."""
-    return _text(load().nrs_worker_ms_name(ms))
+    return _text(_loaded().nrs_worker_ms_name(ms))
 
 
 def last_error():
     """nrs_worker_last_error(NULL): the message of the last call of this
     thread that failed without a handle to keep it (an init, a finalize, a
     call given a NULL handle); '' if none."""
-    return _text(load().nrs_worker_last_error(None))
+    return _text(_loaded().nrs_worker_last_error(None))
 
 
 # ---- the handle ------------------------------------------------------------
@@ -382,10 +412,10 @@ class Worker:
     """
 
     def __init__(self, spec_path=None, lib=None, emulated=False):
-        self._lib = lib or load()
+        self._lib = lib or _loaded()
         self._sink = None  # keeps the report callback alive while C holds it
         h = _P()
-        init = self._lib.nrs_worker_init_emulated if emulated else self._lib.nrs_worker_init
+        init = _function(self._lib, "nrs_worker_init_emulated" if emulated else "nrs_worker_init")
         rc = init(ctypes.byref(h), _path(spec_path, init.__name__))
         self._h = h
         if rc:
@@ -409,7 +439,7 @@ class Worker:
         """Call nrs_worker_<name>(handle, args...); raise NereusError with the
         call's message (nrs_worker_last_error) if it returns < 0."""
         h = self._handle()
-        fn = getattr(self._lib, "nrs_worker_" + name)
+        fn = _function(self._lib, "nrs_worker_" + name)
         _check_ints(fn, "nrs_worker_" + name, args)
         rc = fn(h, *args)
         if rc < 0:
@@ -417,12 +447,7 @@ class Worker:
         return rc
 
     def _get(self, name):
-        fn = "nrs_worker_" + name
-        need = _SINCE.get(fn, 0)
-        if need > getattr(self._lib, "_nrs_api", API_VERSION):
-            raise NereusLibraryError(f"{fn} needs worker API {need}; the library has "
-                                     f"{self._lib._nrs_api}")
-        return getattr(self._lib, fn)(self._handle())
+        return _function(self._lib, "nrs_worker_" + name)(self._handle())
 
     def __enter__(self):
         return self
@@ -670,8 +695,9 @@ class Worker:
 
     def sync_stat(self, which):
         """A weight-sync figure of this rank (NRS_SS_*)."""
-        _check_ints(self._lib.nrs_worker_sync_stat, "nrs_worker_sync_stat", (which,))
-        return self._lib.nrs_worker_sync_stat(self._handle(), which)
+        fn = _function(self._lib, "nrs_worker_sync_stat")
+        _check_ints(fn, "nrs_worker_sync_stat", (which,))
+        return fn(self._handle(), which)
 
     def verify_generation(self):
         """Checksum every generation weight shard of this rank (filled by the
@@ -679,7 +705,8 @@ class Worker:
         no sync ran since the last epoch change."""
         ver, bad = ctypes.c_longlong(), ctypes.c_longlong()
         h = self._handle()
-        rc = self._lib.nrs_worker_verify_generation(h, ctypes.byref(ver), ctypes.byref(bad))
+        rc = _function(self._lib, "nrs_worker_verify_generation")(h, ctypes.byref(ver),
+                                                                  ctypes.byref(bad))
         if rc < 0 and rc != NRS_ERR_VERIFY:
             raise NereusError(rc, _text(self._lib.nrs_worker_last_error(h)))
         return Verified(ver.value, bad.value)

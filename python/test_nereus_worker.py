@@ -240,6 +240,70 @@ class Library(unittest.TestCase):
             with self.assertRaisesRegex(nw.NereusLibraryError, rf"version 7.*needs {nw.API_VERSION}"):
                 nw.load(so)
 
+    # the API that added each bound function after API 1 (nereus.h's history)
+    SINCE = {"nrs_worker_control_plan": 2, "nrs_worker_control_poll": 2, "nrs_worker_gpu": 2,
+             "nrs_worker_set_checkpoint_dir": 3, "nrs_worker_checkpoint": 3,
+             "nrs_worker_joined_at": 3, "nrs_worker_init_emulated": 4,
+             "nrs_worker_control_step": 4, "nrs_worker_weight_sync": 4,
+             "nrs_worker_sync_stat": 4, "nrs_worker_verify_generation": 4,
+             "nrs_worker_buffer_layer": 5, "nrs_worker_job_step": 8}
+
+    def stub_library(self, d, version):
+        """A library of API `version`: the functions this binding binds that
+        the API had then (SINCE), each returning 0."""
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler")
+        src, so = os.path.join(d, f"old{version}.c"), os.path.join(d, f"libold{version}.so")
+        with open(src, "w") as f:
+            f.write(f"int nrs_worker_api_version(void) {{ return {version}; }}\n")
+            for name in nw._PUBLIC:
+                if name != "nrs_worker_api_version" and self.SINCE.get(name, 0) <= version:
+                    f.write(f"int {name}(void) {{ return 0; }}\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", so, src], check=True)
+        return so
+
+    def test_any_older_library_when_asked_for_less(self):
+        # load(want=N) takes a library of API N for every N, not only 7: the
+        # functions added after N are left out, and calling one says which API
+        # it needs (nereus.h's history: API 2 the control channel, 3
+        # checkpoints and joins, 4 the per-step collectives, 5 buffer_layer)
+        with tempfile.TemporaryDirectory() as d:
+            for version in range(1, nw.API_VERSION):
+                with self.subTest(version=version):
+                    lib = nw.load(self.stub_library(d, version), want=version)
+                    self.assertEqual(lib._nrs_api, version)
+                    w = nw.Worker(lib=lib)  # the stub's init: 0, a NULL handle
+                    self.assertEqual(w.epoch, 0)
+                    for fn, api in [(lambda: w.control_poll(0), 2), (lambda: w.gpu, 2),
+                                    (lambda: w.checkpoint(1), 3), (lambda: w.joined_at, 3),
+                                    (w.control_step, 4), (w.weight_sync, 4),
+                                    (lambda: w.sync_stat(0), 4), (w.verify_generation, 4),
+                                    (lambda: w.buffer_layer(0, 0), 5), (lambda: w.job_step, 8)]:
+                        if api <= version:
+                            fn()  # the stub's 0
+                            continue
+                        with self.assertRaisesRegex(nw.NereusLibraryError,
+                                                    rf"needs worker API {api}; the library "
+                                                    rf"has {version}$"):
+                            fn()
+                    w.finalize()
+                    if version < 4:
+                        with self.assertRaisesRegex(nw.NereusLibraryError,
+                                                    "nrs_worker_init_emulated needs worker API 4"):
+                            nw.Worker(lib=lib, emulated=True)
+        self.assertEqual(nw._SINCE, self.SINCE)  # the binding's own table, the same
+
+    def test_loaded_library_checked_against_want(self):
+        # load() returns the library it loaded first, but never one older than
+        # asked for
+        lib = nw.load()
+        self.assertIs(nw.load(want=nw.API_VERSION), lib)
+        with self.assertRaisesRegex(nw.NereusLibraryError,
+                                    rf"version {lib._nrs_api}, asked for {lib._nrs_api + 1}"):
+            nw.load(want=lib._nrs_api + 1)
+        self.assertIs(nw.load(), lib)
+
     def test_every_function_has_types(self):
         for name, (restype, argtypes) in nw._PUBLIC.items():
             fn = getattr(self.lib, name)
@@ -585,6 +649,45 @@ class Singleton(unittest.TestCase):
                         w.buffer, 2 ** 31 - 1)
         self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer -2147483648: no state",
                         w.buffer, -2 ** 31)
+
+    def test_integers_that_are_not_int_do_not_fit_c(self):
+        # numpy's integers are not int but have __index__, which ctypes takes
+        # and wraps as it wraps an int (numpy.int64(2**32 + 3) as buffer 3,
+        # as step 3): the binding refuses them as it refuses the int
+        class Index:  # numpy.int64 as ctypes sees it (numpy need not be installed)
+            def __init__(self, v):
+                self.v = v
+
+            def __index__(self):
+                return self.v
+
+        kinds = [Index]
+        try:
+            import numpy
+            kinds.append(numpy.int64)
+        except ImportError:
+            pass
+        w = self.w
+        for kind in kinds:
+            for fn, args, pattern in [
+                    (w.buffer, (kind(2 ** 32 + 3),),
+                     r"^nrs_worker_buffer: argument 1 = 4294967299: does not fit its C type "
+                     r"\(32-bit\)$"),
+                    (w.report_step, (kind(2 ** 32 + 3), 1.0),
+                     r"^nrs_worker_report_step: argument 1 = 4294967299: "),
+                    (w.buffer_layer, (0, kind(-2 ** 31 - 1)),
+                     r"^nrs_worker_buffer_layer: argument 2 = "),
+                    (w.transition_stat, (kind(2 ** 32 + nw.NRS_TS_FAILED_RANK),),
+                     r"^nrs_worker_transition_stat: argument 1 = "),
+                    (w.sync_stat, (kind(2 ** 32),), r"^nrs_worker_sync_stat: argument 1 = ")]:
+                with self.subTest(kind=kind.__name__, fn=fn.__name__):
+                    self.assertCode(nw.NRS_ERR_INVAL, pattern, fn, *args)
+            # one that fits goes through, as its int
+            with self.subTest(kind=kind.__name__, fn="fits"):
+                self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_buffer: buffer 3: no state",
+                                w.buffer, kind(3))
+        self.assertCode(nw.NRS_ERR_INVAL, r"^nrs_worker_checkpoint: argument 1 = ",
+                        w.checkpoint, Index(2 ** 64 + 1))
 
     def test_checkpoint_dir(self):
         self.w.set_checkpoint_dir(tempfile.gettempdir())
