@@ -375,7 +375,8 @@ int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_
     return 0;
 }
 
-/* The payload of file f, checked (magic, element size, length, checksum). */
+/* The payload of file f, checked (magic, element size and the zero bytes
+ * after it, length, checksum: the checksum covers only the payload). */
 static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, char *err,
                            size_t errlen)
 {
@@ -391,7 +392,7 @@ static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, c
         nrs_seterr(err, errlen, "checkpoint: %s: format 1 (one tensor per layer, written by an "
                    "older Nereus): this version reads format 2 (layers stacked)", p);
     } else if (!fp || want < 0 || got != sizeof head || memcmp(head, CK_MAGIC, 8) ||
-               head[8] != esize ||
+               head[8] != esize || memcmp(head + 9, "\0\0\0\0\0\0\0", 7) ||
         (int64_t)get64(head + 16) != want ||
         !(d = malloc((size_t)want + 1)) || fread(d, 1, (size_t)want, fp) != (size_t)want ||
         fgetc(fp) != EOF || nrs_emu_checksum(d, (size_t)want) != get64(head + 24)) {
@@ -405,6 +406,27 @@ static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, c
     return d;
 }
 
+/* Whether two of the files of b's run that meet b overlap there (files of
+ * another layout left in, or one name written twice, e.g. "m01-" for "m1-"):
+ * the elements counted would add up to b's while some are read twice and
+ * others never. 1 with err naming them. */
+static int overlap(const nrs_ckpt_t *c, size_t first, size_t end, const nrs_emu_buf_t *b,
+                   char *err, size_t errlen)
+{
+    for (size_t i = first; i < end; i++) {
+        nrs_emu_rect_t mi, mj, x;
+        if (!nrs_emu_rect_meet(&c->f[i].box, &b->box, &mi))
+            continue;
+        for (size_t j = i + 1; j < end; j++)
+            if (nrs_emu_rect_meet(&c->f[j].box, &b->box, &mj) && nrs_emu_rect_meet(&mi, &mj, &x)) {
+                nrs_seterr(err, errlen, "checkpoint: %s/%s and %s overlap (files of two "
+                           "checkpoints in one)", c->dir, c->f[i].name, c->f[j].name);
+                return 1;
+            }
+    }
+    return 0;
+}
+
 int nrs_ckpt_fill(const nrs_ckpt_t *c, const nrs_emu_buf_t *b, void *dst, char *err,
                   size_t errlen)
 {
@@ -414,11 +436,15 @@ int nrs_ckpt_fill(const nrs_ckpt_t *c, const nrs_emu_buf_t *b, void *dst, char *
         memset(dst, 0, (size_t)b->bytes);
         return 0;
     }
-    for (size_t i = first_file(c, b->role, b->tensor, b->kind); i < c->n; i++) {
+    size_t first = first_file(c, b->role, b->tensor, b->kind), end = first;
+    while (end < c->n && c->f[end].role == b->role && c->f[end].tensor == b->tensor &&
+           c->f[end].kind == b->kind)
+        end++; /* b's run */
+    if (overlap(c, first, end, b, err, errlen))
+        return -1;
+    for (size_t i = first; i < end; i++) {
         const ck_file_t *f = &c->f[i];
         nrs_emu_rect_t m;
-        if (f->role != b->role || f->tensor != b->tensor || f->kind != b->kind)
-            break; /* past b's run */
         if (!nrs_emu_rect_meet(&f->box, &b->box, &m))
             continue;
         unsigned char *src = load(c, f, es, err, errlen);

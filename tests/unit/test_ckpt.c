@@ -451,6 +451,108 @@ static void test_republish_over_old_step(void **state)
     nrs_emu_state_free(&sb);
 }
 
+/* A file of the checkpoint with its header, box and payload: what the
+ * library writes (the test plants files of its own). */
+static void plant(const char *path, const nrs_emu_buf_t *b, const nrs_emu_rect_t *box,
+                  const unsigned char *payload, int reserved)
+{
+    size_t n = (size_t)nrs_emu_rect_area(box) * b->esize;
+    unsigned char head[32];
+    uint64_t sum = nrs_emu_checksum(payload, n);
+    memset(head, 0, sizeof head);
+    memcpy(head, "NRSCKPT2", 8);
+    head[8] = b->esize;
+    head[12] = (unsigned char)reserved;
+    for (int i = 0; i < 8; i++) {
+        head[16 + i] = (unsigned char)((uint64_t)n >> (8 * i));
+        head[24 + i] = (unsigned char)(sum >> (8 * i));
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, sizeof head, f), sizeof head);
+    assert_int_equal(fwrite(payload, 1, n, f), n);
+    fclose(f);
+}
+
+/* Files that overlap inside a buffer (its first row planted under as many
+ * names as it has rows, "m1-", "m01-", ..., its own file gone) add up to its
+ * element count while every row but the first is never read: refused, not
+ * restored with what the buffer held before. A header whose reserved bytes
+ * are not zero is corrupt (the checksum covers only the payload). */
+static void test_overlapping_files_refused(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_emu_state_t sa;
+    char err[512], dir[300], path[700], name[256], zeros[32];
+    build(&s, &a, &sa, 42, 4);
+    snprintf(dir, sizeof dir, "%s/v", root);
+    write_all(dir, 5, &sa);
+    assert_int_equal(nrs_ckpt_publish(dir, 5, &sa, err, sizeof err), 0);
+    const nrs_emu_buf_t *w = NULL; /* a wanted buffer of few rows (2..20), full width */
+    for (size_t i = 0; i < sa.nbuf; i++) {
+        const nrs_emu_buf_t *b = &sa.buf[i];
+        int rows = b->box.r1 - b->box.r0;
+        if (nrs_ckpt_wanted(&sa, b) && b->kind != NRS_EMU_GRAD && rows >= 2 && rows <= 20 &&
+            (!w || rows < w->box.r1 - w->box.r0))
+            w = b;
+    }
+    assert_non_null(w);
+    int rows = w->box.r1 - w->box.r0;
+    unsigned char *full = malloc((size_t)w->bytes + 1), *got = malloc((size_t)w->bytes + 1);
+    nrs_emu_pattern_fill(w, full);
+    memset(zeros, '0', sizeof zeros);
+    nrs_emu_rect_t row = w->box;
+    row.r1 = row.r0 + 1;
+    snprintf(path, sizeof path, "%s/step-5/m%d-t%d-k%d-%d_%d_%d_%d.bin", dir, w->role, w->tensor,
+             w->kind, w->box.r0, w->box.r1, w->box.c0, w->box.c1);
+    assert_int_equal(unlink(path), 0);
+    for (int k = 1; k <= rows; k++) {
+        snprintf(name, sizeof name, "m%.*s%d-t%d-k%d-%d_%d_%d_%d.bin", k - 1, zeros, w->role,
+                 w->tensor, w->kind, row.r0, row.r1, row.c0, row.c1);
+        snprintf(path, sizeof path, "%s/step-5/%s", dir, name);
+        plant(path, w, &row, full, 0);
+    }
+    nrs_ckpt_t *c;
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, sizeof err), 0);
+    memset(got, 0, (size_t)w->bytes);
+    assert_int_equal(nrs_ckpt_fill(c, w, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "overlap"));
+    nrs_ckpt_close(c);
+    for (int k = 2; k <= rows; k++) { /* one copy of the row is left: rows missing */
+        snprintf(name, sizeof name, "m%.*s%d-t%d-k%d-%d_%d_%d_%d.bin", k - 1, zeros, w->role,
+                 w->tensor, w->kind, row.r0, row.r1, row.c0, row.c1);
+        snprintf(path, sizeof path, "%s/step-5/%s", dir, name);
+        assert_int_equal(unlink(path), 0);
+    }
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, sizeof err), 0);
+    assert_int_equal(nrs_ckpt_fill(c, w, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "elements of model"));
+    nrs_ckpt_close(c);
+    /* the whole box again, in a header with a reserved byte set */
+    snprintf(name, sizeof name, "m%d-t%d-k%d-%d_%d_%d_%d.bin", w->role, w->tensor, w->kind, row.r0,
+             row.r1, row.c0, row.c1);
+    snprintf(path, sizeof path, "%s/step-5/%s", dir, name);
+    assert_int_equal(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/step-5/m%d-t%d-k%d-%d_%d_%d_%d.bin", dir, w->role, w->tensor,
+             w->kind, w->box.r0, w->box.r1, w->box.c0, w->box.c1);
+    plant(path, w, &w->box, full, 1);
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, sizeof err), 0);
+    assert_int_equal(nrs_ckpt_fill(c, w, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "corrupt"));
+    nrs_ckpt_close(c);
+    plant(path, w, &w->box, full, 0); /* as written: restores */
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, sizeof err), 0);
+    if (nrs_ckpt_fill(c, w, got, err, sizeof err))
+        fail_msg("%s", err);
+    assert_memory_equal(got, full, (size_t)w->bytes);
+    nrs_ckpt_close(c);
+    free(full);
+    free(got);
+    nrs_emu_state_free(&sa);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -461,6 +563,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_published_is_durable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_box_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_republish_over_old_step, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overlapping_files_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
