@@ -143,7 +143,7 @@ int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *c
     if (nrs_plan_calib_check(calib, err, errlen) != 0 || check_shape(s, p, err, errlen) != 0)
         return -1;
     p->capacity_bytes = nrs_cost_capacity_bytes(s);
-    for (int r = 0; r < NRS_ROLE_COUNT; r++) {
+    for (int r = 0; r < NRS_ROLE_COUNT; r++) { /* nrs_plan_persist_order */
         int h = nrs_plan_home(p, (nrs_role_t)r);
         if (h >= 0)
             persist[h] += nrs_cost_persist_bytes(s, (nrs_role_t)r, &p->layout[home_ms[r]]);
@@ -164,9 +164,10 @@ int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *c
                      p->layout[ms].dp, p->layout[ms].mb);
             return -1;
         }
+        double held = persist[pool] + (ms == NRS_MS_ACTOR_GENERATE ? extra : 0);
         p->ms_time[ms] = c.time_s;
-        p->ms_mem[ms] = persist[pool] + c.trans_bytes + (ms == NRS_MS_ACTOR_GENERATE ? extra : 0);
-        if (p->ms_mem[ms] > p->capacity_bytes) {
+        p->ms_mem[ms] = held + c.trans_bytes;
+        if (!nrs_plan_fits(held, c.trans_bytes, p->capacity_bytes)) {
             snprintf(err, errlen,
                      "%s needs %.1f GiB per GPU (tp=%d, pp=%d, mb=%d) but a GPU has %.1f GiB usable",
                      nrs_ms_name((nrs_ms_t)ms), p->ms_mem[ms] / GIB, p->layout[ms].tp,

@@ -62,9 +62,24 @@ nrs_role_t nrs_unit_role(nrs_unit_t u);
 int nrs_planner_init(nrs_planner_t *pl, const nrs_spec_t *s, const nrs_plan_req_t *req);
 void nrs_planner_free(nrs_planner_t *pl);
 const nrs_table_t *nrs_planner_table(nrs_planner_t *pl, nrs_unit_t u, int gpus);
-/* Best (time, mb) of stage i of candidate c with `free` bytes for transients;
- * returns NRS_INF when nothing fits. */
-double nrs_cand_time(const nrs_table_t *t, const nrs_cand_t *c, int i, double free, int *mb);
+/* The planner's one memory test, in the search and in its ground truth
+ * (nrs_plan_eval) alike: `held` bytes on each GPU of a pool (persistent state,
+ * generation weights while generation runs) plus `more` (a stage's transient)
+ * fit in `cap`. One expression, so the two cannot disagree by a rounding error
+ * at the cap; `held` must be summed as eval sums it (nrs_plan_persist_order). */
+static inline bool nrs_plan_fits(double held, double more, double cap)
+{
+    return held + more <= cap;
+}
+
+/* The order in which persistent bytes of a pool are summed: the models by role
+ * (actor, critic, ref, reward), then a generation engine of its own pool. */
+extern const nrs_unit_t nrs_plan_persist_order[U_COUNT];
+
+/* Best (time, mb) of stage i of candidate c on a pool holding `held` bytes per
+ * GPU under `cap` (nrs_plan_fits); returns NRS_INF when nothing fits. */
+double nrs_cand_time(const nrs_table_t *t, const nrs_cand_t *c, int i, double held, double cap,
+                     int *mb);
 /* Micro-batch candidates of unit u's stages at data-parallel degree dp. */
 int nrs_mb_options(const nrs_planner_t *pl, nrs_unit_t u, int dp, int *out, int max);
 /* Enumerates the tp values allowed on a pool of `gpus` GPUs; returns count. */

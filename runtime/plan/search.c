@@ -41,14 +41,17 @@ static double bound(const search_t *S, int depth, int mb[U_COUNT][2])
 {
     const nrs_planner_t *pl = S->pl;
     double P[NRS_POOL_MAX] = {0}, ph[3][NRS_POOL_MAX] = {{0}}, extra = 0, sync = 0;
-    bool coloc = gen_coloc(S);
+    bool coloc = gen_coloc(S), placed[U_COUNT] = {false};
 
-    for (int i = 0; i < pl->nunits; i++) {
-        nrs_unit_t u = (nrs_unit_t)pl->units[i];
-        if (u == U_GEN && coloc)
+    for (int i = 0; i < depth; i++)
+        placed[pl->units[i]] = true;
+    /* summed in nrs_plan_eval's order: at the leaf, the same bytes to the bit */
+    for (int k = 0; k < U_COUNT; k++) {
+        nrs_unit_t u = nrs_plan_persist_order[k];
+        if (!pl->present[u] || (u == U_GEN && coloc))
             continue; /* generation weights are transient on the actor's pool */
         P[S->cfg->pool_of_unit[u]] +=
-            i < depth ? S->tab[u]->cand[S->choice[u]].persist : S->tab[u]->min_persist;
+            placed[u] ? S->tab[u]->cand[S->choice[u]].persist : S->tab[u]->min_persist;
     }
     if (depth > 1 && pl->present[U_GEN]) { /* actor and gen are units[0], units[1] */
         const nrs_cand_t *a = &S->tab[U_ACTOR]->cand[S->choice[U_ACTOR]];
@@ -65,8 +68,8 @@ static double bound(const search_t *S, int depth, int mb[U_COUNT][2])
             int phase = nrs_ms_stage(nrs_unit_ms(u, k));
             double t;
             if (i < depth) {
-                double free = pl->cap - P[pool] - (u == U_GEN ? extra : 0);
-                t = nrs_cand_time(S->tab[u], &S->tab[u]->cand[S->choice[u]], k, free,
+                double held = P[pool] + (u == U_GEN ? extra : 0);
+                t = nrs_cand_time(S->tab[u], &S->tab[u]->cand[S->choice[u]], k, held, pl->cap,
                                   mb ? &mb[u][k] : NULL);
             } else {
                 t = S->tab[u]->lb_stage[k];

@@ -19,6 +19,7 @@ static const nrs_role_t unit_roles[U_COUNT] = {NRS_ROLE_ACTOR, NRS_ROLE_ACTOR, N
 /* Search order: the actor first, then its generation engine (so the weight sync
  * is known early), then the other models. */
 static const nrs_unit_t search_order[U_COUNT] = {U_ACTOR, U_GEN, U_CRITIC, U_REF, U_REWARD};
+const nrs_unit_t nrs_plan_persist_order[U_COUNT] = {U_ACTOR, U_CRITIC, U_REF, U_REWARD, U_GEN};
 
 int nrs_unit_nstages(nrs_unit_t u)
 {
@@ -144,13 +145,14 @@ static int add_staircase(const nrs_planner_t *pl, nrs_table_t *t, nrs_unit_t u, 
     return kept;
 }
 
-double nrs_cand_time(const nrs_table_t *t, const nrs_cand_t *c, int i, double free, int *mb)
+double nrs_cand_time(const nrs_table_t *t, const nrs_cand_t *c, int i, double held, double cap,
+                     int *mb)
 {
     const nrs_step_t *st = t->steps + c->off[i];
-    int lo = 0, hi = c->n[i]; /* first entry with trans > free */
+    int lo = 0, hi = c->n[i]; /* first entry that does not fit (rounding is monotone) */
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        if (st[mid].trans <= free)
+        if (nrs_plan_fits(held, st[mid].trans, cap))
             lo = mid + 1;
         else
             hi = mid;
@@ -213,7 +215,7 @@ static int build_table(const nrs_planner_t *pl, nrs_unit_t u, int gpus, nrs_tabl
                 c.n[i] = add_staircase(pl, t, u, nrs_unit_ms(u, i), l);
                 if (c.n[i] < 0)
                     goto fail;
-                double tm = c.n[i] ? nrs_cand_time(t, &c, i, pl->cap - c.persist, NULL) : NRS_INF;
+                double tm = c.n[i] ? nrs_cand_time(t, &c, i, c.persist, pl->cap, NULL) : NRS_INF;
                 ok = tm < NRS_INF;
                 c.lb += tm;
             }
@@ -222,7 +224,7 @@ static int build_table(const nrs_planner_t *pl, nrs_unit_t u, int gpus, nrs_tabl
                 continue;
             }
             for (int i = 0; i < ns; i++) {
-                double tm = nrs_cand_time(t, &c, i, pl->cap - c.persist, NULL);
+                double tm = nrs_cand_time(t, &c, i, c.persist, pl->cap, NULL);
                 if (tm < t->lb_stage[i])
                     t->lb_stage[i] = tm;
             }

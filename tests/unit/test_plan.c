@@ -387,6 +387,74 @@ static void test_colocated_gen_weights(void **st)
     }
 }
 
+/* One GPU, GRPO without a reference: only the actor and its generation engine
+ * (in place), one layout (tp = pp = dp = 1), memory set by the test. */
+static void spec_one_gpu(nrs_spec_t *s)
+{
+    spec_8b(s, 1);
+    s->cluster.gpus_per_node = 1;
+    set_model(&s->models[NRS_ROLE_ACTOR], 4, 512, 2048, 8, 8, 32000, false);
+    for (int r = NRS_ROLE_CRITIC; r < NRS_ROLE_COUNT; r++)
+        s->models[r].present = false;
+    s->algorithm = (nrs_algorithm_t){NRS_ALGO_GRPO, false, false};
+    s->workload.global_batch = 4;
+    s->workload.prompt_len = 512;
+    s->runtime.mem_headroom_gib = 0;
+}
+
+/* The largest transient at micro-batch 1 of the one-GPU spec's stages. */
+static double least_peak_transient(const nrs_spec_t *s, const nrs_work_t *w)
+{
+    static const nrs_ms_t stages[] = {NRS_MS_ACTOR_GENERATE, NRS_MS_ACTOR_INFER,
+                                      NRS_MS_ACTOR_TRAIN};
+    nrs_layout_t l = {1, 1, 1, 1};
+    double t = 0;
+    for (size_t i = 0; i < sizeof(stages) / sizeof(stages[0]); i++) {
+        nrs_stage_cost_t c;
+        assert_int_equal(nrs_cost_stage(s, stages[i], &l, w, NULL, &c), 0);
+        t = fmax(t, c.trans_bytes);
+    }
+    return t;
+}
+
+/* Memory exactly at the cap, where persist + transient rounds down onto it: the
+ * ground truth (persist + transient <= cap) accepts the plan, so the search,
+ * which compared the transient with cap - persist, must too (it found no plan).
+ * A fractional mean response length (the simulator's ramps) gives a transient
+ * with low-order bits, hence the rounding. */
+static void test_search_and_eval_agree_at_cap(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t a, b;
+    nrs_layout_t l = {1, 1, 1, 1};
+    char ea[NRS_ERR_MAX], eb[NRS_ERR_MAX];
+    int found = 0;
+    spec_one_gpu(&s);
+    nrs_plan_req_init(&req, &s);
+    double persist = nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l);
+    for (int k = 1; k < 200 && !found; k++) {
+        req.work.response_len = 512 + k / 7.0;
+        double trans = least_peak_transient(&s, &req.work), cap = persist + trans;
+        if (cap - persist >= trans)
+            continue; /* no rounding to tell the two comparisons apart */
+        found = k;
+        s.cluster.gpu_mem_gib = cap / (1024.0 * 1024.0 * 1024.0); /* exact: cap bytes usable */
+        int ra = nrs_plan_best(&s, &req, &a, ea, sizeof(ea));
+        int rb = nrs_plan_brute(&s, &req, &b, eb, sizeof(eb));
+        if (rb != 0)
+            fail_msg("response %.4f: the ground truth refuses the plan at its cap: %s",
+                     req.work.response_len, eb);
+        if (ra != 0)
+            fail_msg("response %.4f: the ground truth accepts a plan at %.0f bytes on a cap of "
+                     "%.0f, the search found none: %s",
+                     req.work.response_len, persist + trans, cap, ea);
+        assert_true(fabs(a.step_s - b.step_s) <= 1e-9 * b.step_s);
+    }
+    assert_true(found > 0);
+}
+
 static void test_eval_rejects_bad_plans(void **st)
 {
     (void)st;
@@ -431,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_eval_rejects_bad_plans),
         cmocka_unit_test(test_colocated_gen_weights),
         cmocka_unit_test(test_samples_near_int_max),
+        cmocka_unit_test(test_search_and_eval_agree_at_cap),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }
