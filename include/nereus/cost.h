@@ -5,11 +5,23 @@
 #ifndef NEREUS_COST_H
 #define NEREUS_COST_H
 
+#include <stdint.h>
+
 #include "nereus/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Transitions (docs/transitions.md, runtime/emu): moves are cut into chunks of
+ * at most NRS_COST_CHUNK_BYTES unless the transition's options say otherwise,
+ * and every GPU keeps NRS_COST_RESERVE_BYTES(chunk) of its cap for the
+ * transition's pack buffers (one strided send and one strided receive in
+ * flight). A plan's persistent state must leave that reserve free on every GPU
+ * or no transition can leave or reach it: the planner counts it. Defined here,
+ * below both the planner and runtime/emu, so that both count the same bytes. */
+#define NRS_COST_CHUNK_BYTES ((int64_t)16 << 20)
+#define NRS_COST_RESERVE_BYTES(chunk) (2 * (int64_t)(chunk))
 
 /* Layout of one model-stage. tp*pp*dp GPUs are used; mb is the micro-batch in
  * sequences (train/infer) or the number of sequences decoded concurrently per

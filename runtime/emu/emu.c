@@ -6,8 +6,6 @@
 #include "emu/graph.h"
 #include "emu/pattern.h"
 
-enum { DEFAULT_CHUNK = 16 << 20 };
-
 void nrs_emu_opts_init(nrs_emu_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -35,8 +33,10 @@ static int graph_config(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
     g->bw[NRS_EMU_RES_INTRA_TX] = g->bw[NRS_EMU_RES_INTRA_RX] = gbps(c->intra_gbps, 150);
     g->bw[NRS_EMU_RES_INTER_TX] = g->bw[NRS_EMU_RES_INTER_RX] = gbps(c->inter_gbps, 25);
     g->bw[NRS_EMU_RES_D2H] = g->bw[NRS_EMU_RES_H2D] = gbps(c->host_gbps, 25);
-    g->chunk = o->chunk_bytes > 0 ? o->chunk_bytes : DEFAULT_CHUNK;
-    g->reserve = 2 * g->chunk; /* one pack buffer for a strided send, one for a recv */
+    g->chunk = o->chunk_bytes > 0 ? o->chunk_bytes : NRS_COST_CHUNK_BYTES;
+    /* one pack buffer for a strided send, one for a recv; the planner leaves
+     * it free under the default chunk (nereus/cost.h) */
+    g->reserve = NRS_COST_RESERVE_BYTES(g->chunk);
     g->cap = o->cap_bytes > 0
                  ? o->cap_bytes
                  : (int64_t)((c->gpu_mem_gib - s->runtime.mem_headroom_gib) * (1 << 30));

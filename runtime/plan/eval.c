@@ -176,6 +176,14 @@ int nrs_plan_eval(const nrs_spec_t *s, const nrs_work_t *w, const nrs_calib_t *c
         }
         work[nrs_ms_stage((nrs_ms_t)ms)][pool] += c.time_s;
     }
+    for (int i = 0; i < p->npools; i++)
+        if (!nrs_plan_fits(persist[i], NRS_PLAN_RESERVE, p->capacity_bytes)) {
+            snprintf(err, errlen,
+                     "pool %d: persistent state of %.1f GiB per GPU leaves less than the "
+                     "transitions' %.0f MiB for transfer buffers of %.1f GiB usable",
+                     i, persist[i] / GIB, NRS_PLAN_RESERVE / (1 << 20), p->capacity_bytes / GIB);
+            return -1;
+        }
     p->step_s = 0;
     for (int ph = 0; ph < 3; ph++) {
         p->phase_time[ph] = 0;

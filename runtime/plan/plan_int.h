@@ -72,6 +72,10 @@ static inline bool nrs_plan_fits(double held, double more, double cap)
     return held + more <= cap;
 }
 
+/* Bytes of every GPU's cap a pool's persistent state must leave free: the
+ * staging reserve of transitions under the default chunk (nereus/cost.h). */
+#define NRS_PLAN_RESERVE ((double)NRS_COST_RESERVE_BYTES(NRS_COST_CHUNK_BYTES))
+
 /* The order in which persistent bytes of a pool are summed: the models by role
  * (actor, critic, ref, reward), then a generation engine of its own pool. */
 extern const nrs_unit_t nrs_plan_persist_order[U_COUNT];

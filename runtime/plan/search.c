@@ -53,6 +53,9 @@ static double bound(const search_t *S, int depth, int mb[U_COUNT][2])
         P[S->cfg->pool_of_unit[u]] +=
             placed[u] ? S->tab[u]->cand[S->choice[u]].persist : S->tab[u]->min_persist;
     }
+    for (int p = 0; p < S->cfg->npools; p++) /* room for a transition's buffers */
+        if (!nrs_plan_fits(P[p], NRS_PLAN_RESERVE, pl->cap))
+            return NRS_INF;
     if (depth > 1 && pl->present[U_GEN]) { /* actor and gen are units[0], units[1] */
         const nrs_cand_t *a = &S->tab[U_ACTOR]->cand[S->choice[U_ACTOR]];
         const nrs_cand_t *g = &S->tab[U_GEN]->cand[S->choice[U_GEN]];

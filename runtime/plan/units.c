@@ -210,6 +210,11 @@ static int build_table(const nrs_planner_t *pl, nrs_unit_t u, int gpus, nrs_tabl
             int save = t->nsteps, ok = 1;
             c.persist = cand_persist(pl, u, &l);
             c.lb = 0;
+            /* no transition could leave or reach it, even alone (generation
+             * weights are persistent only on a pool of their own: the search
+             * checks pools) */
+            if (u != U_GEN && !nrs_plan_fits(c.persist, NRS_PLAN_RESERVE, pl->cap))
+                continue;
             for (int i = 0; i < ns && ok; i++) {
                 c.off[i] = t->nsteps;
                 c.n[i] = add_staircase(pl, t, u, nrs_unit_ms(u, i), l);

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "nereus/emu.h"
 #include "nereus/plan.h"
 #include "fixtures.h"
 
@@ -455,6 +456,44 @@ static void test_search_and_eval_agree_at_cap(void **st)
     assert_true(found > 0);
 }
 
+/* A plan whose persistent state leaves less than the transitions' staging
+ * reserve (2 chunks, docs/transitions.md "Memory") under the cap cannot be moved
+ * from or to: nrs_emu_transition refuses it before anything moves. A workload
+ * whose transients are below the reserve let the planner pick such a plan
+ * (tp = 1, its state within a few MiB of the cap); the planner must count the
+ * reserve and take one whose transitions run (pp = 2 here). */
+static void test_plan_leaves_transition_reserve(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_plan_req_t req;
+    nrs_plan_t p;
+    nrs_emu_graph_t *g = NULL;
+    nrs_layout_t l1 = {1, 1, 1, 1};
+    char err[NRS_ERR_MAX];
+    spec_one_gpu(&s);
+    s.cluster.gpus_per_node = 2;
+    s.models[NRS_ROLE_ACTOR].vocab = 1024;
+    s.workload.global_batch = 2;
+    s.workload.prompt_len = s.workload.response_len = 16;
+    s.runtime.zero1 = false;
+    nrs_plan_req_init(&req, &s);
+    double persist = nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &l1);
+    double trans = least_peak_transient(&s, &req.work);
+    assert_true(trans < 4 << 20); /* well below the reserve */
+    s.cluster.gpu_mem_gib = (persist + trans + (8 << 20)) / (1024.0 * 1024.0 * 1024.0);
+    plan_ok(&s, 2, NRS_PLAN_BEST, &p);
+    print_message("plan: actor tp %d pp %d dp %d, generate tp %d; state %.0f of %.0f bytes\n",
+                  p.layout[NRS_MS_ACTOR_TRAIN].tp, p.layout[NRS_MS_ACTOR_TRAIN].pp,
+                  p.layout[NRS_MS_ACTOR_TRAIN].dp, p.layout[NRS_MS_ACTOR_GENERATE].tp,
+                  nrs_cost_persist_bytes(&s, NRS_ROLE_ACTOR, &p.layout[NRS_MS_ACTOR_TRAIN]),
+                  p.capacity_bytes);
+    int rc = nrs_emu_transition(&s, &p, &p, NULL, &g, err, sizeof(err));
+    nrs_emu_graph_free(g);
+    if (rc != 0)
+        fail_msg("the planner's plan cannot be moved from: %s", err);
+}
+
 static void test_eval_rejects_bad_plans(void **st)
 {
     (void)st;
@@ -500,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_colocated_gen_weights),
         cmocka_unit_test(test_samples_near_int_max),
         cmocka_unit_test(test_search_and_eval_agree_at_cap),
+        cmocka_unit_test(test_plan_leaves_transition_reserve),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }
