@@ -2,6 +2,7 @@
  * docs/cost-model.md §3.
  */
 #include <math.h>
+#include <stdint.h>
 
 #include "model/model_int.h"
 
@@ -23,6 +24,16 @@ static double params_per_gpu(const nrs_model_t *m, const nrs_layout_t *l)
     return nrs_mdl_per_gpu(m, nrs_mdl_stage_weights(m, l->pp), l->tp);
 }
 
+/* Elements of the largest of z ZeRO shards of p: a rank's flat buffer is cut
+ * into z contiguous ranges [p*d/z, p*(d+1)/z), as runtime/emu/geometry.c cuts
+ * it, so some hold ceil(p/z) elements (p/z counted up to z-1 elements less than
+ * a GPU holds). */
+static double zero_shard(double p, double z)
+{
+    int64_t n = (int64_t)ceil(p), k = (int64_t)z;
+    return k > 1 ? (double)((n + k - 1) / k) : p;
+}
+
 static int role_trained(nrs_role_t r)
 {
     return r == NRS_ROLE_ACTOR || r == NRS_ROLE_CRITIC;
@@ -42,12 +53,11 @@ double nrs_cost_persist_bytes(const nrs_spec_t *s, nrs_role_t r, const nrs_layou
     /* ZeRO-3 splits weights and gradients over dp too (every role DeepSpeed
      * runs, inference-only ones included); ZeRO-1 only the optimizer state. */
     double zw = nrs_mdl_zero_w(&s->runtime, l), zo = nrs_mdl_zero_o(&s->runtime, l);
-    double bytes = p * b / zw; /* weights */
+    double bytes = zero_shard(p, zw) * b; /* weights */
     if (role_trained(r)) {
-        double opt = p * nrs_mdl_opt_bytes_per_param(m->dtype);
-        bytes += p * b / zw; /* gradients, same dtype; ZeRO-1 leaves them whole */
-        if (!s->runtime.offload_optimizer)
-            bytes += opt / zo; /* offloaded: master weights and moments live on the host */
+        bytes += zero_shard(p, zw) * b; /* gradients, same dtype; ZeRO-1 leaves them whole */
+        if (!s->runtime.offload_optimizer) /* offloaded: master and moments on the host */
+            bytes += zero_shard(p, zo) * nrs_mdl_opt_bytes_per_param(m->dtype);
     }
     return bytes;
 }

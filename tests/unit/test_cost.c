@@ -297,6 +297,47 @@ static void test_persist_covers_geometry(void **state)
     assert_true(nrs_cost_gen_weight_bytes(&s, &l) == 2.0 * want);
 }
 
+/* The same under ZeRO: a rank's flat buffer of N elements split over dp
+ * replicas gives the largest shard ceil(N/dp) elements (docs/transitions.md,
+ * "ZeRO-1"), 1 to dp-1 more than N/dp when dp does not divide N (8B: N mod 3 =
+ * 1). The memory model must count that shard, not N/dp, or a plan at the cap
+ * is refused at transition time by a few bytes. */
+static void test_persist_covers_zero_shards(void **state)
+{
+    nrs_spec_t s;
+    char err[256];
+    (void)state;
+    ppo_8b_h100(&s);
+    for (int z = 0; z < 4; z++) {
+        s.runtime.zero1 = z & 1;
+        s.runtime.zero3 = z >> 1;
+        for (int dp = 2; dp <= 7; dp++) {
+            nrs_plan_t p = {.total_gpus = dp, .npools = 1, .pools = {{0, dp}}};
+            nrs_emu_state_t st;
+            for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+                p.has[ms] = nrs_spec_has_ms(&s, (nrs_ms_t)ms);
+                p.layout[ms] = lay(1, 1, dp, 1);
+            }
+            if (nrs_emu_state_build(&s, &p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &st, err,
+                                    sizeof(err)))
+                fail_msg("%s", err);
+            double per[8][NRS_ROLE_COUNT] = {{0}};
+            for (size_t i = 0; i < st.nbuf; i++)
+                per[st.buf[i].gpu][st.buf[i].role] += (double)st.buf[i].bytes;
+            nrs_emu_state_free(&st);
+            for (int r = 0; r < NRS_ROLE_COUNT; r++) {
+                double most = 0, want = nrs_cost_persist_bytes(&s, (nrs_role_t)r, &p.layout[0]);
+                for (int g = 0; g < dp; g++)
+                    most = fmax(most, per[g][r]);
+                if (most > want)
+                    fail_msg("zero1 %d zero3 %d dp %d role %d: a GPU holds %.0f bytes, the "
+                             "memory model counts %.0f",
+                             s.runtime.zero1, s.runtime.zero3, dp, r, most, want);
+            }
+        }
+    }
+}
+
 /* ---- stage time: validity ------------------------------------------------------ */
 
 static int stage(const nrs_spec_t *s, nrs_ms_t ms, nrs_layout_t l, const nrs_work_t *w,
@@ -800,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_persist_monotone),
         cmocka_unit_test(test_gen_weights_and_kv),
         cmocka_unit_test(test_persist_covers_geometry),
+        cmocka_unit_test(test_persist_covers_zero_shards),
         cmocka_unit_test(test_replicated_kv_flops),
         cmocka_unit_test(test_stage_invalid),
         cmocka_unit_test(test_stage_finite_positive),
