@@ -110,6 +110,10 @@ static int run_scaled(const nrs_spec_t *s, const nrs_plan_t *from, const nrs_pla
         sb += g->buf[i].b.bytes;
     nrs_emu_graph_free(g);
     g = NULL;
+    if (fb <= 0) { /* the cap and chunk scale by sb / fb: no ratio, and nothing to run */
+        fprintf(out, "  scaled run: neither plan holds state, nothing to execute\n");
+        return 0;
+    }
     so.chunk_bytes = (int64_t)((double)full->chunk * (double)sb / (double)fb) / 16 * 16;
     so.chunk_bytes = so.chunk_bytes < 256 ? 256 : so.chunk_bytes;
     so.cap_bytes = (int64_t)((double)(full->cap - full->reserve) * (double)sb / (double)fb) +

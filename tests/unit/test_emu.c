@@ -835,6 +835,29 @@ static void test_transition_summary(void **state)
     free(out);
 }
 
+/* Plans that hold no state (no model-stage): the scaled run compares the
+ * scaled state with the full one, 0 bytes to 0, and must not divide by it. */
+static void test_transition_summary_no_state(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a = {.total_gpus = 4, .npools = 1, .pools = {{0, 4}}}, b = a;
+    int rc;
+    (void)state;
+    tu_model(&m, 4, 64, 128, 4, 2, 256);
+    tu_spec_fixed(&s, &m, 4);
+    s.runtime.emulation_scale = 1e-2;
+    b.epoch = 2;
+    char *out = summary(&s, &a, &b, NULL, &rc);
+    if (rc)
+        fail_msg("%s", out);
+    assert_non_null(strstr(out, "transition epoch 0 -> 2 on 1 GPUs: 0 ops"));
+    if (!strstr(out, "scaled run: neither plan holds state, nothing to execute\n") ||
+        strstr(out, "executed in-process"))
+        fail_msg("the scaled run did not stop at the empty state:\n%s", out);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -855,6 +878,7 @@ int main(void)
         cmocka_unit_test(test_missing_buffers),
         cmocka_unit_test(test_many_replicas),
         cmocka_unit_test(test_transition_summary),
+        cmocka_unit_test(test_transition_summary_no_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
