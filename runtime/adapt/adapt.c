@@ -7,6 +7,8 @@
 
 #include "adapt/adapt.h"
 
+#define NRS_ADAPT_GIB (1024.0 * 1024.0 * 1024.0)
+
 int nrs_adapt_init(nrs_adapt_t *a, const nrs_spec_t *s, const nrs_cond_t *c, char *err,
                    size_t errlen)
 {
@@ -45,6 +47,31 @@ void nrs_adapt_measure_transition(nrs_adapt_t *a, double seconds, double makespa
     nrs_calibrator_add_sync(&a->cal, seconds, makespan_s + a->setup_s);
 }
 
+double nrs_adapt_failed_cap(const nrs_spec_t *s, const nrs_work_t *w, const nrs_plan_t *p,
+                            double cap)
+{
+    nrs_plan_t q = *p;
+    char err[NRS_ERR_MAX];
+    double peak = 0;
+    if (nrs_plan_eval(nrs_adapt_capped_spec(s, cap, &(nrs_spec_t){0}), w, NULL, &q, err,
+                      sizeof(err)) != 0)
+        return cap;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (q.has[ms])
+            peak = fmax(peak, q.ms_mem[ms]);
+    /* one byte below: nrs_plan_fits refuses the peak itself */
+    return cap > 0 && cap < peak - 1 ? cap : peak - 1;
+}
+
+const nrs_spec_t *nrs_adapt_capped_spec(const nrs_spec_t *s, double cap_bytes, nrs_spec_t *tmp)
+{
+    if (!(cap_bytes > 0))
+        return s;
+    *tmp = *s;
+    tmp->runtime.mem_headroom_gib = s->cluster.gpu_mem_gib - cap_bytes / NRS_ADAPT_GIB;
+    return tmp;
+}
+
 /* The workload moved since the last planning (response or prompt length by
  * NRS_ADAPT_WORKLOAD_DELTA, or the batch). */
 static bool workload_moved(const nrs_adapt_t *a, const nrs_cond_t *now)
@@ -64,9 +91,11 @@ static nrs_trigger_t trigger(const nrs_adapt_t *a, int step, const nrs_cond_t *n
     if (memory_failed)
         return NRS_TRIGGER_MEMORY;
     nrs_plan_t p = a->plan; /* the model sees the next step will not fit */
+    nrs_spec_t tmp;
     char err[NRS_ERR_MAX];
     nrs_calibrator_factors(&a->cal, &f);
-    if (nrs_plan_eval(a->spec, &now->work, &f, &p, err, sizeof(err)) != 0)
+    if (nrs_plan_eval(nrs_adapt_capped_spec(a->spec, a->mem_cap_bytes, &tmp), &now->work, &f, &p,
+                      err, sizeof(err)) != 0)
         return NRS_TRIGGER_MEMORY;
     if (workload_moved(a, now))
         return NRS_TRIGGER_WORKLOAD;
@@ -219,8 +248,8 @@ static int price(nrs_adapt_t *a, const nrs_plan_t *to, const nrs_resize_t *rz, d
     return rc;
 }
 
-static double current_time(const nrs_adapt_t *a, const nrs_cond_t *now, const nrs_calib_t *f,
-                           bool resources, bool memory_failed)
+static double current_time(const nrs_adapt_t *a, const nrs_spec_t *ps, const nrs_cond_t *now,
+                           const nrs_calib_t *f, bool resources, bool memory_failed)
 {
     nrs_plan_t p = a->plan;
     char err[NRS_ERR_MAX];
@@ -228,7 +257,7 @@ static double current_time(const nrs_adapt_t *a, const nrs_cond_t *now, const nr
      * On added GPUs the current plan could go on, on the GPUs it has. */
     if (memory_failed || (resources && now->gpus < a->plan.total_gpus))
         return NRS_POLICY_INFEASIBLE;
-    if (nrs_plan_eval(a->spec, &now->work, f, &p, err, sizeof(err)) != 0)
+    if (nrs_plan_eval(ps, &now->work, f, &p, err, sizeof(err)) != 0)
         return NRS_POLICY_INFEASIBLE;
     return p.step_s;
 }
@@ -245,18 +274,28 @@ static int decide(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_res
         return 0;
     /* A change of resources or workload (also one the memory trigger caught
      * first) feeds the horizon; a recheck or a drift is no change of the job */
-    if (out->trigger == NRS_TRIGGER_RESOURCES ||
-        ((out->trigger == NRS_TRIGGER_WORKLOAD || out->trigger == NRS_TRIGGER_MEMORY) &&
-         workload_moved(a, now)))
+    bool changed = out->trigger == NRS_TRIGGER_RESOURCES ||
+                   ((out->trigger == NRS_TRIGGER_WORKLOAD || out->trigger == NRS_TRIGGER_MEMORY) &&
+                    workload_moved(a, now));
+    if (changed)
         nrs_admission_note_change(&a->adm, step);
     bool resources = out->trigger == NRS_TRIGGER_RESOURCES;
     bool lost = rz && rz->nlost > 0;
+    nrs_spec_t tmp;
+    /* A failed allocation: plan below the failed plan's peak while the job
+     * stays as it was when it failed; a change of it plans with the spec's
+     * memory again (a failure that persists is seen again) */
+    if (memory_failed)
+        a->mem_cap_bytes = nrs_adapt_failed_cap(a->spec, &now->work, &a->plan, a->mem_cap_bytes);
+    else if (changed)
+        a->mem_cap_bytes = 0;
+    const nrs_spec_t *ps = nrs_adapt_capped_spec(a->spec, a->mem_cap_bytes, &tmp);
     nrs_calibrator_factors(&a->cal, &f);
-    nrs_plan_req_init(&req, a->spec);
+    nrs_plan_req_init(&req, ps);
     req.gpus = now->gpus;
     req.work = now->work;
     req.calib = &f;
-    if (nrs_plan_best(a->spec, &req, &out->cand, err, errlen) != 0)
+    if (nrs_plan_best(ps, &req, &out->cand, err, errlen) != 0)
         return -1;
     a->planned = *now;
     a->planned_f = f;
@@ -264,7 +303,8 @@ static int decide(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_res
     /* GPUs lost end the current plan whatever the count: joiners not yet
      * planned can make it equal the plan's, and the same layout would then
      * keep the dead GPUs in it */
-    double cur = lost ? NRS_POLICY_INFEASIBLE : current_time(a, now, &f, resources, memory_failed);
+    double cur = lost ? NRS_POLICY_INFEASIBLE
+                      : current_time(a, ps, now, &f, resources, memory_failed);
     if (cur != NRS_POLICY_INFEASIBLE && nrs_plan_same_layout(&out->cand, &a->plan))
         return 0; /* the best plan is the one we run */
     int rc = price(a, &out->cand, lost ? rz : NULL, &out->makespan_s, &out->lost_boxes, err,

@@ -32,6 +32,9 @@ typedef struct {
     nrs_cond_t planned;    /* conditions of the last planning */
     nrs_calib_t planned_f; /* calibration of the last planning */
     int recheck_step;      /* re-plan then (hysteresis ran out); -1 none */
+    double mem_cap_bytes;  /* > 0: usable bytes per GPU plans must fit, from a
+                            * failed allocation (nrs_adapt_failed_cap) until the
+                            * GPUs or the workload change; 0: the spec's */
     double setup_s;        /* fixed set-up cost of a transition (communicators) */
     /* The last transition priced without lost GPUs. Its graph is a pure
      * function of the two layouts, and a candidate comes back after a
@@ -82,6 +85,16 @@ void nrs_adapt_gpu_map(int old_total, int new_total, const nrs_resize_t *rz, int
 /* Old GPU gpu's place in that order (its GPU in the new plan when below its
  * size), -1 if lost. lost: sorted, each GPU once. */
 int nrs_adapt_gpu_place(int old_total, const int *lost, int nlost, int gpn, int gpu);
+/* A failed allocation says the model under-counts the memory of plan p: the
+ * usable bytes per GPU to plan with from then on, just below p's predicted
+ * peak under work w (and at most cap, the one learned before, when > 0), so
+ * that p itself and every plan predicted to need as much no longer fit. cap
+ * unchanged when p does not fit the spec anyway (its peak says nothing). */
+double nrs_adapt_failed_cap(const nrs_spec_t *s, const nrs_work_t *w, const nrs_plan_t *p,
+                            double cap);
+/* s, or with a learned cap (> 0) a copy of s in *tmp whose usable memory per
+ * GPU is cap_bytes (its headroom raised): what to plan and check fits with. */
+const nrs_spec_t *nrs_adapt_capped_spec(const nrs_spec_t *s, double cap_bytes, nrs_spec_t *tmp);
 /* Graph makespan of from -> to under a resize (uncalibrated); -1 on error,
  * NRS_EMU_ELOST (with *lost_boxes) when state is lost. */
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,

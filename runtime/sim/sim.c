@@ -65,6 +65,8 @@ typedef struct {
     int *lost, nlost;
     int *cur; /* apply_events: current GPU -> GPU at the step's start */
     bool memfail, have_plan;
+    double mem_cap;  /* fixed, static-best: from a failed allocation (0: none) */
+    nrs_spec_t capped; /* r->s under mem_cap */
     nrs_plan_t plan, fixed_from;
     bool have_fixed_from;
     nrs_cond_t planned;
@@ -148,7 +150,10 @@ static void adopt(run_t *r, const nrs_cond_t *c, const nrs_plan_t *np, bool move
 }
 
 /* Fixed and static-best: keep tp/pp, re-plan dp when GPUs change and
- * micro-batches when the workload moves. Returns the true transition time. */
+ * micro-batches when the workload moves or an allocation failed (below the
+ * failed plan's peak until the GPUs or the workload change, as the
+ * adaptation loop does: nrs_adapt_failed_cap).
+ * Returns the true transition time. */
 static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved, bool *ckpt,
                       char *err, size_t errlen)
 {
@@ -157,17 +162,23 @@ static int step_fixed(run_t *r, const nrs_cond_t *c, double *trans, bool *moved,
     bool resources = !r->have_plan || c->gpus != r->planned.gpus || r->nlost > 0;
     *trans = 0;
     *moved = *ckpt = false;
-    if (r->have_plan && !resources && !workload_moved(c, &r->planned)) {
+    bool moved_work = r->have_plan && workload_moved(c, &r->planned);
+    if (r->have_plan && r->memfail)
+        r->mem_cap = nrs_adapt_failed_cap(r->s, &c->work, &r->plan, r->mem_cap);
+    else if (resources || moved_work)
+        r->mem_cap = 0; /* as the adaptation loop: until the job changes */
+    const nrs_spec_t *ps = nrs_adapt_capped_spec(r->s, r->mem_cap, &r->capped);
+    if (r->have_plan && !resources && !r->memfail && !moved_work) {
         nrs_plan_t p = r->plan; /* micro-batches re-tuned before memory runs out */
-        if (nrs_plan_eval(r->s, &c->work, NULL, &p, err, errlen) == 0)
+        if (nrs_plan_eval(ps, &c->work, NULL, &p, err, errlen) == 0)
             return 0;
     }
-    nrs_plan_req_init(&req, r->s);
+    nrs_plan_req_init(&req, ps);
     req.gpus = c->gpus;
     req.work = c->work;
     req.mode = NRS_PLAN_FIXED;
     req.fixed_from = r->have_fixed_from ? &r->fixed_from : NULL;
-    if (nrs_plan_best(r->s, &req, &np, err, errlen) != 0)
+    if (nrs_plan_best(ps, &req, &np, err, errlen) != 0)
         return 1; /* the baseline cannot go on */
     if (!r->have_fixed_from) {
         r->fixed_from = np;

@@ -486,6 +486,121 @@ static int teardown(void **st)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* Largest predicted per-GPU bytes of any stage of plan p under the spec's
+ * workload. */
+static double plan_peak(const nrs_spec_t *s, const nrs_plan_t *p)
+{
+    nrs_plan_t q = *p;
+    nrs_work_t w;
+    char err[NRS_ERR_MAX];
+    double peak = 0;
+    nrs_work_from_spec(s, &w);
+    if (nrs_plan_eval(s, &w, NULL, &q, err, sizeof(err)) != 0)
+        fail_msg("%s", err);
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (q.has[ms])
+            peak = fmax(peak, q.ms_mem[ms]);
+    return peak;
+}
+
+/* A failed allocation: the current plan cannot go on as it is. The model's
+ * best plan is that very plan (the model said it fits), so the move was to an
+ * identical plan, counted and priced as a transition. Now the loop plans below
+ * the failed plan's predicted peak until the GPUs or the workload change. */
+static void test_adapt_memory_failure_moves(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c = {.gpus = 16};
+    nrs_adapt_out_t out;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    nrs_work_from_spec(&s, &c.work);
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    nrs_plan_t failed = a.plan;
+    double peak = plan_peak(&s, &failed);
+    assert_int_equal(nrs_adapt_step(&a, 1, &c, NULL, true, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_MEMORY);
+    assert_true(out.changed && out.decision.forced);
+    if (nrs_plan_same_layout(&failed, &a.plan))
+        fail_msg("moved to the plan that failed: %s", out.decision.why);
+    assert_true(plan_peak(&s, &a.plan) < peak);
+    /* while the job stays as it was, so does the lowered memory: a re-plan
+     * for a drift of the calibration keeps below the failed peak */
+    assert_int_equal(nrs_adapt_step(&a, 2, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_NONE);
+    for (int i = 0; i < 30; i++)
+        nrs_adapt_measure(&a, &c, NRS_MS_ACTOR_GENERATE, 2 * a.plan.ms_time[NRS_MS_ACTOR_GENERATE]);
+    assert_int_equal(nrs_adapt_step(&a, 3, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_CALIBRATION);
+    assert_true(plan_peak(&s, &out.cand) < peak);
+    /* new GPUs: planned with the spec's memory again */
+    nrs_plan_req_t req;
+    nrs_plan_t best;
+    nrs_calib_t f;
+    nrs_calibrator_factors(&a.cal, &f);
+    nrs_plan_req_init(&req, &s);
+    req.gpus = c.gpus = 32;
+    req.calib = &f;
+    assert_int_equal(nrs_plan_best(&s, &req, &best, err, sizeof(err)), 0);
+    assert_int_equal(nrs_adapt_step(&a, 4, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_RESOURCES);
+    assert_true(nrs_plan_same_layout(&out.cand, &best));
+}
+
+typedef struct {
+    nrs_plan_t at[8];
+    bool transition[8];
+} rows_t;
+
+static void keep_rows(const nrs_sim_row_t *row, void *arg)
+{
+    rows_t *r = arg;
+    if (row->step < 8) {
+        r->at[row->step] = *row->plan;
+        r->transition[row->step] = row->transition;
+    }
+}
+
+/* The trace's `memory STEP`: nereus, fixed and static-best leave the plan that
+ * failed for one below its peak (docs/simulator.md); a plan that keeps its
+ * layouts and only lowers micro-batches moves no state: no transition for the
+ * fixed baselines. Before, nereus moved to the identical plan and paid a
+ * transition, and the fixed baselines ignored the failure. */
+static void test_sim_memory_event(void **st)
+{
+    (void)st;
+    static const nrs_sim_policy_t pols[] = {NRS_SIM_FIXED, NRS_SIM_STATIC_BEST, NRS_SIM_NEREUS};
+    nrs_spec_t s;
+    nrs_trace_t t;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    load_trace(&s, &t, "memory.trace", "nereus-trace 1\nsteps 6\nnoise 0\nmemory 3\n");
+    for (size_t i = 0; i < sizeof(pols) / sizeof(pols[0]); i++) {
+        nrs_sim_summary_t m;
+        rows_t r;
+        memset(&r, 0, sizeof(r));
+        if (nrs_sim_run(&s, &t, pols[i], keep_rows, &r, &m, err, sizeof(err)) != 0)
+            fail_msg("%s: %s", nrs_sim_policy_name(pols[i]), err);
+        if (m.infeasible_step >= 0)
+            fail_msg("%s stopped at step %d: %s", nrs_sim_policy_name(pols[i]),
+                     m.infeasible_step, m.infeasible_why);
+        print_message("%s: %d transitions, peak %.2f -> %.2f GiB\n", nrs_sim_policy_name(pols[i]),
+                      m.transitions, plan_peak(&s, &r.at[2]) / (1 << 30),
+                      plan_peak(&s, &r.at[3]) / (1 << 30));
+        if (nrs_plan_same_layout(&r.at[2], &r.at[3]))
+            fail_msg("%s: the plan that failed at step 3 runs on", nrs_sim_policy_name(pols[i]));
+        assert_true(plan_peak(&s, &r.at[3]) < plan_peak(&s, &r.at[2]));
+        assert_true(nrs_plan_same_layout(&r.at[3], &r.at[5])); /* and stays */
+        if (pols[i] != NRS_SIM_NEREUS) /* micro-batches only: nothing moves */
+            assert_int_equal(m.transitions, 0);
+        else
+            assert_int_equal(m.transitions, r.transition[3]);
+    }
+    nrs_trace_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -502,6 +617,8 @@ int main(void)
         cmocka_unit_test(test_adapt_loss_outside_plan),
         cmocka_unit_test(test_adapt_prices_once),
         cmocka_unit_test(test_adapt_records_changes),
+        cmocka_unit_test(test_adapt_memory_failure_moves),
+        cmocka_unit_test(test_sim_memory_event),
     };
     return cmocka_run_group_tests_name("sim", tests, setup, teardown);
 }
