@@ -14,9 +14,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,28 +64,73 @@ static void nrs_bounded_child(int wfd, nrs_bounded_fn fn, void *arg, char *out, 
     _exit(0);
 }
 
-/* Read the child's answer from rfd until EOF or deadline into buf[cap]:
- * its length, or -1 at the deadline. */
-static ssize_t nrs_bounded_read(int rfd, char *buf, size_t cap, double deadline)
+/* Whether the child pid has exited, without reaping it (its pid stays ours,
+ * for the kill and nrs_reap_bounded after): pidfd, where there is one, is
+ * readable once it has (revents: its poll's); else waitid(WNOWAIT). A child
+ * that someone else reaped (ECHILD) is gone too. */
+static bool nrs_bounded_exited(pid_t pid, int pidfd, short revents)
 {
+    siginfo_t si;
+
+    if (pidfd >= 0)
+        return revents != 0;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0)
+        return errno == ECHILD;
+    return si.si_pid == pid;
+}
+
+/* Without a pidfd (kernels before 5.3), how often the child's exit is looked at. */
+enum { NRS_BOUNDED_EXIT_POLL_MS = 10 };
+
+/* Read the child pid's answer from rfd (non-blocking) into buf[cap] until
+ * the child has exited and its answer is drained, EOF, or the deadline: its
+ * length, or -1 at the deadline. Not until EOF alone: a process that another
+ * thread of slurmstepd forked while the pipe's write end was open here holds
+ * a copy of it (close-on-exec closes it only if that process execs), and EOF
+ * would then come only when it exits, turning a prompt answer into a
+ * time-out. Every write of the child's is in the pipe once it has exited. */
+static ssize_t nrs_bounded_read(int rfd, pid_t pid, char *buf, size_t cap, double deadline)
+{
+#ifdef SYS_pidfd_open
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    int pidfd = -1;
+#endif
+    ssize_t rc = -1;
     size_t got = 0;
+    bool exited = false;
 
     for (;;) {
-        struct pollfd p = {rfd, POLLIN, 0};
+        struct pollfd p[2] = {{rfd, POLLIN, 0}, {pidfd, POLLIN, 0}};
         int left = (int)(deadline - nrs_now_ms());
         ssize_t k;
 
         if (left <= 0)
-            return -1;
-        if (poll(&p, 1, left) <= 0)
-            continue; /* EINTR, or the deadline (checked above) */
-        k = read(rfd, buf + got, got < cap ? cap - got : 0);
+            break;
+        if (pidfd < 0 && left > NRS_BOUNDED_EXIT_POLL_MS)
+            left = NRS_BOUNDED_EXIT_POLL_MS;
+        if (poll(p, pidfd >= 0 ? 2 : 1, left) < 0)
+            continue; /* EINTR */
+        /* Its exit first, then the read: what that read misses was never written. */
+        exited = exited || nrs_bounded_exited(pid, pidfd, p[1].revents);
+        if (p[0].revents == 0 && !exited)
+            continue;
+        k = read(rfd, buf + got, cap - got);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k <= 0 || got + (size_t)k >= cap)
-            return (ssize_t)(got + (size_t)(k > 0 ? k : 0));
-        got += (size_t)k;
+        if (k > 0 && got + (size_t)k < cap) {
+            got += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EAGAIN && !exited)
+            continue;
+        rc = (ssize_t)(got + (size_t)(k > 0 ? k : 0)); /* EOF, drained, full, or an error */
+        break;
     }
+    if (pidfd >= 0)
+        close(pidfd);
+    return rc;
 }
 
 int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n)
@@ -97,8 +144,16 @@ int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n)
     out[0] = '\0';
     if (n > NRS_BOUNDED_OUT_MAX)
         n = NRS_BOUNDED_OUT_MAX;
+    /* Close-on-exec: a process another thread forks and execs meanwhile
+     * keeps no copy of it (one that only forks does: nrs_bounded_read). */
     if (pipe2(pfd, O_CLOEXEC) != 0) {
         snprintf(out, n, "pipe: %s", strerror(errno));
+        return NRS_BOUNDED_ERROR;
+    }
+    if (fcntl(pfd[0], F_SETFL, O_NONBLOCK) != 0) { /* the read end only */
+        snprintf(out, n, "fcntl: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
         return NRS_BOUNDED_ERROR;
     }
     pid = fork();
@@ -112,7 +167,7 @@ int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n)
         close(pfd[0]);
         return NRS_BOUNDED_ERROR;
     }
-    got = nrs_bounded_read(pfd[0], buf, sizeof(buf), deadline);
+    got = nrs_bounded_read(pfd[0], pid, buf, sizeof(buf), deadline);
     close(pfd[0]);
     if (got < 0) {
         /* Ours, not reaped yet: the pid cannot be another process's. */

@@ -107,9 +107,10 @@ enum {
 /* Runs in the child: only fork-safe calls (no slurm_*, no spank_*); writes
  * its result or message into out[n] and returns its status, >= -1. */
 typedef int (*nrs_bounded_fn)(void *arg, char *out, size_t n);
-/* fn(arg, out, n) in a forked child, waited for at most ms: fn's return
- * value with out[n] what it wrote, or NRS_BOUNDED_TIMEOUT (the child is
- * SIGKILLed; out "") or NRS_BOUNDED_ERROR. */
+/* fn(arg, out, n) in a forked child, waited for at most ms (until the child
+ * has exited, whoever else holds its pipe): fn's return value with out[n]
+ * what it wrote, or NRS_BOUNDED_TIMEOUT (the child is SIGKILLed; out "") or
+ * NRS_BOUNDED_ERROR. */
 int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n);
 /* Whether path's filesystem answers: an lstat of path in a bounded child
  * (whatever it finds). 0; or -1 with why "WHAT PATH: its filesystem did not

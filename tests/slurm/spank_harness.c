@@ -30,7 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -930,6 +932,77 @@ static int case_epilog_mount_no_nereus(void)
     return case_epilog_mount_top(2);
 }
 
+/* ---- a bounded call's answer, with its pipe held open by another process ----
+ *
+ * Another thread of slurmstepd that forks while nrs_bounded_call runs gives
+ * its child a copy of the answer's pipe (close-on-exec closes it only at an
+ * exec): here the bounded child's own child holds it, *holder (shared
+ * memory) its pid, until killed. The answer must still come when the child
+ * exits, not at the deadline when that copy goes. Before: a time-out. */
+static pid_t *holder_pid;
+
+static void bounded_holder(void)
+{
+    pid_t g = fork();
+
+    if (g == 0)
+        for (;;)
+            pause(); /* every signal blocked (the bounded child's mask): SIGKILL */
+    *holder_pid = g;
+}
+
+/* A long answer (several reads of the pipe), while the holder runs. */
+static int bounded_answer_held(void *arg, char *out, size_t n)
+{
+    (void)arg;
+    bounded_holder();
+    memset(out, 'x', n - 1);
+    memcpy(out + n - 8, "answer", 7);
+    return 7;
+}
+
+/* No answer at all: the child exits first. */
+static int bounded_exit_held(void *arg, char *out, size_t n)
+{
+    (void)arg;
+    (void)out;
+    (void)n;
+    bounded_holder();
+    _exit(0);
+}
+
+static void holder_kill(void)
+{
+    if (*holder_pid > 0 && kill(*holder_pid, SIGKILL) == 0)
+        waitpid(*holder_pid, NULL, 0); /* ours: we are its subreaper */
+    *holder_pid = 0;
+}
+
+static int case_bounded_held(void)
+{
+    static char out[NRS_BOUNDED_OUT_MAX];
+    int answer, none, long_ok;
+
+    holder_pid = mmap(NULL, sizeof(*holder_pid), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (holder_pid == MAP_FAILED || prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        return result(0, "mmap, prctl");
+    alarm(30);
+    *holder_pid = 0;
+    answer = nrs_bounded_call(5000, bounded_answer_held, NULL, out, sizeof(out));
+    holder_kill();
+    long_ok = strlen(out) == sizeof(out) - 2 && strcmp(out + sizeof(out) - 8, "answer") == 0;
+    printf("  answer %d, %zu bytes%s\n", answer, strlen(out), long_ok ? ", ending 'answer'" : "");
+    none = nrs_bounded_call(5000, bounded_exit_held, NULL, out, sizeof(out));
+    holder_kill();
+    alarm(0);
+    printf("  no answer: %d: %s\n", none, out);
+    return result(answer == 7 && long_ok && none == NRS_BOUNDED_ERROR &&
+                      strstr(out, "ended without an answer") != NULL,
+                  "another process holding a bounded call's pipe open: the child's answer, or "
+                  "its exit without one, still ends the call (not the deadline)");
+}
+
 /* ---- S5: the hint's whole process group goes -----------------------------------
  *
  * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
@@ -1007,7 +1080,8 @@ int main(int argc, char **argv)
                  {"epilog-mount", case_epilog_mount},
                  {"epilog-mount-jobdir", case_epilog_mount_jobdir},
                  {"epilog-mount-ctl-node", case_epilog_mount_ctl_node},
-                 {"epilog-mount-no-nereus", case_epilog_mount_no_nereus}};
+                 {"epilog-mount-no-nereus", case_epilog_mount_no_nereus},
+                 {"bounded-held", case_bounded_held}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)

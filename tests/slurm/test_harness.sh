@@ -30,6 +30,9 @@
 #    epilog past slurmd's time-out drains the node) and leaves the rest;
 #  - a hung FUSE mount of the user's in their job dir, on it, or on its
 #    ctl_node: root's epilog leaves it alone and returns instead of blocking;
+#  - a bounded call (the spec's check, the looks at state_dir, runtime_dir)
+#    answers when its child exits, also while another process holds a copy
+#    of its pipe (a fork of another thread of slurmstepd): not at its deadline;
 #  - a released node's hint killed at its deadline, or exiting, leaves
 #    nothing it started running (its whole process group is killed).
 # Needs root, a C compiler and the Slurm and libyaml headers (as the build).
@@ -70,7 +73,7 @@ for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreig
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
     hung-submit hung-jobdir hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
     hung-state-epilog-ours rm-late epilog-mount epilog-mount-jobdir epilog-mount-ctl-node \
-    epilog-mount-no-nereus; do
+    epilog-mount-no-nereus bounded-held; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
     sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
