@@ -32,7 +32,9 @@
 enum { NRS_SPANK_PATH_MAX = 4096, NRS_SPANK_MSG_MAX = 1024 };
 
 /* slurm_error("nereus: ...") that also keeps the message, so that a step
- * running without Nereus can tell its tasks why (NEREUS_ERROR). */
+ * running without Nereus can tell its tasks why (NEREUS_ERROR). Outside the
+ * submission side (srun, sbatch, salloc) printable ASCII only
+ * (nrs_spank_printable): root's log, which it may quote the user's bytes in. */
 void nrs_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern char nrs_spank_last_error[NRS_SPANK_MSG_MAX];
 

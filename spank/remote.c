@@ -659,10 +659,10 @@ static bool nrs_remote_argv_is_spec(spank_t sp)
     l = strlen(argv[0]);
     for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++)
         if (l > strlen(ext[i]) && strcasecmp(argv[0] + l - strlen(ext[i]), ext[i]) == 0) {
-            char cmd[257];
+            char cmd[260];
 
-            nrs_spank_strlcpy(cmd, argv[0], sizeof(cmd));
-            nrs_spank_printable(cmd); /* the user's words, in root's log */
+            /* Cut short where it is long (printable: nrs_err). */
+            snprintf(cmd, sizeof(cmd), "%.256s%s", argv[0], l > 256 ? "..." : "");
             nrs_err("'--nereus FILE' takes FILE as the command; write --nereus=FILE (the "
                     "command is %s)", cmd);
             return true;
@@ -1060,9 +1060,12 @@ static int nrs_remote_spec(spank_t sp, nrs_remote_t *r)
         nrs_err("%s", rc < 0 ? out : "job spec: resolved path too long");
         return -1;
     }
-    if (rc == 1)
-        nrs_debug("job spec %s: %s (%s, from the submission)", nrs_spank_opt.arg, r->spec,
-                  NRS_SPEC_PATH_ENV);
+    if (rc == 1) { /* the user's paths, in root's log: printable */
+        snprintf(out, sizeof(out), "job spec %.2000s: %.2000s (%s, from the submission)",
+                 nrs_spank_opt.arg, r->spec, NRS_SPEC_PATH_ENV);
+        nrs_spank_printable(out);
+        nrs_debug("%s", out);
+    }
     return 0;
 }
 
@@ -1110,13 +1113,18 @@ fail:
  * slurmctld runs the job without this node, then sends the controller the
  * release. We only run it, log what it says, and kill it at NRS_HINT_MS. */
 
-/* Log the helper's output, one line at a time. */
+/* Log the helper's output, one line at a time, printable: it runs as the
+ * job's user and may echo what the job's controller (the user's process)
+ * answered, and this is root's log. */
 static void nrs_hint_log(uint32_t job_id, char *buf, size_t *len, bool flush)
 {
     char *nl;
 
     while ((nl = memchr(buf, '\n', *len)) != NULL || (flush && *len > 0)) {
         size_t l = nl ? (size_t)(nl - buf) : *len;
+
+        for (size_t i = 0; i < l; i++)
+            buf[i] = nrs_spank_printable_char(buf[i]);
         nrs_info("job %u: %.*s", job_id, (int)l, buf);
         l += nl ? 1 : 0;
         memmove(buf, buf + l, *len - l);

@@ -47,6 +47,7 @@ extern uint32_t fake_job, fake_step;
 extern uid_t fake_uid;
 extern gid_t fake_gid;
 extern struct spank_option *fake_opt;
+extern char *fake_argv0;
 void fake_setenv(const char *name, const char *value);
 
 static const char *base, *rt, *spec;
@@ -358,6 +359,87 @@ static int case_long_arg(void)
     printf("  post_opt %d: %s\n", rc, nrs_spank_last_error);
     return result(rc < 0 && strstr(nrs_spank_last_error, "path longer than 4095 bytes"),
                   "--nereus=FILE over 4095 bytes: the step says the path is too long");
+}
+
+/* A remote step of job (this node nodeB, the job's first) with --nereus=arg
+ * (NULL: bare, default_spec) and argv[0] cmd: init_post_opt's result. */
+static int remote_post_opt(uint32_t job, const char *arg, char *cmd)
+{
+    fake_job = job;
+    fake_argv0 = cmd;
+    setenv("SLURMD_NODENAME", "nodeB", 1);
+    fake_setenv("SLURM_JOB_NODELIST", "nodeB");
+    fake_ctx = S_CTX_REMOTE;
+    slurm_spank_init(NULL, 3, conf);
+    fake_opt->cb(fake_opt->val, arg, 1);
+    return slurm_spank_init_post_opt(NULL, 3, conf);
+}
+
+/* "--nereus job.yaml" where job.yaml's path is long (300 bytes): the message
+ * shows the command, cut short. Before: it was copied only if it fitted 256
+ * bytes, else a buffer never written was printed (and made printable in
+ * place, up to the first zero byte past it: slurmstepd's stack). */
+static int case_long_argv(void)
+{
+    static char cmd[400];
+    int rc;
+
+    memset(cmd, 'a', 300);
+    cmd[0] = '/';
+    snprintf(cmd + 300, sizeof(cmd) - 300, "/job.yaml");
+    rc = remote_post_opt(4317, NULL, cmd);
+    fake_argv0 = "python";
+    printf("  post_opt %d: %.200s...\n", rc, nrs_spank_last_error);
+    return result(rc < 0 && strstr(nrs_spank_last_error, "(the command is /aaaa") &&
+                      strstr(nrs_spank_last_error, "aaa...)"),
+                  "'--nereus FILE' with a 300-byte FILE: the message shows it, cut short");
+}
+
+/* The lines of the log file path (printed), in *lines: how many do not begin
+ * with prefix or hold a byte that is not printable ASCII; -1: unreadable. */
+static int log_lines_bad(const char *path, const char *prefix, int *lines)
+{
+    char line[4096];
+    int bad = 0;
+    FILE *f = fopen(path, "r");
+
+    *lines = 0;
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        (*lines)++;
+        printf("  | %s", line);
+        line[strcspn(line, "\n")] = '\0';
+        bad += strncmp(line, prefix, strlen(prefix)) != 0;
+        for (char *c = line; *c; c++)
+            bad += nrs_spank_printable_char(*c) != *c;
+    }
+    fclose(f);
+    return bad;
+}
+
+/* A spec path of the user's with a line break and an escape in it, on the
+ * remote side: what root's log gets (stderr here) is one line per message,
+ * each with the plugin's prefix. Before: the path's "\n" began a line of
+ * its own, with no prefix (a forged log line). */
+static int case_log_lines(void)
+{
+    char arg[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX];
+    int saved = dup(2), fd, rc, lines, bad;
+
+    snprintf(arg, sizeof(arg), "%s/no\nerror: forged \033[2Jline.yaml", base);
+    snprintf(log, sizeof(log), "%s/log-lines.err", base);
+    fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    rc = remote_post_opt(4318, arg, "python");
+    if (rc == 0)
+        rc = slurm_spank_user_init(NULL, 3, conf);
+    dup2(saved, 2);
+    close(fd);
+    bad = log_lines_bad(log, "[error] nereus: ", &lines);
+    return result(rc < 0 && lines > 0 && bad == 0 && strchr(nrs_spank_last_error, '\n') == NULL,
+                  "a spec path with a line break and an escape: each message one line of "
+                  "printable text, with the prefix, in root's log");
 }
 
 
@@ -1008,25 +1090,49 @@ static int case_bounded_held(void)
  * runtime_dir/nereus-watcher a script (as a site's wrapper would be) that
  * starts a helper in the background, writes its pid, and then (hang) waits
  * for it, or exits. After nrs_hint_run the helper must be gone. */
+/* runtime_dir/nereus-watcher a shell script of body, in rtd[n] (BASE/hint-rt,
+ * made afresh with an out/ directory the hint may write in); runtime_dir is
+ * set to it, its old value in saved[n] (hint_restore). 0, or -1. */
+static int hint_install(const char *body, char *rtd, size_t n, char *saved, size_t sn)
+{
+    char prog[NRS_SPANK_PATH_MAX + 32];
+    FILE *f;
+
+    snprintf(rtd, n, "%s/hint-rt", base);
+    snprintf(prog, sizeof(prog), "%s/nereus-watcher", rtd);
+    if (sh("rm -rf %s && mkdir -m 755 %s %s/out && chown 1000:1000 %s/out", rtd, rtd, rtd,
+           rtd) != 0 || (f = fopen(prog, "w")) == NULL)
+        return -1;
+    fprintf(f, "#!/bin/sh\n%s\n", body);
+    if (fclose(f) != 0 || chmod(prog, 0755) != 0)
+        return -1;
+    snprintf(saved, sn, "%s", nrs_spank_config.runtime_dir);
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", rtd);
+    return 0;
+}
+
+static void hint_restore(const char *saved)
+{
+    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", saved);
+}
+
 static int hint_group(bool hang)
 {
     char rtd[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX], pidf[NRS_SPANK_PATH_MAX + 16];
+    char body[2 * NRS_SPANK_PATH_MAX];
     struct pollfd p = {-1, POLLIN, 0};
     FILE *f;
     int rc, helper = 0, gone;
 
-    snprintf(rtd, sizeof(rtd), "%s/hint-rt", base);
-    snprintf(pidf, sizeof(pidf), "%s/out/helper.pid", rtd);
-    sh("rm -rf %s && mkdir -m 755 %s %s/out && chown 1000:1000 %s/out && "
-       "printf '#!/bin/sh\\nsleep 3600 </dev/null >/dev/null 2>&1 &\\necho $! >%s\\n"
-       "echo \"fake hint: helper $!\"\\n%s\\n' >%s/nereus-watcher && chmod 755 %s/nereus-watcher",
-       rtd, rtd, rtd, rtd, pidf, hang ? "wait" : "exit 0", rtd, rtd);
-    snprintf(saved, sizeof(saved), "%s", nrs_spank_config.runtime_dir);
-    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", rtd);
+    snprintf(pidf, sizeof(pidf), "%s/hint-rt/out/helper.pid", base);
+    snprintf(body, sizeof(body), "sleep 3600 </dev/null >/dev/null 2>&1 &\necho $! >%s\n"
+             "echo \"fake hint: helper $!\"\n%s", pidf, hang ? "wait" : "exit 0");
+    if (hint_install(body, rtd, sizeof(rtd), saved, sizeof(saved)) != 0)
+        return result(0, "cannot stage the fake hint");
     alarm(20);
     rc = nrs_hint_run(1000, 1000, 4309, "nodeB", "harness", base, "", false);
     alarm(0);
-    snprintf(nrs_spank_config.runtime_dir, sizeof(nrs_spank_config.runtime_dir), "%s", saved);
+    hint_restore(saved);
     if ((f = fopen(pidf, "r")) != NULL) {
         if (fscanf(f, "%d", &helper) != 1)
             helper = 0;
@@ -1045,6 +1151,32 @@ static int hint_group(bool hang)
     return result(gone && (hang ? rc < 0 : rc == 0),
                   hang ? "a hint killed at its deadline takes its process group with it"
                        : "a hint that exits leaves nothing of its process group running");
+}
+
+/* What the hint prints (as the job's user: it may echo what the job's
+ * controller, the user's process, answered) with an escape and a carriage
+ * return: root's log gets printable lines, each with the prefix. */
+static int case_hint_output(void)
+{
+    char rtd[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX];
+    int saved_err = dup(2), fd, rc, lines, bad;
+
+    if (hint_install("printf 'refused: \\033[2J\\rerror: forged\\n'", rtd, sizeof(rtd), saved,
+                     sizeof(saved)) != 0)
+        return result(0, "cannot stage the fake hint");
+    snprintf(log, sizeof(log), "%s/hint-output.err", base);
+    fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    alarm(20);
+    rc = nrs_hint_run(1000, 1000, 4309, "nodeB", "harness", base, "", false);
+    alarm(0);
+    dup2(saved_err, 2);
+    close(fd);
+    hint_restore(saved);
+    bad = log_lines_bad(log, "[info] nereus: job 4309: ", &lines);
+    return result(rc == 0 && lines == 1 && bad == 0,
+                  "the hint's output with an escape and a carriage return: one printable line "
+                  "with the prefix in root's log");
 }
 
 static int case_hint_group_hang(void)
@@ -1081,7 +1213,9 @@ int main(int argc, char **argv)
                  {"epilog-mount-jobdir", case_epilog_mount_jobdir},
                  {"epilog-mount-ctl-node", case_epilog_mount_ctl_node},
                  {"epilog-mount-no-nereus", case_epilog_mount_no_nereus},
-                 {"bounded-held", case_bounded_held}};
+                 {"bounded-held", case_bounded_held},
+                 {"long-argv", case_long_argv}, {"log-lines", case_log_lines},
+                 {"hint-output", case_hint_output}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)

@@ -11,7 +11,11 @@
 #    moved into their job dir, and says nothing for a job without --nereus
 #    whose id an earlier job's kept logs have;
 #  - task_exit (root) never connects through a ctl.sock link;
-#  - a --nereus=FILE over 4095 bytes says so;
+#  - a --nereus=FILE over 4095 bytes says so; "--nereus FILE" with a long
+#    FILE shows it cut short;
+#  - the user's bytes (a spec path with a line break) in root's log: one
+#    printable line per message, each with the plugin's prefix (also what a
+#    released node's hint prints);
 #  - root's epilog SIGKILLs the job's own watcher left in its job dir, and
 #    never another user's process that looks like it (same command line and
 #    working directory: the job's user opened the dir to others);
@@ -73,7 +77,7 @@ for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreig
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
     hung-submit hung-jobdir hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
     hung-state-epilog-ours rm-late epilog-mount epilog-mount-jobdir epilog-mount-ctl-node \
-    epilog-mount-no-nereus bounded-held; do
+    epilog-mount-no-nereus bounded-held long-argv log-lines hint-output; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
     sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
