@@ -51,7 +51,7 @@ static void free_buffers(nrs_worker_t *w)
         memset(&w->mem[i], 0, sizeof w->mem[i]);
 #ifdef HAVE_NCCL
         if (w->dev && w->dev[i])
-            nrs_cuda_free(w->dev[i]);
+            nrs_cuda_free(w->cuda_dev, w->dev[i]);
 #endif
         if (w->dev)
             w->dev[i] = NULL;
@@ -386,7 +386,8 @@ int nrs_worker_alloc_state(nrs_worker_t *w, int mem, int fill)
         char e[256];
         if (w->mem_kind == NRS_MEM_CUDA &&
             (nrs_cuda_alloc(w->cuda_dev, (size_t)b->bytes, &w->dev[i], e, sizeof e) ||
-             nrs_cuda_copy(w->dev[i], w->mem[i].ptr, (size_t)b->bytes, 'h', e, sizeof e)))
+             nrs_cuda_copy(w->cuda_dev, w->dev[i], w->mem[i].ptr, (size_t)b->bytes, 'h', e,
+                           sizeof e)))
             return alloc_undo(w, nrs_wk_seterr(w, NRS_ERR_NOMEM, "%s", e));
 #endif
     }
@@ -500,8 +501,8 @@ int nrs_wk_sync_host(nrs_worker_t *w, char dir)
             continue;
         if (!w->dev[i] && dir == 'h' && nrs_cuda_alloc(w->cuda_dev, n, &w->dev[i], e, sizeof e))
             return nrs_wk_seterr(w, NRS_ERR_NOMEM, "%s", e);
-        if (dir == 'd' ? nrs_cuda_copy(w->mem[i].ptr, w->dev[i], n, 'd', e, sizeof e)
-                       : nrs_cuda_copy(w->dev[i], w->mem[i].ptr, n, 'h', e, sizeof e))
+        if (dir == 'd' ? nrs_cuda_copy(w->cuda_dev, w->mem[i].ptr, w->dev[i], n, 'd', e, sizeof e)
+                       : nrs_cuda_copy(w->cuda_dev, w->dev[i], w->mem[i].ptr, n, 'h', e, sizeof e))
             return nrs_wk_seterr(w, NRS_ERR_XPORT, "%s", e);
     }
 #else

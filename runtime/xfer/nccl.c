@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cuda.h> /* CUresult, CUdevice: the driver's context query (gpu_leave) */
 #include <cuda_runtime_api.h>
 /* nccl.h declares some functions with () */
 #pragma GCC diagnostic push
@@ -53,12 +54,88 @@ int nrs_cuda_device_count(int *n, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- the caller's device ------------------------------------------------------------
+ * libnereus runs inside a training framework's process (PyTorch, ...), and
+ * a thread's current device is the framework's: every function here that
+ * works on a GPU makes its device current for the call (gpu_enter) and
+ * makes the caller's current again before it returns (gpu_leave), on its
+ * error paths too. Also, the CUDA calls without a device (cudaMemcpy,
+ * cudaMemset, cudaFree, the legacy stream) act on the current device, so
+ * they must run under our device, not the caller's.
+ * One exception: a device of the caller's without a primary context (a
+ * thread that never used CUDA: device 0) is not made current again, since
+ * cudaSetDevice would make that context (CUDA 12 and later: hundreds of
+ * MiB of GPU 0, in every rank of the node); the thread's device then stays
+ * ours, as PyTorch's own device guard does it (c10::cuda::MaybeSetDevice). */
+typedef struct {
+    int saved, device; /* saved: -1 when unknown (no driver, no device) */
+} gpu_guard_t;
+
+static int gpu_enter(gpu_guard_t *g, int device, char *err, size_t errlen)
+{
+    g->device = device;
+    if (cudaGetDevice(&g->saved) != cudaSuccess)
+        g->saved = -1;
+    cudaError_t e = g->saved == device ? cudaSuccess : cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        nrs_seterr(err, errlen, "cuda: GPU %d: %s", device, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+typedef CUresult (*cu_device_get_fn)(CUdevice *, int);
+typedef CUresult (*cu_ctx_state_fn)(CUdevice, unsigned int *, int *);
+
+/* The driver's function sym, through the runtime (libcuda is not linked),
+ * or NULL. */
+static void *driver_fn(const char *sym)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion(sym, &fn, 12000, cudaEnableDefault, &q);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint(sym, &fn, cudaEnableDefault, &q);
+#endif
+    return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? fn : NULL;
+}
+
+/* Has the device a primary context? 1 when the driver cannot tell. */
+static int has_context(int device)
+{
+    static void *get_fn, *state_fn;
+    static int looked; /* threads racing here look up the same pointers */
+    if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&get_fn, driver_fn("cuDeviceGet"), __ATOMIC_RELAXED);
+        __atomic_store_n(&state_fn, driver_fn("cuDevicePrimaryCtxGetState"), __ATOMIC_RELAXED);
+        __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+    }
+    cu_device_get_fn get = (cu_device_get_fn)__atomic_load_n(&get_fn, __ATOMIC_RELAXED);
+    cu_ctx_state_fn state = (cu_ctx_state_fn)__atomic_load_n(&state_fn, __ATOMIC_RELAXED);
+    CUdevice d;
+    unsigned int flags;
+    int active;
+    if (!get || !state || get(&d, device) != CUDA_SUCCESS ||
+        state(d, &flags, &active) != CUDA_SUCCESS)
+        return 1;
+    return active != 0;
+}
+
+static void gpu_leave(const gpu_guard_t *g)
+{
+    if (g->saved >= 0 && g->saved != g->device && has_context(g->saved))
+        cudaSetDevice(g->saved);
+}
+
 int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen)
 {
-    cudaError_t e = cudaSetDevice(device);
+    gpu_guard_t g;
     *ptr = NULL;
-    if (e == cudaSuccess)
-        e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (gpu_enter(&g, device, err, errlen))
+        return -1;
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    gpu_leave(&g);
     if (e != cudaSuccess) {
         nrs_seterr(err, errlen, "cuda: %zu bytes on GPU %d: %s", bytes, device, cudaGetErrorString(e));
         *ptr = NULL;
@@ -67,10 +144,14 @@ int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errle
     return 0;
 }
 
-void nrs_cuda_free(void *ptr)
+void nrs_cuda_free(int device, void *ptr)
 {
-    if (ptr)
-        cudaFree(ptr);
+    gpu_guard_t g;
+    char err[64];
+    if (!ptr || gpu_enter(&g, device, err, sizeof err))
+        return;
+    cudaFree(ptr);
+    gpu_leave(&g);
 }
 
 /* e, then the legacy stream's work done: cudaMemcpy returns before a
@@ -94,11 +175,11 @@ static enum cudaMemcpyKind copy_kind(char kind)
          : kind == 'd' ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
 }
 
-int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen)
+int nrs_cuda_copy(int device, void *dst, const void *src, size_t bytes, char kind, char *err,
+                  size_t errlen)
 {
-    char what[64];
-    snprintf(what, sizeof what, "copy of %zu bytes", bytes);
-    return legacy_done(cudaMemcpy(dst, src, bytes, copy_kind(kind)), err, errlen, what);
+    nrs_cuda_copy2d_t cp = {dst, bytes, src, bytes, bytes, 1};
+    return nrs_cuda_copy2d(device, &cp, kind, err, errlen);
 }
 
 /* Rows back to back on both sides: one 1-D copy. cudaMemcpy2D refuses a
@@ -110,24 +191,38 @@ static bool copy_flat(const nrs_cuda_copy2d_t *cp)
     return cp->rows <= 1 || (cp->dpitch == cp->width && cp->spitch == cp->width);
 }
 
-int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen)
+int nrs_cuda_copy2d(int device, const nrs_cuda_copy2d_t *cp, char kind, char *err,
+                    size_t errlen)
 {
     char what[96];
-    snprintf(what, sizeof what, "2-D copy of %zu rows of %zu bytes", cp->rows, cp->width);
+    gpu_guard_t g;
+    if (cp->rows == 1)
+        snprintf(what, sizeof what, "copy of %zu bytes", cp->width);
+    else
+        snprintf(what, sizeof what, "2-D copy of %zu rows of %zu bytes", cp->rows, cp->width);
+    if (gpu_enter(&g, device, err, errlen))
+        return -1;
     cudaError_t e = cudaSuccess;
     if (cp->rows && copy_flat(cp))
         e = cudaMemcpy(cp->dst, cp->src, cp->rows * cp->width, copy_kind(kind));
     else if (cp->rows)
         e = cudaMemcpy2D(cp->dst, cp->dpitch, cp->src, cp->spitch, cp->width, cp->rows,
                          copy_kind(kind));
-    return legacy_done(e, err, errlen, what);
+    int rc = legacy_done(e, err, errlen, what);
+    gpu_leave(&g);
+    return rc;
 }
 
-int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen)
+int nrs_cuda_zero(int device, void *ptr, size_t bytes, char *err, size_t errlen)
 {
     char what[64];
+    gpu_guard_t g;
     snprintf(what, sizeof what, "zeroing %zu bytes", bytes);
-    return legacy_done(bytes ? cudaMemset(ptr, 0, bytes) : cudaSuccess, err, errlen, what);
+    if (gpu_enter(&g, device, err, errlen))
+        return -1;
+    int rc = legacy_done(bytes ? cudaMemset(ptr, 0, bytes) : cudaSuccess, err, errlen, what);
+    gpu_leave(&g);
+    return rc;
 }
 
 void nrs_nccl_version(int *lib, int *header)
@@ -182,6 +277,7 @@ static void comm_free(nrs_nccl_t *c)
     free(c);
 }
 
+/* On device, the current one (the caller's gpu_enter). */
 static nrs_nccl_t *comm_new(int device, char *err, size_t errlen)
 {
     nrs_nccl_t *c = calloc(1, sizeof(*c));
@@ -190,9 +286,7 @@ static nrs_nccl_t *comm_new(int device, char *err, size_t errlen)
         return NULL;
     }
     c->device = device;
-    cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
     if (e != cudaSuccess) {
@@ -203,16 +297,12 @@ static nrs_nccl_t *comm_new(int device, char *err, size_t errlen)
     return c;
 }
 
-int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
-                  const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
-                  size_t errlen)
+/* nrs_nccl_init on device, the current one: NCCL takes it for the
+ * communicator's. */
+static int init_here(nrs_nccl_t **out, int rank, int size, int device,
+                     const unsigned char id[NRS_NCCL_ID_BYTES], double end, char *err,
+                     size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
-    *out = NULL;
-    if (size < 1 || rank < 0 || rank >= size || device < 0) {
-        nrs_seterr(err, errlen, "nccl: rank %d of %d on GPU %d: invalid", rank, size, device);
-        return -1;
-    }
     nrs_nccl_t *c = comm_new(device, err, errlen);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclUniqueId u;
@@ -236,6 +326,24 @@ int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
     }
     *out = c;
     return 0;
+}
+
+int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
+                  const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
+                  size_t errlen)
+{
+    double end = nrs_now_s() + timeout_s;
+    gpu_guard_t g;
+    *out = NULL;
+    if (size < 1 || rank < 0 || rank >= size || device < 0) {
+        nrs_seterr(err, errlen, "nccl: rank %d of %d on GPU %d: invalid", rank, size, device);
+        return -1;
+    }
+    if (gpu_enter(&g, device, err, errlen))
+        return -1;
+    int rc = init_here(out, rank, size, device, id, end, err, errlen);
+    gpu_leave(&g);
+    return rc;
 }
 
 /* After a split or shrink was started on c: the child, once NCCL has stored
@@ -293,8 +401,8 @@ static int derive_refused(nrs_nccl_t *c, nrs_nccl_t *d, const char *call, ncclRe
     return -1;
 }
 
-int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
-                    double timeout_s, char *err, size_t errlen)
+static int shrink_here(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
+                       double timeout_s, char *err, size_t errlen)
 {
     double end = nrs_now_s() + timeout_s;
     *out = NULL;
@@ -356,8 +464,8 @@ int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t 
     return derive_wait(c, d, out, end, "shrink", err, errlen);
 }
 
-int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
-                   char *err, size_t errlen)
+static int split_here(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
+                      char *err, size_t errlen)
 {
     double end = nrs_now_s() + timeout_s;
     *out = NULL;
@@ -375,18 +483,52 @@ int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double t
     return derive_wait(c, d, out, end, "split", err, errlen);
 }
 
+/* A usable c, and its device current for the call: 0, or -1 with err. */
+static int comm_enter(gpu_guard_t *g, const nrs_nccl_t *c, char *err, size_t errlen)
+{
+    return usable(c, err, errlen) ? gpu_enter(g, c->device, err, errlen) : -1;
+}
+
+int nrs_nccl_shrink(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
+                    double timeout_s, char *err, size_t errlen)
+{
+    gpu_guard_t g;
+    *out = NULL;
+    if (comm_enter(&g, c, err, errlen))
+        return -1;
+    int rc = shrink_here(c, exclude, nexclude, out, timeout_s, err, errlen);
+    gpu_leave(&g);
+    return rc;
+}
+
+int nrs_nccl_split(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
+                   char *err, size_t errlen)
+{
+    gpu_guard_t g;
+    *out = NULL;
+    if (comm_enter(&g, c, err, errlen))
+        return -1;
+    int rc = split_here(c, color, key, out, timeout_s, err, errlen);
+    gpu_leave(&g);
+    return rc;
+}
+
 void nrs_nccl_abort(nrs_nccl_t *c)
 {
     if (c && c->comm && !c->aborted) {
+        gpu_guard_t g;
+        char err[64];
+        int entered = !gpu_enter(&g, c->device, err, sizeof err); /* aborted all the same */
         ncclCommAbort(c->comm); /* blocking even when the communicator is not */
         c->aborted = true;
+        if (entered)
+            gpu_leave(&g);
     }
 }
 
-void nrs_nccl_fini(nrs_nccl_t *c)
+/* nrs_nccl_fini on c's device. */
+static void fini_here(nrs_nccl_t *c)
 {
-    if (!c)
-        return;
     if (c->comm && !c->aborted && !c->shrunk) { /* wait_comm aborts what does not finalize */
         char err[64];
         ncclResult_t r = ncclCommFinalize(c->comm);
@@ -401,6 +543,18 @@ void nrs_nccl_fini(nrs_nccl_t *c)
     comm_free(c);
 }
 
+void nrs_nccl_fini(nrs_nccl_t *c)
+{
+    gpu_guard_t g;
+    char err[64];
+    if (!c)
+        return;
+    int entered = !gpu_enter(&g, c->device, err, sizeof err); /* freed all the same */
+    fini_here(c);
+    if (entered)
+        gpu_leave(&g);
+}
+
 int nrs_nccl_rank(const nrs_nccl_t *c) { return c->rank; }
 bool nrs_nccl_aborted(const nrs_nccl_t *c) { return !c || c->aborted || c->shrunk; }
 int nrs_nccl_size(const nrs_nccl_t *c) { return c->size; }
@@ -409,9 +563,7 @@ int nrs_nccl_size(const nrs_nccl_t *c) { return c->size; }
  * first: our stream is non-blocking and would not wait for it. */
 static cudaError_t after_legacy(nrs_nccl_t *c)
 {
-    cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(c->ready, cudaStreamLegacy);
+    cudaError_t e = cudaEventRecord(c->ready, cudaStreamLegacy); /* c's device's */
     if (e == cudaSuccess)
         e = cudaStreamWaitEvent(c->stream, c->ready, 0);
     return e;
@@ -494,8 +646,8 @@ static ncclResult_t post_group(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, s
     return r == ncclSuccess ? g : r;
 }
 
-int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
-                      double timeout_s, char *err, size_t errlen)
+static int exchange_here(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
+                         double timeout_s, char *err, size_t errlen)
 {
     double end = nrs_now_s() + timeout_s;
     size_t nchunks;
@@ -523,6 +675,17 @@ int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chu
             return -1;
     }
     return wait_stream(c, end, err, errlen);
+}
+
+int nrs_nccl_exchange(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
+                      double timeout_s, char *err, size_t errlen)
+{
+    gpu_guard_t g;
+    if (comm_enter(&g, c, err, errlen))
+        return -1;
+    int rc = exchange_here(c, x, n, chunk_bytes, timeout_s, err, errlen);
+    gpu_leave(&g);
+    return rc;
 }
 
 /* ---- posting as one goes (xport_nccl) ---------------------------------------------- */
@@ -567,9 +730,9 @@ static cudaError_t push_event(nrs_nccl_t *c)
     return cudaSuccess;
 }
 
-int64_t nrs_nccl_post(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
-                      const nrs_nccl_xfer_t *x, int n, const nrs_cuda_copy2d_t *post, int npost,
-                      double timeout_s, char *err, size_t errlen)
+static int64_t post_here(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
+                         const nrs_nccl_xfer_t *x, int n, const nrs_cuda_copy2d_t *post,
+                         int npost, double timeout_s, char *err, size_t errlen)
 {
     size_t unused;
     if (!usable(c, err, errlen) || check_batch(c, x, n, SIZE_MAX, &unused, err, errlen))
@@ -604,6 +767,20 @@ int64_t nrs_nccl_post(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
     return c->posted++;
 }
 
+int64_t nrs_nccl_post(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
+                      const nrs_nccl_xfer_t *x, int n, const nrs_cuda_copy2d_t *post, int npost,
+                      double timeout_s, char *err, size_t errlen)
+{
+    gpu_guard_t g;
+    if (comm_enter(&g, c, err, errlen))
+        return -1;
+    int64_t t = post_here(c, pre, npre, x, n, post, npost, timeout_s, err, errlen);
+    gpu_leave(&g);
+    return t;
+}
+
+/* No device of its own: event queries and destroys are the same from any
+ * device, and it is called in loops. */
 int nrs_nccl_poll(nrs_nccl_t *c, int64_t *done, char *err, size_t errlen)
 {
     *done = c ? c->completed : 0;

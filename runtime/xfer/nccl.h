@@ -8,6 +8,13 @@
  * Transfers are grouped ncclSend/ncclRecv, cut into chunks of the same size
  * on every rank: chunk c of every transfer of a batch goes in group c, so
  * all ranks issue identical group sequences (NCCL's lockstep requirement).
+ *
+ * The caller's device: every function that works on a GPU (the device
+ * given, or the communicator's) makes it the current device for the call,
+ * and the caller's current again before it returns, failures included;
+ * libnereus runs in a framework's threads, whose device is theirs. Not when
+ * the caller's device has no CUDA context (a thread that never used CUDA):
+ * making it current would make one, so the thread keeps ours (nccl.c).
  */
 #ifndef NRS_XFER_NCCL_H
 #define NRS_XFER_NCCL_H
@@ -23,12 +30,15 @@ typedef struct nrs_nccl nrs_nccl_t;
 /* GPUs visible, 0 and *n; -1 with err ("no GPU: ..." when the driver or the
  * device is missing). */
 int nrs_cuda_device_count(int *n, char *err, size_t errlen);
+/* device: the GPU the memory is on (of nrs_cuda_alloc's), here and below. */
 int nrs_cuda_alloc(int device, size_t bytes, void **ptr, char *err, size_t errlen);
-void nrs_cuda_free(void *ptr);
+void nrs_cuda_free(int device, void *ptr);
 /* Synchronous copies (done when it returns, also device->device and from
- * pageable host memory, which cudaMemcpy alone does not wait for);
- * kind: 'h' host->device, 'd' device->host, 'x' device->device. */
-int nrs_cuda_copy(void *dst, const void *src, size_t bytes, char kind, char *err, size_t errlen);
+ * pageable host memory, which cudaMemcpy alone does not wait for), on
+ * device's legacy stream; kind: 'h' host->device, 'd' device->host, 'x'
+ * device->device. */
+int nrs_cuda_copy(int device, void *dst, const void *src, size_t bytes, char kind, char *err,
+                  size_t errlen);
 
 /* rows of width bytes, dpitch / spitch apart (cudaMemcpy2D's terms). */
 typedef struct {
@@ -39,8 +49,9 @@ typedef struct {
 } nrs_cuda_copy2d_t;
 
 /* Synchronous 2-D copy (kind as nrs_cuda_copy) and zero-fill of device memory. */
-int nrs_cuda_copy2d(const nrs_cuda_copy2d_t *cp, char kind, char *err, size_t errlen);
-int nrs_cuda_zero(void *ptr, size_t bytes, char *err, size_t errlen);
+int nrs_cuda_copy2d(int device, const nrs_cuda_copy2d_t *cp, char kind, char *err,
+                    size_t errlen);
+int nrs_cuda_zero(int device, void *ptr, size_t bytes, char *err, size_t errlen);
 
 /* NCCL_VERSION_CODE of the library loaded (2.28.9 = 22809) and of the header
  * built against. */

@@ -89,7 +89,7 @@ static int n_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
 static void flush_frees(xn_t *X)
 {
     for (size_t i = 0; i < X->ndfree; i++)
-        nrs_cuda_free(X->dfree[i]);
+        nrs_cuda_free(X->device, X->dfree[i]);
     X->ndfree = 0;
 }
 
@@ -99,13 +99,13 @@ static void n_free(void *ctx, nrs_xmem_t *m)
     if (m->handle != MEM_DEVICE) {
         free(m->ptr);
     } else if (!X->n) {
-        nrs_cuda_free(m->ptr);
+        nrs_cuda_free(X->device, m->ptr);
     } else {
         if (X->ndfree == X->dfcap) {
             size_t cap = X->dfcap ? 2 * X->dfcap : 64;
             void **v = realloc(X->dfree, cap * sizeof(*v));
             if (!v) { /* no room to wait: free now, and block if it must */
-                nrs_cuda_free(m->ptr);
+                nrs_cuda_free(X->device, m->ptr);
                 m->ptr = NULL;
                 return;
             }
@@ -119,13 +119,14 @@ static void n_free(void *ctx, nrs_xmem_t *m)
 
 static int n_zero(void *ctx, nrs_xmem_t *m)
 {
+    xn_t *X = ctx;
     char err[256];
     if (m->handle != MEM_DEVICE) {
         memset(m->ptr, 0, m->bytes);
         return 0;
     }
-    return nrs_cuda_zero(m->ptr, m->bytes, err, sizeof err) ? xn_fail(ctx, "nccl xport: %s", err)
-                                                            : 0;
+    return nrs_cuda_zero(X->device, m->ptr, m->bytes, err, sizeof err)
+               ? xn_fail(X, "nccl xport: %s", err) : 0;
 }
 
 void nrs_xport_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes)
@@ -137,6 +138,7 @@ static char *base(const nrs_xregion_t *r) { return (char *)r->mem->ptr + r->off;
 
 static int n_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)
 {
+    xn_t *X = ctx;
     char err[256];
     if (src->rows != dst->rows || src->row_bytes != dst->row_bytes || !nrs_xregion_ok(src) ||
         !nrs_xregion_ok(dst))
@@ -150,7 +152,7 @@ static int n_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)
     nrs_cuda_copy2d_t cp = {base(dst), src->rows > 1 ? dst->pitch : src->row_bytes, base(src),
                             src->rows > 1 ? src->pitch : src->row_bytes, src->row_bytes,
                             src->rows};
-    if (nrs_cuda_copy2d(&cp, sd && dd ? 'x' : dd ? 'h' : 'd', err, sizeof err))
+    if (nrs_cuda_copy2d(X->device, &cp, sd && dd ? 'x' : dd ? 'h' : 'd', err, sizeof err))
         return xn_fail(ctx, "nccl xport: %s", err);
     return 0;
 }
@@ -183,7 +185,7 @@ static void stage_put(xn_t *X, void *p, size_t n)
         size_t cap = X->poolcap ? 2 * X->poolcap : 16;
         stage_t *v = realloc(X->pool, cap * sizeof(*v));
         if (!v) {
-            nrs_cuda_free(p);
+            nrs_cuda_free(X->device, p);
             return;
         }
         X->pool = v;
@@ -367,7 +369,7 @@ static void drop_all(xn_t *X)
         nrs_nccl_abort(X->c);
     for (size_t i = 0; i < X->n; i++) {
         npost_t *p = &X->q[X->head + i];
-        nrs_cuda_free(p->stage);
+        nrs_cuda_free(X->device, p->stage);
     }
     X->head = X->n = X->nout = 0;
     flush_frees(X);
@@ -378,7 +380,7 @@ static void n_destroy(void *ctx)
     xn_t *X = ctx;
     drop_all(X);
     for (size_t i = 0; i < X->npool; i++)
-        nrs_cuda_free(X->pool[i].p);
+        nrs_cuda_free(X->device, X->pool[i].p);
     free(X->pool);
     free(X->dfree);
     free(X->q);
@@ -501,7 +503,7 @@ int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double t
     }
     rc = 0;
 out:
-    nrs_cuda_free(buf);
+    nrs_cuda_free(X->device, buf);
     free(xf);
     free(peers);
     return rc;

@@ -39,7 +39,20 @@
  * span at most N rounds, a round being the distance to the peer: NCCL's
  * channels run more than 8 rounds in batches one after another; the
  * preconnect's one-byte group, the same pattern on every rank, is the
- * schedule NCCL makes round by round alike on every rank). */
+ * schedule NCCL makes round by round alike on every rank),
+ * FAKE_NO_CONTEXT=D (a CUDA context on device D aborts the process: the
+ * code must not make one there).
+ * Devices: each thread has its current device (cudaSetDevice, cudaGetDevice;
+ * 0 at first), as CUDA's. Each device has its own legacy stream, which the
+ * CUDA calls without a stream use: the current device's. Streams, events and
+ * communicators belong to the device current when they were made (split and
+ * shrink children: their parent's); an event recorded on another device's
+ * stream, or a transfer on a stream of another device than its
+ * communicator's, is refused. A device's primary context comes with
+ * cudaSetDevice (as since CUDA 12) or with the first call that needs one
+ * there (memory, streams, events, copies); the driver's
+ * cuDevicePrimaryCtxGetState (cudaGetDriverEntryPointByVersion) says
+ * whether it is there. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -53,6 +66,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -110,10 +124,37 @@ typedef struct fstream {
     op_t *q;
     long n, cap, done;
     int blocking, polls;
+    int dev, legacy; /* its device; legacy: that device's legacy stream */
 } fstream_t;
-static fstream_t legacy = {.blocking = 1};
+#define MAXDEV 16
+static fstream_t legacies[MAXDEV];
 static fstream_t *streams[256];
 static int nstreams;
+static __thread int cur_dev; /* the calling thread's current device */
+static int ctx[MAXDEV];      /* primary context made on the device */
+
+/* The current device's primary context, made if it is not there yet. */
+static void touch_dev(int d)
+{
+    if (ctx[d])
+        return;
+    const char *e = getenv("FAKE_NO_CONTEXT");
+    if (e && *e && atoi(e) == d) {
+        fprintf(stderr, "fake: a CUDA context on device %d (FAKE_NO_CONTEXT=%d)\n", d, d);
+        abort();
+    }
+    ctx[d] = 1;
+}
+static void touch(void) { touch_dev(cur_dev); }
+
+/* The current device's legacy stream. */
+static fstream_t *legacy_of(int d)
+{
+    fstream_t *l = &legacies[d];
+    l->blocking = l->legacy = 1;
+    l->dev = d;
+    return l;
+}
 
 typedef struct fcomm {
     int rank, size, aborted, polls, destroyed, killed;
@@ -124,14 +165,17 @@ typedef struct fcomm {
     int *peers;      /* parent world rank of each rank (for messages only) */
     unsigned char *conn; /* FAKE_NCCL_STRICT: a group went both ways with this peer */
     int nderived;    /* splits and shrinks started: names the children */
+    int dev;         /* its device (the current one at init; a child: its parent's) */
     ncclComm_t *pending; /* split: where to write the child at completion */
     struct fcomm *child;
 } fcomm_t;
 
 static fstream_t *S(cudaStream_t s)
 {
-    if (s == 0 || s == cudaStreamLegacy)
-        return &legacy;
+    if (s == 0 || s == cudaStreamLegacy) {
+        touch();
+        return legacy_of(cur_dev);
+    }
     return (fstream_t *)s;
 }
 
@@ -200,11 +244,12 @@ static int flush_to(fstream_t *s, long upto)
 {
     int r = 0;
     if (depth_++ == 0) { /* legacy <-> blocking streams: implicit order */
-        if (s != &legacy && s->blocking)
-            r = run_queue(&legacy, legacy.n);
-        if (s == &legacy)
+        fstream_t *l = &legacies[s->dev]; /* (the device's: only they order each other) */
+        if (!s->legacy && s->blocking)
+            r = run_queue(l, l->n);
+        if (s->legacy)
             for (int i = 0; i < nstreams && !r; i++)
-                if (streams[i] && streams[i]->blocking)
+                if (streams[i] && streams[i]->blocking && streams[i]->dev == s->dev)
                     r = run_queue(streams[i], streams[i]->n);
     }
     if (!r)
@@ -268,7 +313,54 @@ cudaError_t cudaGetDeviceCount(int *n)
     }
     return *n ? cudaSuccess : cudaErrorNoDevice;
 }
-cudaError_t cudaSetDevice(int d) { return d >= 0 && d < ndev() ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int d)
+{
+    if (d < 0 || d >= ndev() || d >= MAXDEV)
+        return cudaErrorInvalidDevice;
+    cur_dev = d;
+    touch(); /* CUDA 12 and later: the device's primary context, at once */
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d)
+{
+    if (!ndev() || fake_driver() < 13000)
+        return ndev() ? cudaErrorInsufficientDriver : cudaErrorNoDevice;
+    *d = cur_dev;
+    return cudaSuccess;
+}
+/* The driver's functions that the runtime hands out: whether a device's
+ * primary context is there (it makes none), and a device by ordinal. */
+static CUresult fake_cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    if (ordinal < 0 || ordinal >= ndev() || ordinal >= MAXDEV)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+static CUresult fake_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    if (dev < 0 || dev >= ndev() || dev >= MAXDEV)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = ctx[dev];
+    return CUDA_SUCCESS;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned int ver,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *st)
+{
+    *fn = !strcmp(sym, "cuDeviceGet") ? (void *)fake_cuDeviceGet
+        : !strcmp(sym, "cuDevicePrimaryCtxGetState") ? (void *)fake_cuDevicePrimaryCtxGetState
+        : NULL;
+    if (st)
+        *st = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPoint(const char *sym, void **fn, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult *st)
+{
+    return cudaGetDriverEntryPointByVersion(sym, fn, 12000, flags, st);
+}
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 {
     memset(p, 0, sizeof *p);
@@ -280,6 +372,7 @@ const char *cudaGetErrorString(cudaError_t e) { return e ? "fake cuda error" : "
 const char *cudaGetErrorName(cudaError_t e) { return e ? "cudaErrorFake" : "cudaSuccess"; }
 cudaError_t cudaMalloc(void **p, size_t n)
 {
+    touch();
     if (nalloc == (int)(sizeof allocs / sizeof allocs[0]))
         return cudaErrorMemoryAllocation;
     char *m = malloc(n);
@@ -294,7 +387,9 @@ cudaError_t cudaFree(void *p)
 {
     if (!p)
         return cudaSuccess;
-    flush_wait(&legacy, "cudaFree");
+    touch();
+    for (int d = 0; d < MAXDEV; d++)
+        flush_wait(&legacies[d], "cudaFree");
     for (int i = 0; i < nstreams; i++)
         if (streams[i])
             flush_wait(streams[i], "cudaFree");
@@ -354,7 +449,7 @@ cudaError_t cudaMemcpy2D(void *d, size_t dp, const void *s, size_t sp, size_t w,
     /* as cudaMemcpy: synchronous for the host, done when it returns here */
     cudaError_t e = cudaMemcpy2DAsync(d, dp, s, sp, w, h, k, 0);
     if (e == cudaSuccess)
-        flush_wait(&legacy, "cudaMemcpy2D");
+        flush_wait(S(0), "cudaMemcpy2D");
     return e;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
@@ -367,28 +462,30 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
     /* D2H: synchronous. H2D from pageable: the host buffer is staged at
      * once (copy the bytes now), the device write is deferred. D2D: async. */
     if (e == cudaSuccess && k == cudaMemcpyDeviceToHost)
-        flush_wait(&legacy, "cudaMemcpy");
+        flush_wait(S(0), "cudaMemcpy");
     else if (e == cudaSuccess && k == cudaMemcpyHostToDevice) {
+        fstream_t *l = S(0);
         void *stage = malloc(n ? n : 1);
         memcpy(stage, s, n);
-        legacy.q[legacy.n - 1].s = stage;
-        legacy.q[legacy.n - 1].own = stage;
+        l->q[l->n - 1].s = stage;
+        l->q[l->n - 1].own = stage;
     }
     return e;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n)
 {
     check(d, n, 1);
-    push(&legacy, (op_t){.k = OP_SET, .d = d, .n = n, .v = v});
+    push(S(0), (op_t){.k = OP_SET, .d = d, .n = n, .v = v});
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void)
+cudaError_t cudaDeviceSynchronize(void) /* the current device's streams */
 {
-    if (flush(&legacy) && hung(&legacy))
+    fstream_t *l = S(0);
+    if (flush(l) && hung(l))
         return cudaErrorLaunchTimeout;
-    flush_wait(&legacy, "cudaDeviceSynchronize");
+    flush_wait(l, "cudaDeviceSynchronize");
     for (int i = 0; i < nstreams; i++)
-        if (streams[i]) {
+        if (streams[i] && streams[i]->dev == cur_dev) {
             if (flush(streams[i]) && hung(streams[i]))
                 return cudaErrorLaunchTimeout;
             flush_wait(streams[i], "cudaDeviceSynchronize");
@@ -398,7 +495,9 @@ cudaError_t cudaDeviceSynchronize(void)
 static cudaError_t mkstream(cudaStream_t *s, int blocking)
 {
     fstream_t *f = calloc(1, sizeof *f);
+    touch();
     f->blocking = blocking;
+    f->dev = cur_dev;
     streams[nstreams++] = f;
     *s = (cudaStream_t)f;
     return cudaSuccess;
@@ -422,7 +521,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    if (getenv("FAKE_NOSYNC") && S(s) == &legacy)
+    if (getenv("FAKE_NOSYNC") && S(s)->legacy)
         return cudaSuccess;
     flush_wait(S(s), "cudaStreamSynchronize");
     return cudaSuccess;
@@ -434,10 +533,13 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
         return cudaErrorNotReady;
     return flush(f) ? cudaErrorNotReady : cudaSuccess;
 }
-typedef struct { fstream_t *s; long pos; int polls; } fevent_t;
+typedef struct { fstream_t *s; long pos; int polls, dev; } fevent_t;
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int fl)
 {
-    *e = (cudaEvent_t)calloc(1, sizeof(fevent_t));
+    fevent_t *f = calloc(1, sizeof(fevent_t));
+    touch();
+    f->dev = cur_dev;
+    *e = (cudaEvent_t)f;
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
@@ -448,7 +550,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     fevent_t *f = (fevent_t *)e;
-    f->s = S(s);
+    fstream_t *fs = S(s);
+    if (fs->dev != f->dev) { /* CUDA: both must be of one device */
+        fprintf(stderr, "fake: cudaEventRecord: an event of device %d on a stream of device %d\n",
+                f->dev, fs->dev);
+        return cudaErrorInvalidResourceHandle;
+    }
+    f->s = fs;
     f->pos = f->s->n;
     return cudaSuccess;
 }
@@ -652,7 +760,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int n, ncclUniqueId id, in
         return ncclInvalidUsage; /* real NCCL: "Duplicate GPU detected" (same host hash) */
     char token[256];
     snprintf(token, sizeof token, "%.*s", (int)sizeof id.internal, id.internal);
-    *comm = (ncclComm_t)mkcomm(token, rank, n);
+    fcomm_t *c = mkcomm(token, rank, n);
+    c->dev = cur_dev; /* NCCL: the communicator's GPU is the current device */
+    *comm = (ncclComm_t)c;
     return ncclInProgress;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st)
@@ -749,6 +859,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         snprintf(token, sizeof token, "%s.s%dc%d", c->token, n, color);
         c->child = mkcomm(token, me, k);
         c->child->polls = 0;
+        c->child->dev = c->dev;
         free(m);
     }
     free(all);
@@ -783,6 +894,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *ex, int nex, ncclComm_t *newco
     *newcomm = NULL;
     c->child = mkcomm(token, me, c->size - nex);
     c->child->polls = 0;
+    c->child->dev = c->dev;
     c->pending = newcomm;
     c->polls = POLLS;
     return ncclInProgress;
@@ -851,7 +963,13 @@ static ncclResult_t p2p(int send, const void *buf, size_t n, ncclDataType_t t, i
         ngrp == (int)(sizeof grp / sizeof grp[0]))
         return ncclInvalidArgument;
     check(buf, n, 1);
-    grp[ngrp++] = (p2p_t){send, (void *)buf, n, peer, c, S(st)};
+    fstream_t *fs = S(st);
+    if (fs->dev != c->dev) {
+        fprintf(stderr, "fake: a transfer on a stream of device %d, communicator of device %d\n",
+                fs->dev, c->dev);
+        return ncclInvalidArgument;
+    }
+    grp[ngrp++] = (p2p_t){send, (void *)buf, n, peer, c, fs};
     return ncclSuccess;
 }
 ncclResult_t ncclSend(const void *b, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s)

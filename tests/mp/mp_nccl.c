@@ -5,6 +5,11 @@
  *                          NCCL version; no communicator
  *   mp_nccl --lone-recv    a receive nobody sends: must fail (refused, or by
  *                          --timeout, default 3 s here) and abort, not hang
+ *   --caller-device D      the thread's current device is D first (as a
+ *                          framework's), and must be again after every call
+ *                          that works on the GPU (set-up, copies, transfers,
+ *                          split, shrink, finalize, the lone receive's
+ *                          failure); one that is not is named, and fails
  *
  * Alone (not under a PMIx server: no PMIX_RANK): one rank, a communicator of
  * one, without the rendezvous; grouped send+recv to itself in chunks,
@@ -21,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime_api.h>
 #include <xxhash.h>
 
 #include "rdv/rdv.h"
@@ -30,8 +36,23 @@
 typedef struct {
     size_t bytes, chunk;
     double timeout_s;
-    int count, lone_recv;
+    int count, lone_recv, caller_dev;
 } opts_t;
+
+static int caller_dev = -1, dev_bad; /* --caller-device; calls that did not keep it */
+
+/* After what: the caller's device current again (--caller-device). */
+static void kept(const char *what)
+{
+    int d = -1;
+    if (caller_dev < 0)
+        return;
+    if (cudaGetDevice(&d) != cudaSuccess || d != caller_dev) {
+        fprintf(stderr, "mp_nccl: %s left CUDA device %d current, the caller's is %d\n", what, d,
+                caller_dev);
+        dev_bad++;
+    }
+}
 
 static void fill(unsigned char *p, size_t n, int src)
 {
@@ -54,21 +75,25 @@ static int ring(nrs_nccl_t *c, int device, const opts_t *o, const char *what)
     if (!h || !want || nrs_cuda_alloc(device, bytes, &ds, err, sizeof err) ||
         nrs_cuda_alloc(device, bytes, &dr, err, sizeof err))
         goto out;
+    kept("nrs_cuda_alloc");
     fill(want, bytes, left);
     for (size_t i = 0; i < bytes; i++) /* poison: differs from want everywhere */
         h[i] = (unsigned char)~want[i];
-    if (nrs_cuda_copy(dr, h, bytes, 'h', err, sizeof err))
+    if (nrs_cuda_copy(device, dr, h, bytes, 'h', err, sizeof err))
         goto out;
     fill(h, bytes, me);
-    if (nrs_cuda_copy(ds, h, bytes, 'h', err, sizeof err))
+    if (nrs_cuda_copy(device, ds, h, bytes, 'h', err, sizeof err))
         goto out;
+    kept("nrs_cuda_copy (to the GPU)");
     nrs_nccl_xfer_t x[2] = {{right, 1, ds, bytes}, {left, 0, dr, bytes}};
     double t0 = nrs_now_s();
     if (nrs_nccl_exchange(c, x, 2, o->chunk, o->timeout_s, err, sizeof err))
         goto out;
     double t = nrs_now_s() - t0;
-    if (nrs_cuda_copy(h, dr, bytes, 'd', err, sizeof err))
+    kept("nrs_nccl_exchange");
+    if (nrs_cuda_copy(device, h, dr, bytes, 'd', err, sizeof err))
         goto out;
+    kept("nrs_cuda_copy (from the GPU)");
     if (XXH64(h, bytes, 0) != XXH64(want, bytes, 0)) {
         size_t i = 0;
         while (i < bytes && h[i] == want[i])
@@ -82,8 +107,9 @@ static int ring(nrs_nccl_t *c, int device, const opts_t *o, const char *what)
 out:
     if (rc)
         fprintf(stderr, "mp_nccl[%d]: %s: %s\n", me, what, err);
-    nrs_cuda_free(ds);
-    nrs_cuda_free(dr);
+    nrs_cuda_free(device, ds);
+    nrs_cuda_free(device, dr);
+    kept("nrs_cuda_free");
     free(h);
     free(want);
     return rc;
@@ -105,6 +131,7 @@ static int lone_recv(nrs_nccl_t *c, int device, const opts_t *o)
     double t0 = nrs_now_s();
     int r = nrs_nccl_exchange(c, &x, 1, o->chunk, o->timeout_s, err, sizeof err);
     double t = nrs_now_s() - t0;
+    kept("nrs_nccl_exchange (failing)");
     int rc = 1;
     if (!r)
         fprintf(stderr, "mp_nccl: lone receive completed: it should not\n");
@@ -115,13 +142,14 @@ static int lone_recv(nrs_nccl_t *c, int device, const opts_t *o)
         printf("mp_nccl: lone receive failed in %.2f s as it should: %s\n", t, err);
         rc = 0;
     }
-    nrs_cuda_free(d);
+    nrs_cuda_free(device, d);
     return rc;
 }
 
 static int usage(FILE *f, int rc)
 {
-    fprintf(f, "usage: mp_nccl [--bytes N] [--chunk N] [--timeout S] [--count | --lone-recv]\n"
+    fprintf(f, "usage: mp_nccl [--bytes N] [--chunk N] [--timeout S] [--caller-device D]\n"
+               "               [--count | --lone-recv]\n"
                "  alone: one rank; under tests/mp/pmix_srv -n N: N ranks, one GPU each\n"
                "  exit 0 ok, 1 failed, 2 usage, 77 skipped (no GPU, too few GPUs)\n");
     return rc;
@@ -129,7 +157,7 @@ static int usage(FILE *f, int rc)
 
 static int parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){(64u << 20) + 3, 4u << 20, 60, 0, 0};
+    *o = (opts_t){(64u << 20) + 3, 4u << 20, 60, 0, 0, -1};
     int timeout_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -146,6 +174,8 @@ static int parse(int argc, char **argv, opts_t *o)
             o->chunk = strtoull(v, &e, 0), i++;
         else if (v && !strcmp(a, "--timeout"))
             o->timeout_s = strtod(v, &e), i++, timeout_set = 1;
+        else if (v && !strcmp(a, "--caller-device"))
+            o->caller_dev = (int)strtol(v, &e, 10), i++;
         else
             return -1;
         if (e && (*e || e == v))
@@ -190,8 +220,10 @@ static int run(nrs_nccl_t *c, int me, int n, int device, const opts_t *o)
         fprintf(stderr, "mp_nccl[%d]: split: %s\n", me, s ? err : "no communicator");
         return 1;
     }
+    kept("nrs_nccl_split");
     int rc = ring(s, device, o, "split") ? 1 : 0;
     nrs_nccl_fini(s);
+    kept("nrs_nccl_fini");
     s = NULL;
     if (rc || n < 2)
         return rc;
@@ -200,6 +232,7 @@ static int run(nrs_nccl_t *c, int me, int n, int device, const opts_t *o)
         fprintf(stderr, "mp_nccl[%d]: shrink: %s\n", me, err);
         return 1;
     }
+    kept("nrs_nccl_shrink");
     if ((me == gone) != !s) {
         fprintf(stderr, "mp_nccl[%d]: shrink: %s communicator\n", me, s ? "unexpected" : "no");
         rc = 1;
@@ -242,15 +275,28 @@ int main(int argc, char **argv)
         return 77;
     }
     int device = me % ngpu; /* one node: local rank = rank */
+    if (o.caller_dev >= 0 && cudaSetDevice(o.caller_dev) != cudaSuccess) {
+        fprintf(stderr, "mp_nccl[%d]: --caller-device %d: no such device\n", me, o.caller_dev);
+        nrs_rdv_fini(r);
+        return 1;
+    }
+    caller_dev = o.caller_dev;
     unsigned char id[NRS_NCCL_ID_BYTES] = {0}; /* what ranks but 0 publish */
     nrs_nccl_t *c = NULL;
     if (share_id(r, me, id, err, sizeof err) ||
         nrs_nccl_init(&c, me, n, device, id, 60, err, sizeof err)) {
         fprintf(stderr, "mp_nccl[%d]: %s\n", me, err);
     } else {
+        kept("nrs_nccl_init");
         rc = o.lone_recv ? lone_recv(c, device, &o) : run(c, me, n, device, &o);
     }
     nrs_nccl_fini(c);
+    kept("nrs_nccl_fini");
+    if (caller_dev >= 0 && !dev_bad)
+        printf("mp_nccl[%d]: the caller's CUDA device %d kept (its rank on GPU %d)\n", me,
+               caller_dev, device);
+    if (dev_bad && !rc)
+        rc = 1;
     if (r)
         nrs_rdv_fini(r);
     return rc;

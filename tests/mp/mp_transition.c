@@ -101,6 +101,7 @@ static void ucx_purge(void *arg, uint64_t tag, uint64_t mask)
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
 
 static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
+static int nccl_dev; /* their GPU: $NRS_MP_DEVICE, else 0 */
 static int use_verify; /* --verify: the executor checksums every transfer */
 #ifdef HAVE_NCCL
 /* No UCX traffic while NCCL moves the bytes: look for dead peers all the same. */
@@ -115,8 +116,8 @@ static int mem_io(nrs_xmem_t *m, unsigned char *h, char dir)
 #ifdef HAVE_NCCL
     char err[256];
     if (use_nccl && m->owner >= 0) {
-        int rc = dir == 'd' ? nrs_cuda_copy(h, m->ptr, m->bytes, 'd', err, sizeof err)
-                            : nrs_cuda_copy(m->ptr, h, m->bytes, 'h', err, sizeof err);
+        int rc = dir == 'd' ? nrs_cuda_copy(nccl_dev, h, m->ptr, m->bytes, 'd', err, sizeof err)
+                            : nrs_cuda_copy(nccl_dev, m->ptr, h, m->bytes, 'h', err, sizeof err);
         if (rc)
             fprintf(stderr, "mp_transition: %s\n", err);
         return rc;
@@ -284,7 +285,7 @@ static int nccl_open(nrs_rdv_t *r, int me, int n, double timeout, nrs_nccl_t **c
     void **ids;
     size_t *il;
     const char *d = getenv("NRS_MP_DEVICE");
-    int dev = d ? atoi(d) : 0;
+    int dev = nccl_dev = d ? atoi(d) : 0;
     if (me == 0 && nrs_nccl_unique_id(id, err, errlen))
         return -1;
     if (nrs_rdv_allgather(r, 0, "nccl", id, sizeof id, &ids, &il, timeout, err, errlen))

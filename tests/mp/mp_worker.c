@@ -2,7 +2,7 @@
  * under tests/mp/pmix_srv.
  *
  *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
- *             [--transports MASK] [--fail RANK]
+ *             [--transports MASK] [--fail RANK] [--caller-device D]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -44,8 +44,17 @@
  * host memory), that the parts tile the box, and that a layer outside the
  * box or a global tensor's buffer is refused naming the layer; it prints
  *   mp_worker[i]: layer views (<when>): B buffer(s), P part(s) tile their boxes, R refused
+ *
+ * --caller-device D (built with CUDA): the thread makes CUDA device D its
+ * current one first, as a framework would (PyTorch's torch.cuda.set_device),
+ * and after each worker call that may touch GPU state (set-up, verify,
+ * transition, finalize) D must still be current: a call that leaves another
+ * one is named on stderr and the run fails. Without a failure it prints
+ *   mp_worker[i]: the caller's CUDA device D kept across N call(s)
  */
 #define _GNU_SOURCE
+#include <config.h>
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +65,9 @@
 #include "emu/pattern.h"
 #include "emu/testutil.h"
 #include "nereus/nereus.h"
+#ifdef HAVE_NCCL
+#include <cuda_runtime_api.h>
+#endif
 
 static double wall_s(void)
 {
@@ -103,10 +115,45 @@ static void sink(void *arg, const char *json)
     reports += strstr(json, "\"type\":\"report\"") != NULL;
 }
 
+static int caller_dev = -1; /* --caller-device */
+static int dev_checks, dev_bad;
+
+/* The caller's device is still current after call (--caller-device). */
+static void device_kept(const char *call)
+{
+    if (caller_dev < 0)
+        return;
+    int d = -1;
+#ifdef HAVE_NCCL
+    if (cudaGetDevice(&d) != cudaSuccess)
+        d = -1;
+#endif
+    dev_checks++;
+    if (d != caller_dev) {
+        fprintf(stderr, "mp_worker: %s left CUDA device %d current, the caller's is %d\n", call,
+                d, caller_dev);
+        dev_bad++;
+    }
+}
+
+/* Make D the thread's current device, as the framework would: 0 or -1. */
+static int set_caller_device(int d)
+{
+#ifdef HAVE_NCCL
+    if (cudaSetDevice(d) == cudaSuccess)
+        return 0;
+    fprintf(stderr, "mp_worker: --caller-device %d: cudaSetDevice failed\n", d);
+#else
+    fprintf(stderr, "mp_worker: --caller-device %d: built without CUDA\n", d);
+#endif
+    return -1;
+}
+
 static int check(nrs_worker_t *w, const char *when, long long *nv)
 {
     long long v, m;
     int rc = nrs_worker_verify_state(w, &v, &m);
+    device_kept("nrs_worker_verify_state");
     *nv = v;
     if (rc)
         fprintf(stderr, "mp_worker[%d]: %s: %lld of %lld shard(s) wrong: %s\n",
@@ -387,7 +434,11 @@ int main(int argc, char **argv)
             fail = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--transports"))
             transports = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--caller-device"))
+            caller_dev = atoi(argv[++i]);
     }
+    if (caller_dev >= 0 && set_caller_device(caller_dev))
+        return 1;
     /* the spec's size does not depend on the job: draw it with the rank
      * count the server exports */
     const char *ns = getenv("NRS_MP_SIZE");
@@ -401,6 +452,7 @@ int main(int argc, char **argv)
     if (transports)
         s.runtime.transports = transports;
     int e = nrs_worker_init_spec(&w, &s);
+    device_kept("nrs_worker_init_spec");
     if (e) {
         fprintf(stderr, "mp_worker: init: %s: %s\n", nrs_worker_strerror(e),
                 nrs_worker_last_error(w));
@@ -410,8 +462,13 @@ int main(int argc, char **argv)
     int me = nrs_worker_rank(w);
     nrs_worker_set_report_sink(w, sink, NULL);
     draw_plan(&rng, &s, n, 1, &cur);
-    if ((e = nrs_worker_set_plan(w, &cur)) || (e = nrs_worker_alloc_state(w, NRS_MEM_AUTO, 1)) ||
-        check(w, "initial state", &nv)) {
+    e = nrs_worker_set_plan(w, &cur);
+    device_kept("nrs_worker_set_plan");
+    if (!e) {
+        e = nrs_worker_alloc_state(w, NRS_MEM_AUTO, 1);
+        device_kept("nrs_worker_alloc_state");
+    }
+    if (e || check(w, "initial state", &nv)) {
         fprintf(stderr, "mp_worker[%d]: set-up: %s: %s\n", me, nrs_worker_strerror(e),
                 nrs_worker_last_error(w));
         goto out;
@@ -469,6 +526,7 @@ int main(int argc, char **argv)
         retry = 0;
         t_kill0 = wall_s();
         e = nrs_worker_transition(w, &next);
+        device_kept("nrs_worker_transition");
         if (fail >= 0 && t == 1 && !failed++) {
             /* rank fail votes no; the others abort with it; all keep the old state */
             char no[64];
@@ -548,5 +606,11 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     e = nrs_worker_finalize(w);
+    device_kept("nrs_worker_finalize");
+    if (caller_dev >= 0 && !dev_bad)
+        printf("mp_worker[%d]: the caller's CUDA device %d kept across %d call(s)\n", me,
+               caller_dev, dev_checks);
+    if (dev_bad && !rc)
+        rc = 1;
     return rc;
 }

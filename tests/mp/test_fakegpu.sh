@@ -93,6 +93,46 @@ if [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && ! grep -q "stages through host memor
 else
     echo "[  FAILED  ] fake GPU: worker: $got of 4 ranks verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1))
 fi
+# libnereus runs in a framework's threads: a call that works on its GPU (0
+# here) must make the caller's current device (1) current again before it
+# returns, on every path: over NCCL, staging through host copies, aborted
+# by a peer's death; the library's own calls (mp_nccl: copies, transfers,
+# split, shrink, a failing exchange) alike.
+mp_case "fake GPU: worker over NCCL on GPU 0: the caller's device 1 current after every call" 0 120 \
+    env "$fake" FAKE_GPUS=2 NRS_CUDA_DEVICE=0 FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q \
+    -n 4 -t 110 -- "$W" --seed 15 --count 4 --caller-device 1
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
+kept=$(grep -c "the caller's CUDA device 1 kept across" "$mp_out")
+[ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && [ "$kept" -eq 4 ] && { echo "[       OK ] fake GPU: worker: 4 of 4 ranks kept the caller's device, over NCCL"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker, caller's device: $kept of 4 kept it, $got verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: worker staging through host copies: the caller's device current after every call" \
+    0 120 env "$fake" FAKE_GPUS=2 NRS_CUDA_DEVICE=0 NRS_WORKER_NCCL=0 NRS_WORKER_TIMEOUT=15 "$SRV" \
+    -q -n 4 -t 110 -- "$W" --seed 15 --count 4 --caller-device 1
+mp_grep "fake GPU: worker staging: the caller's device kept" "the caller's CUDA device 1 kept across"
+mp_case "fake GPU: worker over NCCL, rank 1 killed: the survivors keep the caller's device" 137 60 \
+    env "$fake" FAKE_GPUS=2 NRS_CUDA_DEVICE=0 "$SRV" -n 4 -t 50 -- "$W" --seed 15 --count 3 \
+    --kill 1 --caller-device 1
+got=$(grep -c "aborted after .* old state intact" "$mp_out")
+kept=$(grep -c "the caller's CUDA device 1 kept across" "$mp_out")
+[ "$got" -eq 3 ] && [ "$kept" -eq 3 ] && { echo "[       OK ] fake GPU: worker: 3 survivors aborted and kept the caller's device"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker kill, caller's device: $kept of 3 kept it, $got aborted intact"; mp_fail=$((mp_fail + 1)); }
+mp_case "fake GPU: nccl 2 ranks on GPUs 0 and 1: the caller's device 2 current after every call" 0 60 \
+    env "$fake" FAKE_GPUS=3 "$SRV" -q -n 2 -t 50 -- "$N" --bytes 4099 --caller-device 2
+mp_grep "fake GPU: nccl: rank 1 kept the caller's device" "mp_nccl\[1\]: the caller's CUDA device 2 kept"
+mp_case "fake GPU: nccl, a failing exchange: the caller's device current again" 0 60 env "$fake" \
+    FAKE_GPUS=2 "$N" --lone-recv --caller-device 1
+mp_grep "fake GPU: nccl lone receive: the caller's device kept" "mp_nccl\[0\]: the caller's CUDA device 1 kept"
+# A thread that never used CUDA (device 0, no context there): the worker on
+# GPU 1 must not make a context on GPU 0 to give device 0 back (CUDA 12's
+# cudaSetDevice makes one: GPU memory, in every rank of a node).
+mp_case "fake GPU: worker on GPU 1, the caller never used CUDA: no context on GPU 0" 0 120 \
+    env "$fake" FAKE_GPUS=2 FAKE_NO_CONTEXT=0 NRS_CUDA_DEVICE=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q \
+    -n 4 -t 110 -- "$W" --seed 15 --count 4
+got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
+nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
+[ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && { echo "[       OK ] fake GPU: worker on GPU 1: no context on GPU 0, 4 of 4 verified over NCCL"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker on GPU 1, no context on GPU 0: $got verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1)); }
 mp_case "fake GPU: worker, NCCL refused at set-up: falls back to host staging" 0 120 \
     env "$fake" FAKE_NCCL_DUPLICATE=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
     --seed 15 --count 4
