@@ -32,8 +32,10 @@ if [ ! -x "$G" ]; then
         echo "run.sh: no $G (not a build directory with CUDA and NCCL?)" >&2; exit 1
     fi
 fi
+# one host: NCCL on loopback sockets, its IB transport off (an IB card that
+# leads nowhere can hang or slow its set-up); the user's settings win
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
 limit="${NRS_GPU_BENCH_TIMEOUT:-180}"
 timeout -k 5 "$limit" "$G" "$@"
 rc=$?

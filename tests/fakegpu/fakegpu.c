@@ -41,7 +41,10 @@
  * preconnect's one-byte group, the same pattern on every rank, is the
  * schedule NCCL makes round by round alike on every rank),
  * FAKE_NO_CONTEXT=D (a CUDA context on device D aborts the process: the
- * code must not make one there).
+ * code must not make one there), FAKE_NCCL_IB=1 (the machine has an
+ * InfiniBand card that leads nowhere: a communicator set up without
+ * NCCL_IB_DISABLE=1 fails, where real NCCL may hang or crawl; one host's
+ * tests must turn IB off).
  * Devices: each thread has its current device (cudaSetDevice, cudaGetDevice;
  * 0 at first), as CUDA's. Each device has its own legacy stream, which the
  * CUDA calls without a stream use: the current device's. Streams, events and
@@ -758,6 +761,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int n, ncclUniqueId id, in
         return ncclInvalidArgument;
     if (getenv("FAKE_NCCL_DUPLICATE") && n > 1 && !getenv("NCCL_HOSTID"))
         return ncclInvalidUsage; /* real NCCL: "Duplicate GPU detected" (same host hash) */
+    const char *ib = getenv("NCCL_IB_DISABLE");
+    if (getenv("FAKE_NCCL_IB") && !(ib && !strcmp(ib, "1"))) {
+        fprintf(stderr, "fake: NET/IB: an InfiniBand card without a fabric (FAKE_NCCL_IB), "
+                "NCCL_IB_DISABLE=%s: set-up would hang\n", ib ? ib : "(unset)");
+        return ncclSystemError;
+    }
     char token[256];
     snprintf(token, sizeof token, "%.*s", (int)sizeof id.internal, id.internal);
     fcomm_t *c = mkcomm(token, rank, n);

@@ -19,6 +19,12 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:-}${LSAN_OPTIONS:+:}suppressions=${NRS_SRCDI
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}:fast_unwind_on_malloc=0"
 # The PMIx server library must not pick up a system server or old rendezvous files.
 export PMIX_MCA_gds="${PMIX_MCA_gds:-hash}"
+# One host: where the GPU state goes over NCCL (a build with CUDA, on a GPU
+# machine: test_worker, test_e2e, ... as well as test_nccl), NCCL's sockets
+# stay on loopback and its InfiniBand transport stays off: an IB card of the
+# machine that leads nowhere can hang or slow NCCL's set-up. The user's
+# settings win.
+export NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 
 mp_now() { date +%s.%N; }
 mp_case() { # name want_rc limit cmd...

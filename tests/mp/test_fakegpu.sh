@@ -11,6 +11,7 @@ FAKE="$B/tests/fakegpu/.libs/libfakegpu.so"
 N="$B/tests/mp/mp_nccl"
 T="$B/tests/mp/mp_transition"
 W="$B/tests/mp/mp_worker"
+S="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
 [ -e "$FAKE" ] || { echo "[  FAILED  ] fake GPU: $FAKE not built"; mp_fail=1; mp_done; }
 export UCX_NET_DEVICES=lo UCX_TLS=sm
 # Sanitizer builds: the preloaded fake comes before ASan's runtime, on purpose.
@@ -133,6 +134,26 @@ got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
 [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && { echo "[       OK ] fake GPU: worker on GPU 1: no context on GPU 0, 4 of 4 verified over NCCL"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] fake GPU: worker on GPU 1, no context on GPU 0: $got verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1)); }
+# An InfiniBand card that leads nowhere (FAKE_NCCL_IB: NCCL's set-up fails
+# unless NCCL_IB_DISABLE=1): the one-host tests turn IB off (lib.sh), and
+# so do the GPU bench (run.sh) and the device check, unless the user says.
+mp_case "fake GPU: an IB card without a fabric: the tests keep NCCL off IB" 0 120 env "$fake" \
+    FAKE_NCCL_IB=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
+got=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
+[ "$got" -eq 4 ] && { echo "[       OK ] fake GPU: IB card: 4 of 4 ranks over NCCL all the same"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: IB card: $got of 4 ranks over NCCL"; mp_fail=$((mp_fail + 1)); }
+stub=$(mktemp -d "${TMPDIR:-/tmp}/nrs-stub.XXXXXX")
+mkdir -p "$stub/bench/gpu"
+printf '#!/bin/sh\necho "IB_DISABLE=$NCCL_IB_DISABLE IFNAME=$NCCL_SOCKET_IFNAME"\necho "gpu_bench: ok"\n' \
+    >"$stub/bench/gpu/gpu_bench"
+chmod +x "$stub/bench/gpu/gpu_bench"
+mp_case "bench/gpu/run.sh: NCCL off IB, on lo, by default" 0 30 \
+    env -u NCCL_IB_DISABLE -u NCCL_SOCKET_IFNAME bash "$S/bench/gpu/run.sh" "$stub"
+mp_grep "bench/gpu/run.sh: the defaults reach gpu_bench" "IB_DISABLE=1 IFNAME=lo"
+mp_case "bench/gpu/run.sh: the user's NCCL settings win" 0 30 \
+    env NCCL_IB_DISABLE=0 NCCL_SOCKET_IFNAME=eth0 bash "$S/bench/gpu/run.sh" "$stub"
+mp_grep "bench/gpu/run.sh: the user's settings reach gpu_bench" "IB_DISABLE=0 IFNAME=eth0"
+rm -rf "$stub"
 mp_case "fake GPU: worker, NCCL refused at set-up: falls back to host staging" 0 120 \
     env "$fake" FAKE_NCCL_DUPLICATE=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
     --seed 15 --count 4

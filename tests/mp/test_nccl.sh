@@ -6,11 +6,10 @@
 # CUDA_VISIBLE_DEVICES leaves visible; with two or more, one rank per GPU.
 . "$(dirname "$0")/lib.sh"
 N="$B/tests/mp/mp_nccl"
-# NCCL's own reason for a failure lands in the case's log; one host: the
-# bootstrap stays on loopback (a VM's only other interface may lead nowhere).
+# NCCL's own reason for a failure lands in the case's log. One host: lib.sh
+# keeps NCCL on loopback sockets (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1:
+# a VM's only other interface, or an IB card, may lead nowhere).
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
-export NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" # and sockets there, not an IB NIC
 probe=$(timeout -k 5 60 "$N" --count 2>&1); prc=$?
 if [ "$prc" -eq 77 ]; then
     echo "$probe"
