@@ -6,11 +6,17 @@
 # Builds nothing.
 #
 #   bench/gpu/device-check.sh DIR
+#   bench/gpu/device-check.sh --which-nccl [LIBDIR...]
 #
 # DIR: a folder made by bench/gpu/pack.sh (binaries + the libraries they
 # need), or a build directory on the machine it was built on. Libraries: DIR's
-# first, then NCCL found on this machine (NRS_NCCL_LIBDIR, Python's
-# nvidia-nccl wheel, /usr/local/cuda/lib64, the system; else a bounded find).
+# first, then NCCL found on this machine: NRS_NCCL_LIBDIR if set, else the
+# newest libnccl.so.2 (ncclCommShrink needs 2.27) of Python's nvidia-nccl
+# wheel, /usr/local/cuda/lib64 and the system's, else of a bounded find; the
+# version is the one the library's banner names ("NCCL version 2.28.9"),
+# else its real file name's (libnccl.so.2.28.9). It says which it took.
+# --which-nccl: only that choice, among the LIBDIRs given (else the usual
+# places): "NCCL <version> in <dir>"; exit 1 if none.
 # Logs: $OUT/ when set (the device tool brings them back), else DIR/logs/.
 # Exit 0 only when every step passed; a GPU that is not found is a failure
 # here. Last line: "device-check: PASSED" or "device-check: FAILED: <steps>".
@@ -18,13 +24,10 @@
 # NRS_DEVCHECK_BUDGET (540 s), and after a step times out the rest are not
 # run (a wedged GPU would hang each of them in turn).
 set -u
-if [ $# -ne 1 ] || [ "$1" = --help ]; then
+if [ "${1:-}" != --which-nccl ] && { [ $# -ne 1 ] || [ "$1" = --help ]; }; then
     awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; [ "${1:-}" = --help ]; exit
 fi
-D=$(cd "$1" && pwd) || exit 2
 R=$(cd "$(dirname "$0")/../.." && pwd)
-LOG="${OUT:-$D/logs}"
-mkdir -p "$LOG"
 failed="" hung=""
 t_start=$(date +%s)
 budget="${NRS_DEVCHECK_BUDGET:-540}" # seconds for all steps together
@@ -49,16 +52,27 @@ step() { # name limit_s cmd...: run under timeout, log, remember failures
     return "$rc"
 }
 
-# Of the directories given, the one whose libnccl.so.2 is the newest, by
-# the version its real file name carries (libnccl.so.2.X.Y), else the first
-# that has one: an older wheel of PyTorch's may come first and lack
-# ncclCommShrink (2.27).
+# The version of DIR/libnccl.so.2 ("2.28.9"), or "" when unknown: its
+# banner, else its real file's name. A wheel's (nvidia-nccl-cu12) and the
+# CUDA toolkit's are plain files named libnccl.so.2, without a version.
+nccl_version() {
+    local f v
+    f=$(readlink -f "$1/libnccl.so.2") || return 0
+    v=$(LC_ALL=C grep -a -o -m1 'NCCL version [0-9][0-9]*\.[0-9][0-9]*\.[0-9][0-9]*' "$f" 2>/dev/null |
+        head -1 | sed 's/^NCCL version //')
+    [ -n "$v" ] || v=$(basename "$f" | sed -n 's/^libnccl\.so\.\([0-9]*\.[0-9]*\.[0-9]*\)$/\1/p')
+    echo "$v"
+}
+
+# Of the directories given, the one whose libnccl.so.2 is the newest (an
+# older wheel of PyTorch's may come first and lack ncclCommShrink, 2.27);
+# one of unknown version only when none is known. Each candidate on stderr.
 newest_nccl() {
-    local d f v best="" bestv=""
+    local d v best="" bestv=""
     for d in "$@"; do
         [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] || continue
-        f=$(readlink -f "$d/libnccl.so.2")
-        v=$(basename "$f" | sed -n 's/^libnccl\.so\.\([0-9][0-9.]*\)$/\1/p')
+        v=$(nccl_version "$d")
+        echo "device-check: libnccl.so.2 in $d: NCCL ${v:-of unknown version}" >&2
         if [ -z "$best" ] || { [ -n "$v" ] && [ "$v" != "$bestv" ] &&
             [ "$(printf '%s\n%s\n' "${bestv:-0}" "$v" | sort -V | tail -1)" = "$v" ]; }; then
             best=$d bestv=$v
@@ -68,19 +82,34 @@ newest_nccl() {
 }
 
 find_nccl() {
-    local d f py
+    local d py
     py=$(command -v python3 || true)
     [ -n "${NRS_NCCL_LIBDIR:-}" ] && [ -e "$NRS_NCCL_LIBDIR/libnccl.so.2" ] && { echo "$NRS_NCCL_LIBDIR"; return 0; }
     d=$(newest_nccl \
         $([ -n "$py" ] && timeout 30 "$py" -c 'import nvidia.nccl as m, os; print(" ".join(os.path.join(p, "lib") for p in m.__path__))' 2>/dev/null) \
         /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/local/lib)
     [ -n "$d" ] && { echo "$d"; return 0; }
-    for d in $([ -n "$py" ] && timeout 30 "$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /opt /usr; do
-        f=$(timeout 60 find "$d" -name libnccl.so.2 2>/dev/null | head -1)
-        [ -n "$f" ] && { dirname "$f"; return 0; }
-    done
-    return 1
+    # shellcheck disable=SC2046 # one directory a word
+    d=$(newest_nccl $(for d in $([ -n "$py" ] && timeout 30 "$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /opt /usr; do
+        timeout 60 find "$d" -name libnccl.so.2 2>/dev/null | head -20 | xargs -r -n1 dirname
+    done))
+    [ -n "$d" ] && echo "$d"
 }
+
+# The choice, said: "NCCL <version> in <dir>".
+say_nccl() {
+    echo "device-check: took NCCL $(v=$(nccl_version "$1"); echo "${v:-of unknown version}") in $1"
+}
+
+if [ "${1:-}" = --which-nccl ]; then
+    shift
+    if [ $# -gt 0 ]; then nccl_dir=$(newest_nccl "$@"); else nccl_dir=$(find_nccl); fi
+    [ -n "$nccl_dir" ] || { echo "device-check: no libnccl.so.2 found"; exit 1; }
+    say_nccl "$nccl_dir"; exit 0
+fi
+D=$(cd "$1" && pwd) || exit 2
+LOG="${OUT:-$D/logs}"
+mkdir -p "$LOG"
 
 env_report() {
     uname -a; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -99,6 +128,7 @@ env_report() {
 }
 
 nccl_dir=$(find_nccl) || nccl_dir=""
+if [ -n "$nccl_dir" ]; then say_nccl "$nccl_dir"; else echo "device-check: no libnccl.so.2 found"; fi
 export LD_LIBRARY_PATH="$D/lib:$D/.libs${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The driver's libcuda, where the loader would not look by itself.
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then

@@ -154,6 +154,27 @@ mp_case "bench/gpu/run.sh: the user's NCCL settings win" 0 30 \
     env NCCL_IB_DISABLE=0 NCCL_SOCKET_IFNAME=eth0 bash "$S/bench/gpu/run.sh" "$stub"
 mp_grep "bench/gpu/run.sh: the user's settings reach gpu_bench" "IB_DISABLE=0 IFNAME=eth0"
 rm -rf "$stub"
+# bench/gpu/device-check.sh takes the newest libnccl.so.2 (ncclCommShrink:
+# 2.27), by the version its banner names, else its file name's: a wheel's or
+# the CUDA toolkit's is a plain libnccl.so.2 (no version in the name).
+nd=$(mktemp -d "${TMPDIR:-/tmp}/nrs-nccl.XXXXXX")
+mkdir -p "$nd/wheel" "$nd/sys" "$nd/named" "$nd/old9"
+printf 'x\0NCCL version 2.28.9+cuda12.9\0y' >"$nd/wheel/libnccl.so.2"
+printf 'x\0NCCL version 2.21.5+cuda12.4\0y' >"$nd/sys/libnccl.so.2.21.5"
+ln -s libnccl.so.2.21.5 "$nd/sys/libnccl.so.2"
+printf 'no banner' >"$nd/named/libnccl.so.2.27.3" # the file name's version
+ln -s libnccl.so.2.27.3 "$nd/named/libnccl.so.2"
+printf 'x\0NCCL version 2.9.9\0y' >"$nd/old9/libnccl.so.2" # 2.9 < 2.27
+for order in "sys named wheel old9" "old9 wheel sys named" "wheel named"; do
+    # shellcheck disable=SC2046 # one directory a word
+    mp_case "device-check: the newest NCCL of $order" 0 30 bash "$S/bench/gpu/device-check.sh" \
+        --which-nccl $(for d in $order; do echo "$nd/$d"; done)
+    mp_grep "device-check: took the wheel's 2.28.9 ($order)" "took NCCL 2.28.9 in $nd/wheel\$"
+done
+mp_case "device-check: the newest NCCL, by file name without a banner" 0 30 \
+    bash "$S/bench/gpu/device-check.sh" --which-nccl "$nd/sys" "$nd/named" "$nd/old9"
+mp_grep "device-check: took 2.27.3" "took NCCL 2.27.3 in $nd/named\$"
+rm -rf "$nd"
 mp_case "fake GPU: worker, NCCL refused at set-up: falls back to host staging" 0 120 \
     env "$fake" FAKE_NCCL_DUPLICATE=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
     --seed 15 --count 4
