@@ -44,7 +44,9 @@
  * code must not make one there), FAKE_NCCL_IB=1 (the machine has an
  * InfiniBand card that leads nowhere: a communicator set up without
  * NCCL_IB_DISABLE=1 fails, where real NCCL may hang or crawl; one host's
- * tests must turn IB off).
+ * tests must turn IB off), FAKE_LEAKS=1 (a process that exits by itself
+ * with device memory not freed, or a communicator neither destroyed nor
+ * aborted, exits 99 instead, saying what).
  * Devices: each thread has its current device (cudaSetDevice, cudaGetDevice;
  * 0 at first), as CUDA's. Each device has its own legacy stream, which the
  * CUDA calls without a stream use: the current device's. Streams, events and
@@ -620,9 +622,11 @@ static void sock_name(struct sockaddr_un *a, socklen_t *len, const char *token, 
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
+static int nlive; /* communicators made, neither destroyed nor aborted */
 static fcomm_t *mkcomm(const char *token, int rank, int size)
 {
     fcomm_t *c = calloc(1, sizeof *c);
+    nlive++;
     c->rank = rank;
     c->size = size;
     c->polls = POLLS;
@@ -932,6 +936,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         c->pending = NULL;
     }
     closeall(c);
+    nlive--;
     c->aborted = 1;
     c->destroyed = 1;
     fprintf(stderr, "fake: communicator %p aborted\n", (void *)c);
@@ -953,6 +958,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
         abort();
     }
     closeall(c);
+    nlive--;
     c->destroyed = 1;
     return ncclSuccess;
 }
@@ -1092,4 +1098,18 @@ ncclResult_t ncclGroupEnd(void)
         return ncclInProgress;
     }
     return ncclSuccess;
+}
+
+/* FAKE_LEAKS=1: at a normal exit, device memory never freed or a
+ * communicator neither destroyed nor aborted fails the process (exit 99). */
+__attribute__((destructor)) static void leaks(void)
+{
+    if (!getenv("FAKE_LEAKS") || (!nalloc && !nlive))
+        return;
+    size_t bytes = 0;
+    for (int i = 0; i < nalloc; i++)
+        bytes += allocs[i].n;
+    fprintf(stderr, "fake: at exit: %d device allocation(s) (%zu bytes) never freed, %d "
+            "communicator(s) neither destroyed nor aborted\n", nalloc, bytes, nlive);
+    _exit(99);
 }

@@ -17,6 +17,9 @@ export UCX_NET_DEVICES=lo UCX_TLS=sm
 # Sanitizer builds: the preloaded fake comes before ASan's runtime, on purpose.
 export ASAN_OPTIONS="${ASAN_OPTIONS}:verify_asan_link_order=0"
 fake="LD_PRELOAD=$FAKE" # mp_case runs commands, not shell functions: env "$fake" CMD
+# Every process that exits by itself must have freed its device memory and
+# ended (destroyed or aborted) its communicators, error paths included.
+export FAKE_LEAKS=1
 mp_case "fake GPU: nccl 1 rank, world and split" 0 60 env "$fake" "$N"
 mp_grep "fake GPU: nccl 1 rank: split bytes verified" "mp_nccl\[0/1\]: split: 67108867 bytes from rank 0 verified"
 mp_case "fake GPU: nccl 1 rank, a lone receive ends in an abort" 0 60 env "$fake" "$N" --lone-recv
