@@ -50,6 +50,7 @@ typedef enum {
 typedef struct {
     bool admit;
     bool forced;          /* the current plan is infeasible now */
+    bool retune;          /* micro-batches only: no transition, nothing to pay */
     double saving_s;      /* T(current) - T(candidate), per step */
     double horizon_steps; /* H */
     double cost_s;        /* C(current -> candidate) */
@@ -77,7 +78,15 @@ double nrs_admission_horizon(const nrs_admission_t *a, int step);
 #define NRS_POLICY_INFEASIBLE (-1.0)
 void nrs_admission_decide(const nrs_admission_t *a, int step, double cur_step_s,
                           double cand_step_s, double cost_s, nrs_decision_t *d);
-/* Record that a transition was carried out at `step` (hysteresis). */
+/* The same for a candidate that changes micro-batches only (nothing moves, no
+ * communicator is set up: runtime/adapt nrs_adapt_retune): admitted on its
+ * saving alone, at least min_gain of the step, with no cost to weigh and no
+ * hysteresis (there is no transition to flap); forced when the current plan
+ * no longer fits. */
+void nrs_admission_decide_retune(const nrs_admission_t *a, int step, double cur_step_s,
+                                 double cand_step_s, nrs_decision_t *d);
+/* Record that a transition was carried out at `step` (hysteresis); a re-tune
+ * is none. */
 void nrs_admission_note_transition(nrs_admission_t *a, int step);
 
 #ifdef __cplusplus

@@ -222,6 +222,21 @@ int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,
     return rc;
 }
 
+bool nrs_adapt_retune(const nrs_plan_t *from, const nrs_plan_t *to)
+{
+    if (from->total_gpus != to->total_gpus || from->npools != to->npools ||
+        memcmp(from->pools, to->pools, sizeof(from->pools)) ||
+        memcmp(from->has, to->has, sizeof(from->has)) ||
+        memcmp(from->pool_of, to->pool_of, sizeof(from->pool_of)))
+        return false;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        const nrs_layout_t *f = &from->layout[ms], *t = &to->layout[ms];
+        if (from->has[ms] && (f->tp != t->tp || f->pp != t->pp || f->dp != t->dp))
+            return false;
+    }
+    return true;
+}
+
 /* nrs_adapt_transition_makespan from the current plan, remembered for the
  * next identical question when no GPU is lost (a resize's question comes
  * once). */
@@ -307,12 +322,20 @@ static int decide(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_res
                       : current_time(a, ps, now, &f, resources, memory_failed);
     if (cur != NRS_POLICY_INFEASIBLE && nrs_plan_same_layout(&out->cand, &a->plan))
         return 0; /* the best plan is the one we run */
-    int rc = price(a, &out->cand, lost ? rz : NULL, &out->makespan_s, &out->lost_boxes, err,
-                   errlen);
-    if (rc == -1)
-        return -1;
-    out->cost_s = (out->makespan_s + a->setup_s) * f.sync;
-    nrs_admission_decide(&a->adm, step, cur, out->cand.step_s, out->cost_s, &out->decision);
+    /* Micro-batches only: nothing to build or pay (no op in its graph, not
+     * even a communicator: nrs_adapt_retune). GPUs lost are a move whatever
+     * the layouts. */
+    out->retune = !lost && nrs_adapt_retune(&a->plan, &out->cand);
+    if (out->retune) {
+        nrs_admission_decide_retune(&a->adm, step, cur, out->cand.step_s, &out->decision);
+    } else {
+        int rc = price(a, &out->cand, lost ? rz : NULL, &out->makespan_s, &out->lost_boxes, err,
+                       errlen);
+        if (rc == -1)
+            return -1;
+        out->cost_s = (out->makespan_s + a->setup_s) * f.sync;
+        nrs_admission_decide(&a->adm, step, cur, out->cand.step_s, out->cost_s, &out->decision);
+    }
     if (!out->decision.admit) {
         if (strstr(out->decision.why, "hysteresis"))
             a->recheck_step = a->adm.last_transition_step + a->spec->policy.hysteresis;
@@ -321,7 +344,8 @@ static int decide(nrs_adapt_t *a, int step, const nrs_cond_t *now, const nrs_res
     out->changed = true;
     out->cand.epoch = a->plan.epoch + 1 > a->epoch_floor ? a->plan.epoch + 1 : a->epoch_floor;
     a->plan = out->cand;
-    nrs_admission_note_transition(&a->adm, step);
+    if (!out->retune) /* a re-tune is no transition: no hysteresis after it */
+        nrs_admission_note_transition(&a->adm, step);
     return 0;
 }
 

@@ -51,10 +51,13 @@ typedef struct {
 typedef struct {
     nrs_trigger_t trigger; /* NONE: nothing was planned this step */
     bool changed;          /* the candidate was adopted */
+    bool retune;           /* the candidate changes micro-batches only
+                            * (nrs_adapt_retune): no transition, cost 0 */
     nrs_decision_t decision;
     nrs_plan_t cand;
-    double makespan_s;     /* transition graph makespan (uncalibrated) */
-    double cost_s;         /* predicted, calibrated: (makespan + setup) * calib.sync */
+    double makespan_s;     /* transition graph makespan (uncalibrated); 0 for a re-tune */
+    double cost_s;         /* predicted, calibrated: (makespan + setup) * calib.sync;
+                            * 0 for a re-tune */
     int lost_boxes;        /* > 0: some state survives nowhere (checkpoint needed) */
 } nrs_adapt_out_t;
 
@@ -95,6 +98,14 @@ double nrs_adapt_failed_cap(const nrs_spec_t *s, const nrs_work_t *w, const nrs_
 /* s, or with a learned cap (> 0) a copy of s in *tmp whose usable memory per
  * GPU is cap_bytes (its headroom raised): what to plan and check fits with. */
 const nrs_spec_t *nrs_adapt_capped_spec(const nrs_spec_t *s, double cap_bytes, nrs_spec_t *tmp);
+/* Whether `to` differs from `from` in micro-batches only: the same GPUs, pools,
+ * placement and tp/pp/dp of every model-stage. Persistent state and the
+ * engines' communicators are functions of those alone (runtime/emu), so the
+ * transition graph of such a change, without lost GPUs, has no op: nothing
+ * moves and no communicator is set up. The loop prices it at 0 and does not
+ * count it as a transition (hysteresis, calibration of transitions). True for
+ * identical layouts too. */
+bool nrs_adapt_retune(const nrs_plan_t *from, const nrs_plan_t *to);
 /* Graph makespan of from -> to under a resize (uncalibrated); -1 on error,
  * NRS_EMU_ELOST (with *lost_boxes) when state is lost. */
 int nrs_adapt_transition_makespan(const nrs_spec_t *s, const nrs_plan_t *from,

@@ -88,6 +88,8 @@ static void print_summary(FILE *out, const nrs_spec_t *s, nrs_sim_policy_t pol, 
         fprintf(out, "  (modelled)");
     if (m->checkpoints)
         fprintf(out, "  %d checkpoint restores", m->checkpoints);
+    if (m->retunes) /* micro-batches only: free, not transitions */
+        fprintf(out, "  %d re-tune%s", m->retunes, m->retunes == 1 ? "" : "s");
     if (m->infeasible_step >= 0)
         fprintf(out, "  STOPPED at step %d: %s", m->infeasible_step, m->infeasible_why);
     fprintf(out, "\n");

@@ -299,6 +299,7 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
     d.planned = out->decision.why[0] != 0;
     d.admitted = out->changed;
     d.forced = out->decision.forced;
+    d.retune = out->retune;
     d.saving_s = out->decision.saving_s;
     d.horizon_steps = out->decision.horizon_steps;
     d.cost_s = out->cost_s;
@@ -372,6 +373,7 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     if (c->tr_epoch > c->announced)
         c->announced = c->tr_epoch;
     c->tr_forced = out->decision.forced;
+    c->tr_retune = out->retune;
     c->tr_nlost = c->rz_nlost;
     memcpy(c->tr_lost, c->rz_lost, sizeof(int) * (size_t)c->rz_nlost);
     c->tr_t0 = c->now;
@@ -395,8 +397,9 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
         c->tr_parts++;
         c->tr_waiting++;
     }
-    logf_(c, "epoch %u: announcing to %d workers (%s%d GPUs lost), prepare", c->tr_epoch,
-          c->tr_parts, c->tr_forced ? "forced, " : "", c->tr_nlost);
+    logf_(c, "epoch %u: announcing to %d workers (%s%s%d GPUs lost), prepare", c->tr_epoch,
+          c->tr_parts, c->tr_retune ? "micro-batches only, " : "", c->tr_forced ? "forced, " : "",
+          c->tr_nlost);
     if (place_participants(c, saved->plan.total_gpus) != 0) {
         free(plan);
         return abort_transition(c, "out of memory");
@@ -609,10 +612,14 @@ static void finish_commit(nrs_ctl_t *c)
     }
     c->step_n = 0;
     c->step_cur = -1;
-    if (worst > 0)
+    /* A re-tune's empty graph predicts nothing to measure against: its time
+     * (the ranks' votes) is no sample of a transition's set-up and makespan */
+    if (worst > 0 && !c->tr_retune)
         nrs_adapt_measure_transition(&c->a, worst, c->tr_makespan);
-    logf_(c, "epoch %u committed in %.3f s (ranks: %.3f s measured, %.3f s makespan predicted)",
-          p->epoch, c->tr_last_s, worst, c->tr_makespan);
+    c->tr_retunes += c->tr_retune;
+    logf_(c, "epoch %u committed in %.3f s (ranks: %.3f s measured, %.3f s makespan predicted%s)",
+          p->epoch, c->tr_last_s, worst, c->tr_makespan,
+          c->tr_retune ? "; micro-batches only: no transition to calibrate" : "");
     lose_gave_up(c);
     run_queued_deltas(c);
 }

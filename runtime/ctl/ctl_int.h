@@ -22,6 +22,7 @@ typedef struct {
     char source[48];
     nrs_trigger_t trigger;
     bool planned, admitted, forced;
+    bool retune; /* micro-batches only: free, not a transition (nrs_adapt_retune) */
     double saving_s, horizon_steps, cost_s, makespan_s;
     int lost_boxes; /* > 0: state that survives nowhere (checkpoint needed) */
     unsigned from_epoch, to_epoch;
@@ -73,6 +74,9 @@ struct nrs_ctl {
     unsigned tr_epoch;
     unsigned announced; /* the newest epoch ever announced (aborted ones too) */
     bool tr_forced;
+    bool tr_retune; /* micro-batches only: announced and committed like a
+                     * transition (the ranks switch at one step), but its
+                     * graph is empty: its time calibrates nothing */
     int tr_lost[NRS_PROTO_MAX_LOST];
     int tr_nlost;
     int tr_waiting, tr_parts;
@@ -95,6 +99,7 @@ struct nrs_ctl {
     char last_fail[NRS_ERR_MAX]; /* the last 'cannot plan' (logged once) */
     int ndec;
     unsigned long tr_started, tr_committed, tr_aborted;
+    unsigned long tr_retunes; /* of those committed, re-tunes */
     double tr_total_s, tr_last_s;
     unsigned long reports, frames, dropped;
 

@@ -112,10 +112,11 @@ static void status_json(nrs_ctl_t *c, double now, FILE *f)
         fprintf(f, "%s{\"step\":%ld,\"source\":", i ? "," : "", d->step);
         json_str(f, d->source);
         fprintf(f, ",\"trigger\":\"%s\",\"planned\":%s,\"admitted\":%s,\"forced\":%s,"
-                   "\"saving_s\":%.6g,\"horizon_steps\":%.6g,\"cost_s\":%.6g,\"makespan_s\":%.6g,"
-                   "\"lost_boxes\":%d,\"from_epoch\":%u,\"to_epoch\":%u,\"why\":",
+                   "\"retune\":%s,\"saving_s\":%.6g,\"horizon_steps\":%.6g,\"cost_s\":%.6g,"
+                   "\"makespan_s\":%.6g,\"lost_boxes\":%d,\"from_epoch\":%u,\"to_epoch\":%u,\"why\":",
                 nrs_ctl_trigger_names[d->trigger], d->planned ? "true" : "false",
-                d->admitted ? "true" : "false", d->forced ? "true" : "false", d->saving_s,
+                d->admitted ? "true" : "false", d->forced ? "true" : "false",
+                d->retune ? "true" : "false", d->saving_s,
                 d->horizon_steps, d->cost_s, d->makespan_s, d->lost_boxes, d->from_epoch, d->to_epoch);
         json_str(f, d->why);
         fputc('}', f);
@@ -132,8 +133,9 @@ static void status_json(nrs_ctl_t *c, double now, FILE *f)
     fprintf(f, ",\"sync\":{\"error\":%.6g,\"factor\":%.6g,\"samples\":%d}}", cal->sync_err, fac.sync,
             cal->sync_n);
     fprintf(f, ",\"transitions\":{\"started\":%lu,\"committed\":%lu,\"aborted\":%lu,"
-               "\"total_s\":%.6g,\"last_s\":%.6g,\"share_of_uptime\":%.6g}",
-            c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
+               "\"retunes\":%lu,\"total_s\":%.6g,\"last_s\":%.6g,\"share_of_uptime\":%.6g}",
+            c->tr_started, c->tr_committed, c->tr_aborted, c->tr_retunes, c->tr_total_s,
+            c->tr_last_s,
             now > c->t_start ? c->tr_total_s / (now - c->t_start) : 0.0);
     fprintf(f, ",\"counters\":{\"reports\":%lu,\"frames\":%lu,\"dropped\":%lu,\"gathers\":%lu,"
                "\"gathers_short\":%lu,\"stale_reports\":%lu}}\n",
@@ -177,8 +179,8 @@ static void status_text(nrs_ctl_t *c, double now, FILE *f)
         fprintf(f, "  [%s] %s: %s%s, saving %.4f s/step over %.1f steps vs cost %.3f s; epoch %u -> %u: %s\n",
                 d->source, nrs_ctl_trigger_names[d->trigger],
                 !d->planned ? "kept" : d->admitted ? "admitted" : "rejected",
-                d->forced ? " (forced)" : "", d->saving_s, d->horizon_steps, d->cost_s,
-                d->from_epoch, d->to_epoch, d->why);
+                d->forced ? " (forced)" : d->retune ? " (re-tune)" : "", d->saving_s,
+                d->horizon_steps, d->cost_s, d->from_epoch, d->to_epoch, d->why);
     }
     nrs_calibrator_factors(cal, &fac);
     fprintf(f, "\ncalibration error per model-stage:\n");
@@ -188,9 +190,10 @@ static void status_text(nrs_ctl_t *c, double now, FILE *f)
                     100 * nrs_calibrator_error(cal, (nrs_ms_t)ms), fac.stage[ms], cal->n[ms]);
     fprintf(f, "  %-16s %6.1f%%  (factor %.3f, %d samples)\n", "transitions", 100 * cal->sync_err,
             fac.sync, cal->sync_n);
-    fprintf(f, "\ntransitions: %lu started, %lu committed, %lu aborted; %.3f s in transitions "
-               "(last %.3f s, %.4f%% of uptime)\n",
-            c->tr_started, c->tr_committed, c->tr_aborted, c->tr_total_s, c->tr_last_s,
+    fprintf(f, "\ntransitions: %lu started, %lu committed (%lu micro-batch re-tunes), %lu "
+               "aborted; %.3f s in transitions (last %.3f s, %.4f%% of uptime)\n",
+            c->tr_started, c->tr_committed, c->tr_retunes, c->tr_aborted, c->tr_total_s,
+            c->tr_last_s,
             now > c->t_start ? 100 * c->tr_total_s / (now - c->t_start) : 0.0);
     fprintf(f, "counters: %lu reports, %lu frames, %lu peers dropped, %lu gathers (%lu without "
                "every participant), %lu stale reports ignored\n",

@@ -224,7 +224,8 @@ static int step_modelled(run_t *r, const nrs_cond_t *c, double *trans, bool *mov
     return 0;
 }
 
-/* Oracle moves are free; they are counted all the same. */
+/* Oracle moves are free; they are counted all the same (a change of
+ * micro-batches only is no move: counted apart, as a re-tune). */
 static int step_oracle(run_t *r, const nrs_cond_t *c, bool *moved, char *err, size_t errlen)
 {
     nrs_plan_req_t req;
@@ -239,7 +240,7 @@ static int step_oracle(run_t *r, const nrs_cond_t *c, bool *moved, char *err, si
     unsigned epoch = r->have_plan ? r->plan.epoch : 0;
     if (nrs_plan_best(r->s, &req, &r->plan, err, errlen) != 0)
         return 1;
-    *moved = r->have_plan && !nrs_plan_same_layout(&old, &r->plan);
+    *moved = r->have_plan && !nrs_adapt_retune(&old, &r->plan); /* micro-batches: no move */
     r->plan.epoch = *moved || !r->have_plan ? epoch + 1 : epoch;
     r->planned = *c;
     r->have_plan = true;
@@ -268,7 +269,7 @@ static int step_nereus(run_t *r, int step, const nrs_cond_t *c, double *trans, b
         return 1;
     if (out.trigger != NRS_TRIGGER_NONE)
         snprintf(r->why, sizeof(r->why), "%s", out.decision.why);
-    if (out.changed) {
+    if (out.changed && !out.retune) { /* a re-tune: nothing runs, nothing to measure */
         double t = (out.makespan_s + r->adapt.setup_s) * r->t->truth.sync;
         nrs_adapt_measure_transition(&r->adapt, t * exp(r->t->noise * gauss_at(r->t->seed, step, 99)),
                                      out.makespan_s);
@@ -321,7 +322,8 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
     for (int step = 0; step < t->steps; step++) {
         nrs_cond_t c;
         double trans = 0, true_s, pred_s;
-        bool moved = false, forced = false, ckpt = false;
+        bool moved = false, forced = false, ckpt = false, had = r->have_plan;
+        nrs_plan_t prev = r->plan;
         int rc;
         if (apply_events(r, step, err, errlen) != 0)
             return -1;
@@ -345,7 +347,11 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
             err[0] = '\0';
             break;
         }
+        /* every policy's change of micro-batches only, counted apart */
+        bool retune = had && !moved && !nrs_plan_same_layout(&prev, &r->plan) &&
+                      nrs_adapt_retune(&prev, &r->plan);
         sum->steps++;
+        sum->retunes += retune;
         sum->step_sum_s += true_s;
         sum->transition_s += trans;
         sum->transitions += moved;
@@ -354,7 +360,7 @@ static int simulate(run_t *r, nrs_sim_row_fn fn, void *arg, nrs_sim_summary_t *s
         sum->pred_err += isfinite(pred_s) ? fabs(pred_s / true_s - 1) : 0;
         if (fn) {
             nrs_sim_row_t row = {step, c.gpus, c.work.response_len, true_s, pred_s, trans,
-                                 r->plan.epoch, moved, forced, ckpt, &r->plan,
+                                 r->plan.epoch, moved, forced, ckpt, retune, &r->plan,
                                  r->why[0] ? r->why : NULL};
             fn(&row, arg);
         }

@@ -73,12 +73,15 @@ typedef struct {
     double transition_s; /* true time of a transition made before this step */
     unsigned epoch;
     bool transition, forced, checkpoint;
+    bool retune;         /* the plan changed micro-batches only before this step:
+                          * no transition, free (nrs_adapt_retune) */
     const nrs_plan_t *plan;
     const char *why;     /* the admission decision, when one was taken */
 } nrs_sim_row_t;
 
 typedef struct {
     int steps, transitions, forced, checkpoints;
+    int retunes;         /* changes of micro-batches only (not transitions) */
     double total_s, step_sum_s, transition_s;
     double mean_step_s, transition_share;
     double pred_err;     /* mean |predicted / true - 1| over steps */

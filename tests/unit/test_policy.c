@@ -207,6 +207,33 @@ static void test_admission_hysteresis_and_forced(void **st)
     assert_true(d.admit);
 }
 
+/* A change of micro-batches only costs nothing and is no transition: admitted
+ * on its saving, also within the hysteresis of a transition and with a horizon
+ * of one step; still not below min_gain; forced like any other move. */
+static void test_admission_retune(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_admission_t a;
+    nrs_decision_t d;
+    spec_8b(&s, 4);
+    s.policy.horizon = 1;
+    nrs_admission_init(&a, &s);
+    nrs_admission_note_transition(&a, 100);
+    nrs_admission_decide_retune(&a, 101, 10.0, 9.5, &d);
+    assert_true(d.admit && d.retune && !d.forced);
+    assert_true(d.cost_s == 0 && fabs(d.saving_s - 0.5) < 1e-12);
+    assert_non_null(strstr(d.why, "no cost"));
+    nrs_admission_decide(&a, 101, 10.0, 9.5, 0.0, &d); /* the same as a transition */
+    assert_false(d.admit || d.retune);
+    nrs_admission_decide_retune(&a, 101, 10.0, 9.9, &d);
+    assert_false(d.admit);
+    assert_non_null(strstr(d.why, "min_gain"));
+    nrs_admission_decide_retune(&a, 101, NRS_POLICY_INFEASIBLE, 12.0, &d);
+    assert_true(d.admit && d.forced && d.cost_s == 0);
+    assert_non_null(strstr(d.why, "nothing moves"));
+}
+
 static void test_horizon_from_history(void **st)
 {
     (void)st;
@@ -277,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_calibration_stays_finite),
         cmocka_unit_test(test_admission_pays_for_itself),
         cmocka_unit_test(test_admission_hysteresis_and_forced),
+        cmocka_unit_test(test_admission_retune),
         cmocka_unit_test(test_horizon_from_history),
         cmocka_unit_test(test_no_flapping),
     };

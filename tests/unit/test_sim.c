@@ -551,7 +551,8 @@ static void test_adapt_memory_failure_moves(void **st)
 
 typedef struct {
     nrs_plan_t at[8];
-    bool transition[8];
+    bool transition[8], retune[8];
+    unsigned epoch[8];
 } rows_t;
 
 static void keep_rows(const nrs_sim_row_t *row, void *arg)
@@ -560,6 +561,8 @@ static void keep_rows(const nrs_sim_row_t *row, void *arg)
     if (row->step < 8) {
         r->at[row->step] = *row->plan;
         r->transition[row->step] = row->transition;
+        r->retune[row->step] = row->retune;
+        r->epoch[row->step] = row->epoch;
     }
 }
 
@@ -601,6 +604,102 @@ static void test_sim_memory_event(void **st)
     nrs_trace_free(&t);
 }
 
+
+/* Whether plan b differs from a in micro-batches only (and in at least one). */
+static bool only_mb_differs(const nrs_plan_t *a, const nrs_plan_t *b)
+{
+    bool mb = false;
+    if (a->total_gpus != b->total_gpus || a->npools != b->npools ||
+        memcmp(a->pools, b->pools, sizeof(a->pools)) ||
+        memcmp(a->pool_of, b->pool_of, sizeof(a->pool_of)))
+        return false;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+        const nrs_layout_t *x = &a->layout[ms], *y = &b->layout[ms];
+        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp)
+            return false;
+        mb |= x->mb != y->mb;
+    }
+    return mb;
+}
+
+/* A response length the plan cannot hold on 16 GPUs (spec_8b, 2 nodes) whose
+ * best plan keeps every pool and tp/pp/dp and only lowers micro-batches: the
+ * transition graph moves nothing and sets up no communicator, so the move
+ * costs nothing. Before, it was priced at the empty graph's makespan plus 1 s
+ * of communicator set-up, and counted as a transition for the hysteresis: a
+ * move that paid right after it was refused. */
+static void test_adapt_retune_is_free(void **st)
+{
+    (void)st;
+    nrs_spec_t s;
+    nrs_adapt_t a;
+    nrs_cond_t c = {.gpus = 16};
+    nrs_adapt_out_t out;
+    nrs_emu_graph_t *g = NULL;
+    nrs_emu_stats_t gs;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    s.policy.horizon = 100; /* the growth below pays whatever the history */
+    nrs_work_from_spec(&s, &c.work);
+    assert_int_equal(nrs_adapt_init(&a, &s, &c, err, sizeof(err)), 0);
+    nrs_plan_t old = a.plan;
+    c.work.response_len = 1700;
+    assert_int_equal(nrs_adapt_step(&a, 1, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_MEMORY);
+    assert_true(out.changed && out.decision.forced);
+    if (!only_mb_differs(&old, &a.plan))
+        fail_msg("not a micro-batch-only move: %s", out.decision.why);
+    assert_int_equal(a.plan.epoch, 2); /* the ranks take it as a new epoch */
+    /* the graph the ranks build for it: nothing to run */
+    assert_int_equal(nrs_emu_transition(&s, &old, &a.plan, NULL, &g, err, sizeof(err)), 0);
+    nrs_emu_graph_stats(g, &gs);
+    nrs_emu_graph_free(g);
+    assert_true(gs.nops == 0 && gs.ncomms == 0 && gs.makespan_s == 0);
+    if (out.cost_s != 0)
+        fail_msg("a micro-batch re-tune priced as a transition: %s", out.decision.why);
+    /* not a transition: a move that pays right after it is not refused */
+    c.gpus = 32;
+    assert_int_equal(nrs_adapt_step(&a, 2, &c, NULL, false, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.trigger, NRS_TRIGGER_RESOURCES);
+    if (!out.changed)
+        fail_msg("growth after a re-tune: %s", out.decision.why);
+}
+
+/* The same in the simulator: the re-tune at step 3 moves the epoch (as the
+ * runtime does) but is no transition and costs nothing, for nereus and the
+ * oracle alike, as for the fixed baselines. */
+static void test_sim_retune_not_a_transition(void **st)
+{
+    (void)st;
+    static const nrs_sim_policy_t pols[] = {NRS_SIM_NEREUS, NRS_SIM_ORACLE, NRS_SIM_FIXED};
+    nrs_spec_t s;
+    nrs_trace_t t;
+    char err[NRS_ERR_MAX];
+    spec_8b(&s, 2);
+    load_trace(&s, &t, "retune.trace", "nereus-trace 1\nsteps 6\nnoise 0\ntrue sync 1.5\n"
+                                        "response 3 1700\n");
+    for (size_t i = 0; i < sizeof(pols) / sizeof(pols[0]); i++) {
+        const char *name = nrs_sim_policy_name(pols[i]);
+        nrs_sim_summary_t m;
+        rows_t r;
+        memset(&r, 0, sizeof(r));
+        if (nrs_sim_run(&s, &t, pols[i], keep_rows, &r, &m, err, sizeof(err)) != 0)
+            fail_msg("%s: %s", name, err);
+        assert_int_equal(m.infeasible_step, -1);
+        if (!only_mb_differs(&r.at[2], &r.at[3]))
+            fail_msg("%s: step 3 is not a micro-batch re-tune", name);
+        if (m.transitions != 0 || m.transition_s != 0)
+            fail_msg("%s: the re-tune counted as %d transition(s), %.3f s", name, m.transitions,
+                     m.transition_s);
+        assert_false(r.transition[3]);
+        assert_true(r.retune[3]); /* counted apart */
+        assert_int_equal(m.retunes, 1);
+        if (pols[i] == NRS_SIM_NEREUS) /* the runtime announces it as a new epoch */
+            assert_int_equal(r.epoch[3], r.epoch[2] + 1);
+    }
+    nrs_trace_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -619,6 +718,8 @@ int main(void)
         cmocka_unit_test(test_adapt_records_changes),
         cmocka_unit_test(test_adapt_memory_failure_moves),
         cmocka_unit_test(test_sim_memory_event),
+        cmocka_unit_test(test_adapt_retune_is_free),
+        cmocka_unit_test(test_sim_retune_not_a_transition),
     };
     return cmocka_run_group_tests_name("sim", tests, setup, teardown);
 }
