@@ -84,13 +84,44 @@ static int bkey_cmp(const void *x, const void *y) /* what a box is, then id */
     return 0;
 }
 
-/* held_box[j - nold]: some new buffer with j's box (any GPU) is held. */
-static int held_boxes(const nrs_emu_graph_t *g, const unsigned char *all, unsigned char *held_box)
+struct nrs_census_work {
+    bkey_t *k;                        /* [nnew] */
+    unsigned char *held_box, *recv, *srcs; /* [nnew] */
+};
+
+nrs_census_work_t *nrs_census_work_new(const nrs_emu_graph_t *g)
 {
     size_t n = (size_t)g->nnew;
-    bkey_t *k = malloc(sizeof(*k) * (n + 1));
-    if (!k)
-        return -1;
+    nrs_census_work_t *wk = calloc(1, sizeof(*wk));
+    if (!wk)
+        return NULL;
+    wk->k = malloc(sizeof(*wk->k) * (n + 1));
+    wk->held_box = malloc(n + 1);
+    wk->recv = malloc(n + 1);
+    wk->srcs = malloc(n + 1);
+    if (!wk->k || !wk->held_box || !wk->recv || !wk->srcs) {
+        nrs_census_work_free(wk);
+        return NULL;
+    }
+    return wk;
+}
+
+void nrs_census_work_free(nrs_census_work_t *wk)
+{
+    if (!wk)
+        return;
+    free(wk->k);
+    free(wk->held_box);
+    free(wk->recv);
+    free(wk->srcs);
+    free(wk);
+}
+
+/* held_box[j - nold]: some new buffer with j's box (any GPU) is held. */
+static void held_boxes(const nrs_emu_graph_t *g, const unsigned char *all, bkey_t *k,
+                       unsigned char *held_box)
+{
+    size_t n = (size_t)g->nnew;
     for (size_t j = 0; j < n; j++) {
         const nrs_emu_buf_t *b = &g->buf[g->nold + (int32_t)j].b;
         k[j] = (bkey_t){b->role, b->tensor, b->kind, b->box.r0, b->box.r1, b->box.c0, b->box.c1,
@@ -108,24 +139,33 @@ static int held_boxes(const nrs_emu_graph_t *g, const unsigned char *all, unsign
             held_box[k[m].id - g->nold] = (unsigned char)any;
         i = e;
     }
-    free(k);
-    return 0;
 }
 
 int nrs_census_classify(const nrs_emu_graph_t *g, const unsigned char *all,
                         unsigned char *present_out, nrs_census_count_t *out)
 {
+    nrs_census_work_t *wk = nrs_census_work_new(g);
+    memset(out, 0, sizeof(*out));
+    out->first_lost[0] = out->first_lost[1] = out->first_lost[2] = -1;
+    if (!wk)
+        return -1;
+    nrs_census_classify_in(wk, g, all, present_out, out);
+    nrs_census_work_free(wk);
+    return 0;
+}
+
+void nrs_census_classify_in(nrs_census_work_t *wk, const nrs_emu_graph_t *g,
+                            const unsigned char *all, unsigned char *present_out,
+                            nrs_census_count_t *out)
+{
     size_t n = (size_t)g->nnew;
-    unsigned char *held_box = calloc(n + 1, 1), *recv = calloc(n + 1, 1), *srcs = malloc(n + 1);
+    unsigned char *held_box = wk->held_box, *recv = wk->recv, *srcs = wk->srcs;
     int nfirst = 0;
     memset(out, 0, sizeof(*out));
     out->first_lost[0] = out->first_lost[1] = out->first_lost[2] = -1;
-    if (!held_box || !recv || !srcs || held_boxes(g, all, held_box)) {
-        free(held_box);
-        free(recv);
-        free(srcs);
-        return -1;
-    }
+    memset(held_box, 0, n + 1);
+    memset(recv, 0, n + 1);
+    held_boxes(g, all, wk->k, held_box);
     memset(srcs, 1, n + 1);
     for (size_t m = 0; m < g->nmoves; m++) { /* regions each new buffer receives */
         int32_t d = g->moves[m].dst - g->nold;
@@ -155,8 +195,4 @@ int nrs_census_classify(const nrs_emu_graph_t *g, const unsigned char *all,
             out->lost++;
         }
     }
-    free(held_box);
-    free(recv);
-    free(srcs);
-    return 0;
 }

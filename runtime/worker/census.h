@@ -50,4 +50,15 @@ typedef struct {
 int nrs_census_classify(const nrs_emu_graph_t *g, const unsigned char *all,
                         unsigned char *present_out, nrs_census_count_t *out);
 
+/* The classification's memory for g, had before the parts are gathered: a
+ * survivor that could not classify what it gathered would hold a census of
+ * its own. NULL: out of memory. */
+typedef struct nrs_census_work nrs_census_work_t;
+nrs_census_work_t *nrs_census_work_new(const nrs_emu_graph_t *g);
+void nrs_census_work_free(nrs_census_work_t *wk);
+/* nrs_census_classify in wk (from nrs_census_work_new(g)): it cannot fail. */
+void nrs_census_classify_in(nrs_census_work_t *wk, const nrs_emu_graph_t *g,
+                            const unsigned char *all, unsigned char *present_out,
+                            nrs_census_count_t *out);
+
 #endif

@@ -28,6 +28,14 @@ typedef struct {
     nrs_xregion_t dreg; /* what is received, hashed when it is in (opts.verify) */
 } flight_t;
 
+/* A rank's vote (the gather's bytes): its value, and the sums of what it sent
+ * and received since the last vote (opts.verify). */
+typedef struct {
+    int64_t val;
+    uint64_t sent, recv;
+    int64_t hashed; /* 1: this rank hashes (opts.verify) */
+} vote_t;
+
 typedef struct {
     const nrs_emu_graph_t *g;
     const nrs_xport_t *x;
@@ -47,6 +55,14 @@ typedef struct {
     int corrupt;                 /* the sums differed after the point of no return */
     int past_ponr;               /* running the ops from the PONR on */
     unsigned char *late;         /* [nbuf] written by a transfer past the PONR (verify) */
+    /* The answers of the run's votes and of its settle, had with the run's
+     * memory: past its first vote no collective of the run allocates, so
+     * none can be left out for want of memory (a rank that left one out
+     * paired its next collective with the others' vote, PMIx fences match
+     * by who takes part). NULL: the run could not have them; its first
+     * vote is then cast without reading the answer (vote). */
+    void *vall;             /* [nranks + 1] vote_t, or int32_t for settle */
+    unsigned char *vgot;    /* [nranks + 1] */
 } dt_t;
 
 static void fail(dt_t *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -70,6 +86,12 @@ void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks)
     o->kill_after = -1;
     o->kill_census = -1;
     o->corrupt_recv = -1;
+}
+
+/* The test hook: this rank's memory at point `at` cannot be had. */
+static bool nomem(const nrs_dtrans_opts_t *o, const char *at)
+{
+    return o->nomem && !strcmp(o->nomem, at);
 }
 
 int nrs_dtrans_buf_rank(const nrs_emu_graph_t *g, const nrs_dtrans_opts_t *o, int32_t id)
@@ -414,6 +436,9 @@ static int run_range(dt_t *D, int64_t from, int64_t to)
 
 /* ---- votes --------------------------------------------------------------------------- */
 
+/* all NULL (got too): this rank only contributes, it cannot read the answer
+ * (no memory for it), so that the collective pairs up on every rank all the
+ * same (opts.gather's contract). */
 static int gather(dt_t *D, uint64_t epoch, const char *name, const void *mine, size_t len,
                   void *all, unsigned char *got, char *err, size_t errlen)
 {
@@ -421,6 +446,9 @@ static int gather(dt_t *D, uint64_t epoch, const char *name, const void *mine, s
     if (o->gather)
         return o->gather(o->gather_arg, epoch, name, mine, len, o->out_ranks, o->nout, all, got,
                          o->timeout_s, err, errlen);
+    if (!all)
+        return nrs_rdv_gather_post(D->r, epoch, name, mine, len, o->out_ranks, o->nout,
+                                   o->timeout_s, err, errlen);
     return nrs_rdv_gather(D->r, epoch, name, mine, len, o->out_ranks, o->nout, all, got,
                           o->timeout_s, err, errlen);
 }
@@ -436,31 +464,31 @@ static int peer_dead(const dt_t *D, int i)
  * when every rank's value came and equals want (want NULL: any value != 0
  * is a no) and the sums agree; -1 with res->msg naming the first rank
  * missing or saying no, or the mismatch (D->corrupt is set when the sums
- * differ: the same on every rank, they all see the same sums). */
-typedef struct {
-    int64_t val;
-    uint64_t sent, recv;
-    int64_t hashed; /* 1: this rank hashes (opts.verify) */
-} vote_t;
-
+ * differ: the same on every rank, they all see the same sums). Without the
+ * run's vote memory (D->vall) this rank still votes, a no, and does not
+ * read the answer: every rank aborts there alike. */
 static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const int64_t *want)
 {
     char name[48], err[384];
-    int n = D->o->nranks, rc = -1;
-    vote_t *all = calloc((size_t)n + 1, sizeof(vote_t)),
-           v = {val, D->sum_sent, D->sum_recv, D->o->verify};
+    int n = D->o->nranks;
+    vote_t *all = D->vall, v = {val, D->sum_sent, D->sum_recv, D->o->verify};
     int hashed = D->o->verify;
-    unsigned char *got = calloc((size_t)n + 1, 1);
+    unsigned char *got = D->vgot;
     uint64_t sent = v.sent, recv = v.recv;
     D->sum_sent = D->sum_recv = 0;
     snprintf(name, sizeof name, "dt%u.%s", D->o->attempt, what);
-    if (!all || !got) {
-        snprintf(D->res->msg, sizeof D->res->msg, "%s vote: out of memory", what);
-        goto out;
+    if (!all) {
+        v.val = want ? (int64_t)((uint64_t)*want ^ 1) : 1;
+        if (gather(D, epoch, name, &v, sizeof v, NULL, NULL, err, sizeof err))
+            snprintf(D->res->msg, sizeof D->res->msg, "%s vote: out of memory; %s", what, err);
+        else
+            snprintf(D->res->msg, sizeof D->res->msg, "%s vote: out of memory: this rank voted "
+                     "no", what);
+        return -1;
     }
     if (gather(D, epoch, name, &v, sizeof v, all, got, err, sizeof err)) {
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: %s", what, err);
-        goto out;
+        return -1;
     }
     for (int i = 0; i < n; i++) {
         if (i == D->o->me || is_out(D, i))
@@ -475,60 +503,55 @@ static int vote(dt_t *D, uint64_t epoch, const char *what, int64_t val, const in
                 D->res->failed_rank = i;
             snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d did not vote (dead)",
                      what, i);
-            goto out;
+            return -1;
         }
         if (want ? all[i].val != *want : all[i].val != 0) {
             snprintf(D->res->msg, sizeof D->res->msg, "%s vote: rank %d says no (%lld)", what, i,
                      (long long)all[i].val);
-            goto out;
+            return -1;
         }
         sent += all[i].sent;
         recv += all[i].recv;
         hashed &= all[i].hashed == 1; /* the sums mean something only if every rank hashed */
     }
     if (want && val != *want)
-        goto out;
+        return -1;
     if (hashed && sent != recv) {
         D->corrupt = 1;
         snprintf(D->res->msg, sizeof D->res->msg, "%s vote: checksum mismatch: the bytes "
                  "received differ from the bytes sent (runtime.verify)", what);
-        goto out;
+        return -1;
     }
-    rc = 0;
-out:
-    free(all);
-    free(got);
-    return rc;
+    return 0;
 }
 
 /* The decisions at_ponr brought (0 commit, 1 undecided, else abort), shared:
  * an undecided rank takes the commit when some rank got it. A rank that got
  * the commit goes on whatever the gather says (the decider decided); one
- * that got an abort aborts. Its decision, why[] saying how it was reached. */
-static int settle(dt_t *D, uint64_t epoch, int mine, char *why, size_t whylen)
+ * that got an abort aborts. Its decision, why[] saying how it was reached.
+ * all[nranks + 1] and got[nranks + 1]: the answer's memory, had before the
+ * point of no return (an undecided rank that could not read the others
+ * would abort while they commit). */
+static int settle(dt_t *D, uint64_t epoch, int mine, int32_t *all, unsigned char *got, char *why,
+                  size_t whylen)
 {
     char name[48], err[384] = "";
     int n = D->o->nranks, from = -1;
-    int32_t v = mine == 0 ? 0 : mine == 1 ? 1 : 2, *all = calloc((size_t)n + 1, sizeof(*all));
-    unsigned char *got = calloc((size_t)n + 1, 1);
+    int32_t v = mine == 0 ? 0 : mine == 1 ? 1 : 2;
     snprintf(name, sizeof name, "dt%u.settle", D->o->attempt);
-    if (all && got && !gather(D, epoch, name, &v, sizeof v, all, got, err, sizeof err)) {
+    if (!gather(D, epoch, name, &v, sizeof v, all, got, err, sizeof err)) {
         for (int i = 0; i < n && from < 0; i++)
             if (i != D->o->me && got[i] && !is_out(D, i) && all[i] == 0)
                 from = i;
     } else if (mine == 1) {
         size_t l = strlen(why);
-        snprintf(why + l, whylen - l, "; no word from the others either: %.200s",
-                 all && got ? err : "out of memory");
+        snprintf(why + l, whylen - l, "; no word from the others either: %.200s", err);
     }
-    bool mem = all && got;
-    free(all);
-    free(got);
     if (mine != 1)
         return mine;
     if (from < 0) {
         size_t l = strlen(why);
-        if (mem && !err[0])
+        if (!err[0])
             snprintf(why + l, whylen - l, "; no other rank got the commit");
         return 1;
     }
@@ -537,10 +560,11 @@ static int settle(dt_t *D, uint64_t epoch, int mine, char *why, size_t whylen)
 }
 
 int nrs_dtrans_settle(const nrs_dtrans_opts_t *o, nrs_rdv_t *r, uint64_t epoch, int mine,
-                      char *why, size_t whylen)
+                      void *buf, char *why, size_t whylen)
 {
     dt_t D = {.o = o, .r = r};
-    return settle(&D, epoch, mine, why, whylen);
+    int32_t *all = buf;
+    return settle(&D, epoch, mine, all, (unsigned char *)(all + o->nranks + 1), why, whylen);
 }
 
 /* ---- past the point of no return: who holds what ---------------------------------- */
@@ -570,9 +594,45 @@ static int census_gather(dt_t *D, uint64_t epoch, const char *name, const void *
                                err, errlen);
 }
 
+/* Whether every survivor can take the census (it had the memory for it): the
+ * first rank that cannot, -1 when all can. Every survivor says so first in a
+ * gather of its own, with the run's vote memory (had since the run began):
+ * a rank that left the census out paired its next collective with the
+ * others' census, and one that could not classify what it gathered held a
+ * census of its own. What the gather brought decides, as in a vote. */
+static int census_ready(dt_t *D, uint64_t epoch, bool ok)
+{
+    char name[48], err[384];
+    vote_t v = {ok ? 0 : 1, 0, 0, 0}, *all = D->vall;
+    snprintf(name, sizeof name, "dt%u.cready", D->o->attempt);
+    if (gather(D, epoch, name, &v, sizeof v, all, D->vgot, err, sizeof err))
+        return ok ? -1 : D->o->me; /* no answer: this rank's own word */
+    for (int i = 0; i < D->o->nranks; i++)
+        if (i == D->o->me ? !ok : D->vgot[i] && !is_out(D, i) && all[i].val)
+            return i;
+    return -1;
+}
+
+/* No census (rank who could not take it): every new buffer counts as lost,
+ * on every rank alike (what that rank holds is known nowhere else). */
+static void no_census(dt_t *D, int who)
+{
+    const nrs_emu_graph_t *g = D->g;
+    nrs_dtrans_result_t *res = D->res;
+    if (D->o->present_out)
+        memset(D->o->present_out, 0, (size_t)g->nnew);
+    res->present = res->rebuildable = 0;
+    res->lost = g->nnew;
+    size_t l = strlen(res->msg);
+    snprintf(res->msg + l, sizeof res->msg - l, "; past the point of no return: no census, "
+             "rank %d could not take it (out of memory): all %lld new buffer(s) count as lost: "
+             "checkpoint needed", who, (long long)res->lost);
+}
+
 /* Every survivor contributes a bit per buffer it owns (1 = held here,
  * complete) in the gather, and each computes the same census of the new
- * state (census.h). */
+ * state (census.h). All the memory first: a survivor without it says so
+ * (census_ready) and no rank takes the census. */
 static void census(dt_t *D, uint64_t epoch)
 {
     const nrs_emu_graph_t *g = D->g;
@@ -580,20 +640,26 @@ static void census(dt_t *D, uint64_t epoch)
     int n = D->o->nranks, me = D->o->me;
     nrs_census_t c;
     nrs_census_count_t cnt;
+    nrs_census_work_t *wk = NULL;
     unsigned char *held = NULL, *mine = NULL, *all = NULL, *every = NULL, *got = NULL;
     char name[48], err[384], lostmsg[256] = "";
-    size_t len;
+    size_t len = 1;
 
-    if (nrs_census_init(&c, g, n, census_owner, D))
-        return;
-    len = c.len ? c.len : 1; /* a gather carries at least a byte */
-    held = calloc(g->nbuf + 1, 1);
-    all = calloc(g->nbuf + 1, 1);
-    mine = calloc(len, 1);
-    every = calloc((size_t)n * len + 1, 1);
-    got = calloc((size_t)n + 1, 1);
-    if (!held || !all || !mine || !every || !got)
+    memset(&c, 0, sizeof c);
+    if (!nomem(D->o, "census") && !nrs_census_init(&c, g, n, census_owner, D)) {
+        len = c.len ? c.len : 1; /* a gather carries at least a byte */
+        held = calloc(g->nbuf + 1, 1);
+        all = calloc(g->nbuf + 1, 1);
+        mine = calloc(len, 1);
+        every = calloc((size_t)n * len + 1, 1);
+        got = calloc((size_t)n + 1, 1);
+        wk = nrs_census_work_new(g);
+    }
+    int who = census_ready(D, epoch, held && all && mine && every && got && wk);
+    if (who >= 0) {
+        no_census(D, who);
         goto out;
+    }
     for (size_t i = 0; i < g->nbuf; i++) /* corrupt: what a transfer wrote since is suspect */
         held[i] = D->live[i] && D->writes[i] == 0 && D->got[i] >= D->need[i] &&
                   !(D->corrupt && D->late && D->late[i]);
@@ -611,8 +677,7 @@ static void census(dt_t *D, uint64_t epoch)
     for (int i = 0; i < n; i++)
         if (got[i] && (i == me || !is_out(D, i)))
             nrs_census_unpack(&c, i, every + (size_t)i * len, all);
-    if (nrs_census_classify(g, all, D->o->present_out, &cnt))
-        goto out;
+    nrs_census_classify_in(wk, g, all, D->o->present_out, &cnt);
     res->present = cnt.present;
     res->rebuildable = cnt.rebuildable;
     res->lost = cnt.lost;
@@ -632,6 +697,7 @@ static void census(dt_t *D, uint64_t epoch)
                        : ": a recover transition from the surviving state can rebuild it");
 out:
     nrs_census_free(&c);
+    nrs_census_work_free(wk);
     free(held);
     free(mine);
     free(all);
@@ -721,12 +787,18 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
     D.got = calloc(g->nbuf + 1, sizeof(int32_t));
     D.fl = calloc((size_t)D.window, sizeof(*D.fl));
     D.late = o->verify ? calloc(g->nbuf + 1, 1) : NULL;
+    D.vall = nomem(o, "vote") ? NULL : calloc((size_t)o->nranks + 1, sizeof(vote_t));
+    D.vgot = D.vall ? calloc((size_t)o->nranks + 1, 1) : NULL;
+    if (!D.vgot) { /* both or neither: vote() reads no answer without them */
+        free(D.vall);
+        D.vall = NULL;
+    }
     if (g->nops >> DT_TAG_OP_BITS) { /* the same graph everywhere: alike on every rank */
         snprintf(res->msg, sizeof res->msg, "graph too large");
         res->outcome = NRS_DT_ERROR;
         goto out;
     }
-    if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl ||
+    if (!D.mem || !D.live || !D.reads || !D.writes || !D.need || !D.got || !D.fl || !D.vall ||
         o->fail_local) {
         vote_no(&D, epoch, o->fail_local ? "this rank failed before the run" : "out of memory");
         res->outcome = o->fail_local ? NRS_DT_ABORTED : NRS_DT_ERROR;
@@ -787,7 +859,7 @@ int nrs_dtrans_run(const nrs_emu_graph_t *g, uint64_t epoch, const nrs_xport_t *
         char why[400] = "";
         int d = o->at_ponr(o->ponr_arg, why, sizeof why);
         if (o->settle && !o->gather)
-            d = settle(&D, epoch, d, why, sizeof why);
+            d = settle(&D, epoch, d, D.vall, D.vgot, why, sizeof why);
         if (d) {
             snprintf(res->msg, sizeof res->msg, "at the point of no return: %s", why);
             res->outcome = NRS_DT_ABORTED;
@@ -838,5 +910,7 @@ out:
     free(D.got);
     free(D.fl);
     free(D.late);
+    free(D.vall);
+    free(D.vgot);
     return res->outcome;
 }

@@ -83,7 +83,9 @@ typedef struct {
      * died mid-way. Only for gathers that do not need the decider (gather
      * NULL: the PMIx rendezvous). */
     bool settle;
-    /* The collective of the votes and the census (nrs_rdv_gather's contract):
+    /* The collective of the votes and the census (nrs_rdv_gather's contract,
+     * and: all and got NULL, this rank only contributes, without waiting for
+     * the answer; a rank without the memory for the answer still takes part):
      * NULL uses the PMIx rendezvous r; the worker passes the controller's
      * GATHER when it has a control channel. */
     int (*gather)(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
@@ -108,6 +110,11 @@ typedef struct {
      * pair up; old_mem and new_mem may then be NULL. The same happens when
      * the run's own memory cannot be had (NRS_DT_ERROR on this rank). */
     bool fail_local;
+    /* Test hook: this rank's memory at a named point cannot be had: "vote"
+     * (the answers of the run's votes and settle, had as the run begins; the
+     * rank then votes no without reading the answer), "census" (the census's,
+     * had before its gather); NULL: none. */
+    const char *nomem;
 } nrs_dtrans_opts_t;
 
 typedef struct {
@@ -128,9 +135,13 @@ void nrs_dtrans_opts_init(nrs_dtrans_opts_t *o, int me, int nranks);
 /* opts.settle for a point of no return of the caller's own (a restore from a
  * checkpoint): every participant (o->out_ranks out) says what at_ponr gave it
  * (mine: 0 commit, 1 undecided, else abort) in the gather "dt<o->attempt>.settle"
- * over r; the decision, 0 or not, why[] saying how an undecided one was reached. */
+ * over r; the decision, 0 or not, why[] saying how an undecided one was reached.
+ * buf: NRS_DTRANS_SETTLE_BYTES(o->nranks) bytes for the answer, had before the
+ * caller's own vote (a rank without them votes no there): an undecided rank
+ * that could not read the others would abort while they commit. */
+#define NRS_DTRANS_SETTLE_BYTES(nranks) (((size_t)(nranks) + 1) * (sizeof(int32_t) + 1))
 int nrs_dtrans_settle(const nrs_dtrans_opts_t *o, nrs_rdv_t *r, uint64_t epoch, int mine,
-                      char *why, size_t whylen);
+                      void *buf, char *why, size_t whylen);
 
 /* Run this rank's part of transition g to epoch `epoch`.
  * old_mem[g->nold]: this rank's old buffers (ptr NULL where not held here),

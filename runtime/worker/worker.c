@@ -234,6 +234,11 @@ static int ctl_hello(nrs_worker_t *w, int fd, const char *token)
     else if (gethostname(m.host, sizeof m.host))
         m.host[0] = '\0';
     m.host[sizeof m.host - 1] = '\0';
+    if (nrs_wk_ctl_buffers(w)) {
+        snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: out of memory");
+        close(fd);
+        return -1;
+    }
     if (nrs_client_send(fd, buf, nrs_enc_hello(buf, sizeof buf, &m), err, sizeof err)) {
         snprintf(w->ctl_err, sizeof w->ctl_err, "control channel: HELLO: %s", err);
         close(fd);
@@ -585,6 +590,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->dead);
     free(w->waiting);
     free(w->cbuf);
+    free(w->gsend);
     free(w->pend);
     free(w->ckpt_dir);
     free(w->world_pend);

@@ -376,6 +376,20 @@ int nrs_worker_control_poll(nrs_worker_t *w, double timeout_s)
 
 /* ---- collectives through the controller (GATHER / GATHERED) ------------------------ */
 
+struct nrs_wk_gsend {
+    nrs_msg_gather_t m;
+    uint8_t frame[NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD];
+};
+
+int nrs_wk_ctl_buffers(nrs_worker_t *w)
+{
+    if (!w->cbuf)
+        w->cbuf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    if (!w->gsend)
+        w->gsend = malloc(sizeof(*w->gsend));
+    return w->cbuf && w->gsend ? 0 : -1;
+}
+
 /* nrs_rdv_gather's contract over the control channel: the controller waits for
  * every participant or its channel's end, and gives all the same answer. */
 int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
@@ -383,24 +397,22 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
                       char *err, size_t errlen)
 {
     nrs_worker_t *w = arg;
-    nrs_msg_gather_t *m = calloc(1, sizeof(*m));
-    uint8_t *buf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
     char why[256];
     int rc = -1, saved = w->defer;
-    memset(got, 0, (size_t)w->n);
-    if (!m || !buf) {
-        snprintf(err, errlen, "gather %s: out of memory", name);
-        goto out;
-    }
-    if (w->ctl_fd < 0) {
-        snprintf(err, errlen, "gather %s: %s", name, w->ctl_err[0] ? w->ctl_err : "no control channel");
-        goto out;
+    if (got)
+        memset(got, 0, (size_t)w->n);
+    if (w->ctl_fd < 0 || nrs_wk_ctl_buffers(w)) {
+        snprintf(err, errlen, "gather %s: %s", name, w->ctl_fd >= 0 ? "out of memory"
+                 : w->ctl_err[0] ? w->ctl_err : "no control channel");
+        return -1;
     }
     if (len > NRS_GATHER_DATA_MAX || nout > NRS_GATHER_MAX_OUT) {
         snprintf(err, errlen, "gather %s: %zu bytes, %d ranks out: too large for the control "
                  "channel", name, len, nout);
-        goto out;
+        return -1;
     }
+    nrs_msg_gather_t *m = &w->gsend->m;
+    uint8_t *buf = w->gsend->frame;
     m->key = key;
     snprintf(m->name, sizeof m->name, "%s", name);
     m->timeout_ms = (uint32_t)(timeout_s > 0 ? timeout_s * 1000 : 30000);
@@ -409,14 +421,16 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
     memcpy(m->out, out, sizeof(int32_t) * (size_t)nout);
     m->len = (uint32_t)len;
     m->data = mine;
-    int n = nrs_enc_gather(buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, m);
+    int n = nrs_enc_gather(buf, sizeof w->gsend->frame, m);
     if (n < 0 || nrs_client_send(w->ctl_fd, buf, n, why, sizeof why)) {
         if (n >= 0)
             ctl_send_failed(w, why);
         snprintf(err, errlen, "gather %s: %s", name,
                  n < 0 ? "does not encode" : w->retired ? w->ctl_err : why);
-        goto out;
+        return -1;
     }
+    if (!all) /* its answer, when it comes, is one to a gather given up on */
+        return 0;
     /* the controller answers within timeout_s of the first contribution */
     double end = nrs_now_s() + 2 * (timeout_s > 0 ? timeout_s : 30) + 5;
     w->defer = 1; /* a PREPARE that comes meanwhile is kept for the step's agreement */
@@ -472,8 +486,6 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
     rc = 0;
 out:
     w->defer = saved;
-    free(m);
-    free(buf);
     return rc;
 }
 
@@ -486,6 +498,9 @@ int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const vo
     if (w->coll_ctl)
         return nrs_wk_ctl_gather(w, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
                                  errlen);
+    if (!all)
+        return nrs_rdv_gather_post(w->r, key, name, mine, len, out, nout, w->timeout_s, err,
+                                   errlen);
     return nrs_rdv_gather(w->r, key, name, mine, len, out, nout, all, got, w->timeout_s, err,
                           errlen);
 }
@@ -496,8 +511,16 @@ int32_t nrs_wk_coll_i32(nrs_worker_t *w, uint64_t key, const char *name, int32_t
     int32_t *all = calloc((size_t)w->n + 1, sizeof(*all));
     unsigned char *got = calloc((size_t)w->n + 1, 1);
     char err[384];
-    bool ok = all && got &&
-              !nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
+    if (!all || !got) { /* it still takes part, without the answer: a no for ALL */
+        free(all);
+        free(got);
+        if (op == NRS_WK_ALL)
+            mine = 0;
+        nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, NULL, NULL, err,
+                           sizeof err);
+        return op == NRS_WK_ALL ? 0 : -1;
+    }
+    bool ok = !nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
                                   sizeof err);
     int32_t res = op == NRS_WK_ALL ? ok : -1;
     for (int r = 0; ok && r < w->n; r++) {

@@ -53,6 +53,10 @@ struct nrs_worker {
                  * then the ranks holding nothing, in order */
     int my_gpu; /* this rank's GPU in the current plan, -1: none */
     uint8_t *cbuf;          /* a frame from the controller */
+    /* a GATHER to the controller: had with the channel, so that no gather
+     * needs memory of its own (a rank that could not send its part left the
+     * others waiting for it; nrs_wk_ctl_gather) */
+    struct nrs_wk_gsend *gsend;
     nrs_msg_plan_t *pend;   /* PLAN(TRANSITION) waiting for its PREPARE */
     int have_pend, retired, ponr_acked;
     unsigned ctl_epoch;     /* epoch of the transition being run for the controller */
@@ -166,17 +170,25 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen);
 int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch);
 /* Handles one frame from the controller (PLAN, PREPARE, WORLD, ERROR). */
 int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h);
-/* nrs_rdv_gather over the control channel (arg: the handle). */
+/* The channel's buffers (the frame read, the GATHER sent), had before HELLO:
+ * 0, or -1 out of memory. */
+int nrs_wk_ctl_buffers(nrs_worker_t *w);
+/* nrs_rdv_gather over the control channel (arg: the handle). all and got
+ * NULL: only contribute, without waiting for the answer (a rank without the
+ * memory for it still takes part); it needs no memory of its own. */
 int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *mine, size_t len,
                       const int *out, int nout, void *all, unsigned char *got, double timeout_s,
                       char *err, size_t errlen);
-/* The step boundaries' gather: the controller's or PMIx's. */
+/* The step boundaries' gather: the controller's or PMIx's (all and got NULL:
+ * only contribute, as nrs_wk_ctl_gather). */
 int nrs_wk_coll_gather(nrs_worker_t *w, uint64_t key, const char *name, const void *mine,
                        size_t len, const int *out, int nout, void *all, unsigned char *got,
                        char *err, size_t errlen);
 /* One int32 per participant through nrs_wk_coll_gather, reduced alike on
  * every rank: NRS_WK_MAX the largest that came (-1: none, or the gather
- * failed), NRS_WK_ALL 1 when every participant's came and is nonzero, else 0. */
+ * failed), NRS_WK_ALL 1 when every participant's came and is nonzero, else 0.
+ * Without the memory for the answer a rank still contributes (0 for ALL:
+ * every rank gets 0; its own value for MAX: -1 here). */
 enum { NRS_WK_MAX, NRS_WK_ALL };
 int32_t nrs_wk_coll_i32(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine,
                         const int *out, int nout, int op);

@@ -48,6 +48,27 @@ static int trans_fail_hook(nrs_worker_t *w)
                          w->attempt);
 }
 
+/* NRS_WORKER_NOMEM=RANK:POINT:N: in rank RANK's transition attempt N (the
+ * counter the ranks share, from 0) the memory at POINT cannot be had: "vote"
+ * and "census" (nrs_dtrans_opts_t.nomem), "settle" (a restore's settle,
+ * below). The tests' check that such a rank still takes part in every
+ * collective of the run. The point, or NULL. */
+static const char *nomem_hook(const nrs_worker_t *w)
+{
+    static const char *const points[] = {"vote", "census", "settle"};
+    const char *k = getenv("NRS_WORKER_NOMEM");
+    char *end;
+    if (!k || strtol(k, &end, 10) != w->me || *end != ':')
+        return NULL;
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+        size_t l = strlen(points[i]);
+        if (!strncmp(end + 1, points[i], l) && end[1 + l] == ':' &&
+            strtoll(end + 2 + l, NULL, 10) == (long long)w->attempt)
+            return points[i];
+    }
+    return NULL;
+}
+
 static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, const int *out,
                    int nout, int job_step);
 
@@ -228,6 +249,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     if (kc && *kc)
         o.kill_census = atoi(kc);
     o.verify = !nccl && nrs_wk_verify_on(w); /* GPU memory over NCCL: not hashed */
+    o.nomem = nomem_hook(w);
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
     o.nout = nout;
@@ -388,7 +410,8 @@ int nrs_worker_set_checkpoint_dir(nrs_worker_t *w, const char *dir)
 }
 
 /* Every rank votes ok (0) or not under (key, name) among all ranks but out;
- * 0 when every participant's vote came and is 0. */
+ * 0 when every participant's vote came and is 0. A rank without the memory
+ * for the answer still votes, a no. */
 static int vote_all(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine, const int *out,
                     int nout, char *why, size_t whylen)
 {
@@ -396,8 +419,11 @@ static int vote_all(nrs_worker_t *w, uint64_t key, const char *name, int32_t min
     unsigned char *got = calloc((size_t)w->n + 1, 1), *skip = calloc((size_t)w->n + 1, 1);
     char err[384];
     int rc = -1;
-    if (!all || !got || !skip) {
-        snprintf(why, whylen, "out of memory");
+    if (!all || !got || !skip) { /* it still votes, a no, without the answer */
+        mine = 1;
+        nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, NULL, NULL, err,
+                           sizeof err);
+        snprintf(why, whylen, "out of memory: this rank voted no");
         goto out;
     }
     if (nrs_wk_coll_gather(w, key, name, &mine, sizeof mine, out, nout, all, got, err,
@@ -526,19 +552,29 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
         nbytes += b->bytes;
     }
     nrs_ckpt_close(ck);
+    /* the settle's memory before the vote: a rank without it votes no */
+    const char *hook = nomem_hook(w);
+    bool settles = !w->coll_ctl;
+    void *sb = settles && !(hook && !strcmp(hook, "settle"))
+                   ? malloc(NRS_DTRANS_SETTLE_BYTES(w->n)) : NULL;
+    if (settles && !sb && !ok) {
+        snprintf(err, sizeof err, "out of memory for the settle");
+        ok = 1;
+    }
     unsigned attempt = w->attempt++;
     snprintf(name, sizeof name, "rs%u", attempt);
     int d = vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ? -1
                                                                            : nrs_wk_ctl_ponr(w, why,
                                                                                              sizeof why);
-    if (d != -1 && !w->coll_ctl) { /* as a transition's (dtrans settle): never a split */
+    if (d != -1 && settles) { /* as a transition's (dtrans settle): never a split */
         nrs_dtrans_opts_t o;
         nrs_wk_dtrans_opts(w, &o);
         o.out_ranks = out;
         o.nout = nout;
         o.attempt = attempt;
-        d = nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), next->epoch, d, why, sizeof why);
+        d = nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), next->epoch, d, sb, why, sizeof why);
     }
+    free(sb);
     if (d) { /* the buffers read go at out */
         rc = nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: state lost on every replica; "
                            "restore from %s%s: %s; aborted before the point of no return: old "

@@ -2,7 +2,8 @@
  * under tests/mp/pmix_srv.
  *
  *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
- *             [--transports MASK] [--fail RANK] [--caller-device D]
+ *             [--transports MASK] [--fail RANK [--nomem]] [--nomem-census RANK]
+ *             [--caller-device D]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -28,6 +29,11 @@
  * old state intact; each prints
  *   mp_worker[i]: transition 1 failed on rank R alone (...): aborted everywhere, old state intact
  * and the same transition is tried again: it and the rest of the chain commit.
+ * With --nomem R has no memory for its votes instead (NRS_WORKER_NOMEM=R:vote:0):
+ * it comes back NRS_ERR_NOMEM, having voted no all the same.
+ * --nomem-census R2 (with --kill-ponr): R2 has no memory for the census of
+ * the first transition (NRS_WORKER_NOMEM=R2:census:0): every survivor must
+ * print the same census, without it (every new buffer lost).
  *
  * Before the chain every rank calls each public function with a NULL
  * handle (each must return its failure value and name itself in
@@ -418,9 +424,16 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 1;
     int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, fail = -1, rc = 1;
+    int nomem = 0, nomem_census = -1;
     unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
-    for (int i = 1; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--seed"))
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--nomem"))
+            nomem = 1;
+        else if (i + 1 == argc)
+            break;
+        else if (!strcmp(argv[i], "--nomem-census"))
+            nomem_census = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed"))
             seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--count"))
             count = atoi(argv[++i]);
@@ -485,8 +498,13 @@ int main(int argc, char **argv)
     double t_kill0 = 0;
     if (fail >= 0) { /* rank fail's first transition (attempt 0) */
         char v[32];
-        snprintf(v, sizeof v, "%d:0", fail);
-        setenv("NRS_WORKER_TRANS_FAIL", v, 1);
+        snprintf(v, sizeof v, nomem ? "%d:vote:0" : "%d:0", fail);
+        setenv(nomem ? "NRS_WORKER_NOMEM" : "NRS_WORKER_TRANS_FAIL", v, 1);
+    }
+    if (nomem_census >= 0) {
+        char v[32];
+        snprintf(v, sizeof v, "%d:census:0", nomem_census);
+        setenv("NRS_WORKER_NOMEM", v, 1);
     }
     for (int t = 1; t <= count; t++) {
         if (!retry) /* a retry: the same plan again */
@@ -532,7 +550,8 @@ int main(int argc, char **argv)
             char no[64];
             snprintf(no, sizeof no, "rank %d says no", fail);
             const char *msg = nrs_worker_last_error(w);
-            bool ok = me == fail ? e == NRS_ERR_XPORT && strstr(msg, "this rank voted no")
+            bool ok = me == fail ? e == (nomem ? NRS_ERR_NOMEM : NRS_ERR_XPORT) &&
+                                       strstr(msg, "this rank voted no")
                                  : e == NRS_ERR_ABORTED && strstr(msg, no);
             if (!ok) {
                 fprintf(stderr, "mp_worker[%d]: transition 1, rank %d failing: %s: %s\n", me, fail,

@@ -12,7 +12,8 @@
 # and the pattern. Then runtime.verify on the weight syncs of nereus-worker:
 # a byte flipped on the wire fails every sync (none commits), and without
 # verify the same flip is committed; a sync or a transition that fails on one
-# rank alone is aborted by all, and the later ones commit. No hang: hard time-outs on everything.
+# rank alone (also for want of memory for its votes or the census) is aborted
+# by all, and the later ones commit. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -65,6 +66,17 @@ for tls in sm tcp; do
     [ "$a" -eq 4 ] && [ "$c" -eq 4 ] && { echo "[       OK ] worker $tls: 4 of 4 ranks aborted with rank 1's no, then committed the chain"; mp_pass=$((mp_pass + 1)); } \
         || { echo "[  FAILED  ] worker $tls: $a of 4 ranks aborted with rank 1's no, $c of 4 committed the chain"; mp_fail=$((mp_fail + 1)); }
 done
+# The same when the rank has no memory for the run's votes
+# (NRS_WORKER_NOMEM=1:vote:0 via --nomem): it still votes, a no, without
+# reading the answer. It used to return before its gather ("hash vote: out of
+# memory"): the others waited 16 s and saw it "did not vote (dead)".
+mp_case "worker sm 4 ranks: rank 1 has no memory for its votes, the retry commits" 0 60 \
+    env UCX_TLS=sm "$SRV" -q -n 4 -t 50 -- "$W" --seed 7 --count 3 --fail 1 --nomem
+a=$(grep -c "transition 1 failed on rank 1 alone .*: aborted everywhere, old state intact" "$mp_out")
+c=$(grep -c "3 transition(s) committed, every shard verified" "$mp_out")
+[ "$a" -eq 4 ] && [ "$c" -eq 4 ] && ! grep -q "did not vote" "$mp_out" &&
+    { echo "[       OK ] worker: 4 of 4 ranks aborted with the no of rank 1 (no memory), then committed the chain"; mp_pass=$((mp_pass + 1)); } ||
+    { echo "[  FAILED  ] worker: $a of 4 ranks aborted with the no of rank 1 (no memory), $c of 4 committed the chain"; mp_fail=$((mp_fail + 1)); }
 # runtime.transports: a job of several ranks needs ucx; one rank runs without it
 mp_case "worker 2 ranks, runtime.transports [local]: init refused" 1 60 env UCX_TLS=sm \
     "$SRV" -q -n 2 -t 50 -- "$W" --seed 5 --count 1 --transports 1
@@ -103,6 +115,20 @@ if [ -n "$want" ] && [ "$(echo "$want" | wc -l)" -eq 1 ] && [ "$got" -eq 2 ]; th
 else
     echo "[  FAILED  ] worker census: $got of 2 survivors reported '$want' once rank 1 died"; mp_fail=$((mp_fail + 1))
     grep "census:" "$mp_out" | sed 's/^/    | /'
+fi
+# A survivor without memory for the census (NRS_WORKER_NOMEM=1:census:0):
+# it says so in the census's first gather, and no survivor takes the census:
+# all count every new buffer as lost, alike. It used to leave the census's
+# gather out: the others waited for it 16 s and counted without its part
+# (60 present, 12 lost), it counted nothing (0, 0, 0).
+mp_case "worker sm 4 ranks, seed 5: rank 2 SIGKILLed past the PONR, rank 1 without memory for the census" \
+    137 60 env UCX_TLS=sm "$SRV" -n 4 -t 50 -- "$W" --seed 5 --count 2 --kill-ponr 2 --nomem-census 1
+got=$(grep -cE "mp_worker\[[013]\]: partial: .*no census, rank 1 could not take it \(out of memory\): all 72 new buffer\(s\) count as lost" "$mp_out")
+same=$(grep -oE "census: .* present, .* rebuildable, .* lost" "$mp_out" | sort | uniq -c | sed 's/^ *//')
+if [ "$got" -eq 3 ] && [ "$same" = "3 census: 0 present, 0 rebuildable, 72 lost" ]; then
+    echo "[       OK ] worker census: 3 of 3 survivors took none, all 72 new buffers lost"; mp_pass=$((mp_pass + 1))
+else
+    echo "[  FAILED  ] worker census without memory: $got of 3 survivors took none; censuses: $same"; mp_fail=$((mp_fail + 1))
 fi
 
 # runtime.verify on the weight syncs (nereus-worker, the GRPO example on 4
