@@ -411,7 +411,7 @@ static int init_spec(nrs_worker_t **out, const nrs_spec_t *spec)
                 !(w->leaving = calloc((size_t)w->n + 1, 1)) ||
                 !(w->gone = calloc((size_t)w->n + 1, 1)) ||
                 !(w->dead = calloc((size_t)w->n + 1, 1)) ||
-                !(w->waiting = calloc((size_t)w->n + 1, 1))))
+                !(w->waiting = calloc((size_t)w->n + 1, 1)) || nrs_wk_agree_mem(w, w->n)))
         rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     nrs_wk_perm_identity(w);
     if (!rc)
@@ -589,6 +589,7 @@ int nrs_worker_finalize(nrs_worker_t *w)
     free(w->gone);
     free(w->dead);
     free(w->waiting);
+    free(w->agree_mem);
     free(w->cbuf);
     free(w->gsend);
     free(w->pend);

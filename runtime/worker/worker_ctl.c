@@ -115,7 +115,7 @@ int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h)
     return 1;
 }
 
-static void ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status, double seconds)
+void nrs_wk_ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status, double seconds)
 {
     nrs_msg_ack_t a = {epoch, phase, status, seconds > 0 ? seconds : 0};
     uint8_t buf[64];
@@ -153,7 +153,7 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
         snprintf(why, whylen, "the controller aborted epoch %u", w->ctl_epoch);
         return -1;
     }
-    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
+    nrs_wk_ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
     w->ponr_acked = 1;
     while (w->ctl_fd >= 0 && nrs_now_s() < end) {
         int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
@@ -185,11 +185,24 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
              w->ctl_fd < 0 ? w->ctl_err : "timed out");
     if (w->ctl_fd < 0) /* undecided: the others may have got it (dtrans settle) */
         return 1;
-    ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
+    nrs_wk_ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, NRS_ACK_GAVE_UP, 0);
     return -1;
 }
 
 static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m);
+
+/* NRS_WORKER_DROP=RANK:prepare:EPOCH or RANK:world:GEN: rank RANK never reads
+ * the PREPARE of EPOCH or the WORLD of GEN (as if it never came), while the
+ * others do: the tests' check that the step agreement has every rank leave
+ * it alike. */
+static bool drop_hook(const nrs_worker_t *w, const char *what, unsigned n)
+{
+    const char *k = getenv("NRS_WORKER_DROP");
+    char *end;
+    size_t l = strlen(what);
+    return k && strtol(k, &end, 10) == w->me && *end == ':' && !strncmp(end + 1, what, l) &&
+           end[1 + l] == ':' && strtoul(end + 2 + l, NULL, 10) == n;
+}
 
 /* PREPARE(epoch): the transition the pending PLAN announced. */
 int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch)
@@ -197,7 +210,7 @@ int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch)
     nrs_msg_plan_t *m = w->pend;
     if (!w->have_pend || m->plan.epoch != epoch || !w->have_plan || !w->allocated ||
         m->prev_epoch != w->plan.epoch) {
-        ctl_ack(w, epoch, NRS_MSG_PREPARE, 3, 0);
+        nrs_wk_ctl_ack(w, epoch, NRS_MSG_PREPARE, 3, 0);
         w->have_pend = 0;
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "PREPARE of epoch %u: no matching PLAN from epoch %d",
                              epoch, nrs_worker_epoch(w));
@@ -213,7 +226,7 @@ static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
 {
     int *map = calloc((size_t)m->plan.total_gpus + 1, sizeof(int));
     if (!map) {
-        ctl_ack(w, epoch, NRS_MSG_PREPARE, 2, 0);
+        nrs_wk_ctl_ack(w, epoch, NRS_MSG_PREPARE, 2, 0);
         return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
     }
     nrs_resize_t rz = {m->lost, m->nlost};
@@ -229,18 +242,18 @@ static int prepare_run(nrs_worker_t *w, unsigned epoch, const nrs_msg_plan_t *m)
     free(map);
     double dt = nrs_now_s() - t0;
     if (rc == NRS_OK) {
-        ctl_ack(w, epoch, NRS_MSG_COMMIT, 0, dt);
+        nrs_wk_ctl_ack(w, epoch, NRS_MSG_COMMIT, 0, dt);
         return 1;
     }
     if (rc == NRS_ERR_PARTIAL) {
-        ctl_ack(w, epoch, NRS_MSG_COMMIT, 1, dt);
+        nrs_wk_ctl_ack(w, epoch, NRS_MSG_COMMIT, 1, dt);
         return rc;
     }
     /* failed before the vote passed: the controller aborts (not when it did
      * already: an ACK of that epoch would count for its retry, which reuses
      * the number) */
     if (!w->ponr_acked && !w->run_aborted)
-        ctl_ack(w, epoch, NRS_MSG_PREPARE, rc == NRS_ERR_ABORTED ? 1 : 2, 0);
+        nrs_wk_ctl_ack(w, epoch, NRS_MSG_PREPARE, rc == NRS_ERR_ABORTED ? 1 : 2, 0);
     if (w->retired)
         return NRS_ERR_RETIRED;
     return rc == NRS_ERR_ABORTED ? rc : NRS_ERR_ABORTED;
@@ -280,6 +293,8 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
         nrs_msg_epoch_t m;
         if (nrs_dec_epoch(h->type, p, h->length, &m, why, sizeof why))
             return nrs_wk_seterr(w, NRS_ERR_PLAN, "PREPARE: %s", why);
+        if (drop_hook(w, "prepare", m.epoch))
+            return NRS_OK;
         if (w->defer) { /* nrs_worker_control_step runs it once every rank has agreed */
             w->prep_epoch = m.epoch;
             return NRS_OK;
@@ -295,7 +310,8 @@ int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h)
             ctl_close(w, "malformed WORLD");
             return nrs_wk_seterr(w, NRS_ERR_PLAN, "WORLD from the controller: %s", why);
         }
-        if (m->gen <= w->world_gen || m->rank != w->me) {
+        if (m->gen <= w->world_gen || m->gen <= w->world_dropped || m->rank != w->me ||
+            drop_hook(w, "world", m->gen)) {
             free(m);
             return NRS_OK;
         }
@@ -566,7 +582,7 @@ static int grow_arrays(nrs_worker_t *w, int size)
             memset(q + w->n, 0, (size_t)(size - w->n) + 1);
         *a[k] = q;
     }
-    return perm ? 0 : -1;
+    return perm && !nrs_wk_agree_mem(w, size) ? 0 : -1;
 }
 
 /* Every rank of the world (the first step's and the joiners) gives its

@@ -90,6 +90,10 @@ struct nrs_worker {
     nrs_msg_world_t *world_pend; /* a WORLD read, kept for the step agreement */
     int join_step;          /* joiner: the job's step when it joined; -1 */
     unsigned agreed_world;  /* the newest world generation a rank of the plan has */
+    unsigned world_dropped; /* the newest generation the ranks agreed without its WORLD
+                             * on every rank (none switched): its WORLD is stale */
+    void *agree_mem;        /* the step agreement's memory, had with the world (n ranks):
+                             * no agreement needs memory of its own (nrs_wk_agree_mem) */
     int last_step;          /* the last step reported */
     int job_step;           /* the job's step at the last commit (ranks holding GPUs); -1 */
     long restored_step;     /* the last transition restored this step's checkpoint; -1 */
@@ -168,6 +172,9 @@ int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h);
 int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen);
 /* Runs the transition the pending PLAN announced, on its PREPARE(epoch). */
 int nrs_wk_ctl_prepare(nrs_worker_t *w, unsigned epoch);
+/* ACK(epoch, phase, status, seconds) to the controller (a failed send closes
+ * the channel). */
+void nrs_wk_ctl_ack(nrs_worker_t *w, unsigned epoch, unsigned phase, int status, double seconds);
 /* Handles one frame from the controller (PLAN, PREPARE, WORLD, ERROR). */
 int nrs_wk_ctl_frame(nrs_worker_t *w, const nrs_hdr_t *h);
 /* The channel's buffers (the frame read, the GATHER sent), had before HELLO:
@@ -205,6 +212,9 @@ int nrs_wk_plan_outsiders(const nrs_worker_t *w, const int *part, int np, bool s
                           unsigned char *in, int *out);
 /* 1 if a rank of the plan is retired or dead. */
 int nrs_wk_someone_leaving(const nrs_worker_t *w);
+/* The step agreement's memory for a world of n ranks (w->agree_mem): 0, or -1
+ * out of memory. */
+int nrs_wk_agree_mem(nrs_worker_t *w, int n);
 
 /* worker_nccl.c (GPU state over NCCL; without HAVE_NCCL these say no) */
 /* The participants' choice for graph g (every rank not in out[nout] calls

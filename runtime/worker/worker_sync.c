@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "emu/graph.h"
 #include "emu/pattern.h"
@@ -80,35 +81,81 @@ static int sync_fail_hook(nrs_worker_t *w)
     return nrs_wk_seterr(w, NRS_ERR_XPORT, "test hook: weight sync %lld fails on this rank", n);
 }
 
-static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
+/* The step agreement's memory (w->agree_mem) for a world of n ranks. */
+typedef struct {
+    int *part, *out;       /* [n + 1] */
+    uint32_t *all;         /* [4 (n + 1)] */
+    unsigned char *in, *got; /* [n + 1] */
+} agree_mem_t;
+
+static size_t agree_bytes(int n)
 {
-    char name[48], err[384];
-    int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
-    unsigned char *in = calloc((size_t)w->n + 1, 1), *got = calloc((size_t)w->n + 1, 1);
-    uint32_t *all = calloc(4 * (size_t)w->n + 4, sizeof(uint32_t));
-    unsigned best = mine, aborted = w->aborted_epoch;
-    int nout = 0;
-    if (!part || !out || !in || !got || !all)
-        goto done;
-    int np = nrs_wk_plan_ranks(w, part);
-    nout = nrs_wk_plan_outsiders(w, part, np, true, in, out);
+    return ((size_t)n + 1) * (2 * sizeof(int) + 4 * sizeof(uint32_t) + 2);
+}
+
+int nrs_wk_agree_mem(nrs_worker_t *w, int n)
+{
+    void *p = realloc(w->agree_mem, agree_bytes(n));
+    if (!p)
+        return -1;
+    w->agree_mem = p;
+    return 0;
+}
+
+static agree_mem_t agree_mem(const nrs_worker_t *w)
+{
+    agree_mem_t a;
+    size_t n1 = (size_t)w->n + 1;
+    a.part = w->agree_mem;
+    a.out = a.part + n1;
+    a.all = (uint32_t *)(a.out + n1);
+    a.in = (unsigned char *)(a.all + 4 * n1);
+    a.got = a.in + n1;
+    memset(a.in, 0, n1);
+    return a;
+}
+
+/* One gather of the step agreement among the plan's ranks (those found gone
+ * left out): v[nv] from each into a.all, in a.got; a participant whose value
+ * never came is gone (and dead) from now on, the same on every rank: the
+ * gather collected it or not. The participants in a.part, how many (-1: the
+ * gather failed, err says why). No memory of its own (w->agree_mem): a rank
+ * that left the agreement out paired its next collective with the others'
+ * agreement (PMIx fences match by who takes part). */
+static int agree_gather(nrs_worker_t *w, const uint32_t *v, int nv, agree_mem_t *a, char *err,
+                        size_t errlen)
+{
+    char name[48];
+    int np = nrs_wk_plan_ranks(w, a->part);
+    int nout = nrs_wk_plan_outsiders(w, a->part, np, true, a->in, a->out);
     uint64_t key = (2ULL << 32) | w->plan.epoch;
     snprintf(name, sizeof name, "ag%u", w->agree_n++);
+    if (nrs_wk_coll_gather(w, key, name, v, sizeof(uint32_t) * (size_t)nv, a->out, nout, a->all,
+                           a->got, err, errlen))
+        return -1;
+    for (int i = 0; i < np; i++) {
+        int r = a->part[i];
+        if (r != w->me && !w->gone[r] && !a->got[r])
+            w->gone[r] = w->dead[r] = 1;
+    }
+    return np;
+}
+
+static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
+{
+    char err[384];
+    unsigned best = mine, aborted = w->aborted_epoch;
     uint32_t v[4] = {mine, w->world_pend ? w->world_pend->gen : w->world_gen, w->aborted_epoch,
                      w->attempt};
     unsigned attempt = w->attempt;
+    agree_mem_t a = agree_mem(w);
     w->agreed_world = v[1];
-    if (nrs_wk_coll_gather(w, key, name, v, sizeof v, out, nout, all, got, err, sizeof err))
-        goto done;
+    int np = agree_gather(w, v, 4, &a, err, sizeof err);
     for (int i = 0; i < np; i++) {
-        int r = part[i];
+        int r = a.part[i];
         if (r == w->me || w->gone[r])
             continue;
-        if (!got[r]) {
-            w->gone[r] = w->dead[r] = 1; /* the same on every rank: the gather collected it or not */
-            continue;
-        }
-        const uint32_t *o = all + 4 * (size_t)r;
+        const uint32_t *o = a.all + 4 * (size_t)r;
         if (o[1] > w->agreed_world)
             w->agreed_world = o[1];
         aborted = o[2] > aborted ? o[2] : aborted;
@@ -123,13 +170,96 @@ static unsigned agree_prepare(nrs_worker_t *w, unsigned mine)
     w->attempt = attempt;
     if (!(best & AGREE_LEAVING) && best <= aborted)
         best = 0;
-done:
-    free(part);
-    free(out);
-    free(in);
-    free(got);
-    free(all);
     return best & AGREE_LEAVING ? 0 : best;
+}
+
+/* What the agreement named (a WORLD, a PREPARE) and this rank lacks when it
+ * should take it: every rank of the plan says whether it has it, in one more
+ * gather, and all take it only if all have it. A rank that went on without
+ * it (an error for it, the others in the world switch's or the transition's
+ * collectives) paired its next collective with theirs: over PMIx the
+ * fences matched wrongly, through the controller the others waited for it
+ * to their time-out, took it for dead, and its gathers no longer matched
+ * theirs. The first rank that lacks it (this one when the gather failed and
+ * it lacks it), or -1. */
+static int agree_have(nrs_worker_t *w, bool lacking)
+{
+    char err[384];
+    uint32_t v = lacking;
+    agree_mem_t a = agree_mem(w);
+    int np = agree_gather(w, &v, 1, &a, err, sizeof err), who = -1;
+    if (np < 0)
+        return lacking ? w->me : -1; /* this rank's own word */
+    for (int i = 0; i < np; i++) {
+        int r = a.part[i];
+        if ((r == w->me ? lacking : !w->gone[r] && a.all[r]) && (who < 0 || r < who))
+            who = r;
+    }
+    return who;
+}
+
+/* A PREPARE(e) some rank lacks: no rank runs it; those that hold it tell the
+ * controller they could not prepare (it aborts now, not at its time-out, and
+ * retries under a new epoch). */
+static int prepare_lacked(nrs_worker_t *w, unsigned e, int who)
+{
+    bool mine = w->prep_epoch == e;
+    w->prep_epoch = 0;
+    if (mine)
+        nrs_wk_ctl_ack(w, e, NRS_MSG_PREPARE, 1, 0);
+    if (who == w->me)
+        return nrs_wk_seterr(w, NRS_ERR_ABORTED, "epoch %u: the others have its PREPARE, this "
+                             "rank has not (control: %s): no rank runs it, old epoch intact", e,
+                             nrs_worker_control(w));
+    return nrs_wk_seterr(w, NRS_ERR_ABORTED, "epoch %u: rank %d has not its PREPARE: no rank "
+                         "runs it, old epoch intact", e, who);
+}
+
+/* Reads the channel until done(w, arg) or the end (keeping a PREPARE). */
+static void wait_for(nrs_worker_t *w, double end, bool (*done)(const nrs_worker_t *, unsigned),
+                     unsigned arg)
+{
+    nrs_hdr_t h;
+    int rc;
+    while (!done(w, arg) && w->ctl_fd >= 0 && nrs_now_s() < end) {
+        int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
+        if (k < 0)
+            break;
+        if (k > 0 && (rc = nrs_wk_ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
+            break;
+    }
+}
+
+static bool has_world(const nrs_worker_t *w, unsigned gen)
+{
+    return w->world_pend && w->world_pend->gen >= gen;
+}
+
+static bool has_prepare(const nrs_worker_t *w, unsigned e)
+{
+    return w->prep_epoch == e;
+}
+
+/* The world the agreement named: every rank switches, or none (a rank
+ * lacks its WORLD: its generation is dropped on every rank). */
+static int switch_world(nrs_worker_t *w, double end)
+{
+    unsigned gen = w->agreed_world;
+    wait_for(w, end, has_world, gen);
+    nrs_msg_world_t *m = w->world_pend;
+    int who = agree_have(w, !(m && m->gen == gen));
+    w->world_pend = NULL;
+    int rc = who < 0 ? nrs_wk_world_switch(w, m) : NRS_OK;
+    free(m);
+    if (who < 0)
+        return rc;
+    w->world_dropped = gen; /* its WORLD, if it comes, is stale */
+    if (who == w->me)
+        return nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: this rank has no WORLD from the "
+                             "controller (control: %s): no rank switches, the world stays as it "
+                             "was", gen, nrs_worker_control(w));
+    return nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: rank %d has no WORLD from the controller: no "
+                         "rank switches, the world stays as it was", gen, who);
 }
 
 int nrs_worker_control_step(nrs_worker_t *w)
@@ -162,46 +292,25 @@ int nrs_worker_control_step(nrs_worker_t *w)
         return rc;
     }
     unsigned e = agree_prepare(w, w->prep_epoch);
-    /* someone has it: it reaches this rank too (the controller sends it to all) */
+    /* someone has it: it reaches this rank too (the controller sends it to
+     * all), unless this rank's channel failed; all take it or none */
     double end = nrs_now_s() + w->timeout_s;
-    if (w->agreed_world > w->world_gen) { /* the world grew: everyone switches here */
-        while ((!w->world_pend || w->world_pend->gen < w->agreed_world) && w->ctl_fd >= 0 &&
-               nrs_now_s() < end) {
-            int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
-            if (k < 0)
-                break;
-            if (k > 0 && (rc = nrs_wk_ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
-                break;
-        }
-        nrs_msg_world_t *m = w->world_pend;
-        w->world_pend = NULL;
-        rc = m && m->gen == w->agreed_world
-                 ? nrs_wk_world_switch(w, m)
-                 : nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: no WORLD from the controller",
-                                 w->agreed_world);
-        free(m);
-        if (rc) {
-            w->defer = 0;
-            return rc;
-        }
+    if (w->agreed_world > w->world_gen && (rc = switch_world(w, end))) {
+        w->defer = 0;
+        return rc;
     }
-    while (e && w->prep_epoch != e && w->ctl_fd >= 0 && nrs_now_s() < end) {
-        int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
-        if (k < 0)
-            break;
-        if (k > 0 && (rc = nrs_wk_ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
-            break;
+    int who = -1;
+    if (e) {
+        wait_for(w, end, has_prepare, e);
+        who = agree_have(w, w->prep_epoch != e || w->retired);
     }
     w->defer = 0;
     if (w->retired)
         return NRS_ERR_RETIRED;
     if (!e)
         return NRS_OK;
-    if (w->prep_epoch != e) {
-        w->prep_epoch = 0;
-        return nrs_wk_seterr(w, NRS_ERR_ABORTED, "epoch %u: the others have its PREPARE, this rank "
-                             "has not (control: %s)", e, nrs_worker_control(w));
-    }
+    if (who >= 0)
+        return prepare_lacked(w, e, who);
     w->prep_epoch = 0;
     return nrs_wk_ctl_prepare(w, e);
 }

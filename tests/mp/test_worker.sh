@@ -198,4 +198,68 @@ set -- $(sync_line 1)
 [ $# -eq 5 ] && [ "$3" -eq 0 ] && [ "$4" -ge 1 ] && [ "$5" -eq 0 ] &&
     mp_ok "weight sync, verify off: rank 1 committed the flipped byte, hashed nothing" ||
     mp_ko "weight sync, verify off: rank 1 committed the flipped byte, hashed nothing" "${*:-no summary}"
+
+# The step agreement names a PREPARE some rank never gets (NRS_WORKER_DROP=3:prepare:2:
+# rank 3 ignores the PREPARE of epoch 2; nereus-controller, 8 nereus-worker
+# ranks, tests/mp/e2e.yaml, the workload-driven epoch 2 of test_e2e's first
+# case). After the wait for it (NRS_WORKER_TIMEOUT, 5 s here) every rank says
+# whether it has it: none runs it, those that have it tell the controller,
+# and its retry (epoch 3) commits. Rank 3 used to leave alone ("the others
+# have its PREPARE, this rank has not") while the others ran it: they waited
+# for it in the transition's gathers, it for them in its next agreement, each
+# side took the other for dead and the controller dropped ranks whose
+# gathers had completed without them (exit 4).
+. "$(dirname "$0")/ctl_lib.sh"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/nrs-wk.XXXXXX")
+cpid=""
+spid=""
+trap 'for p in "$spid" "$cpid"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null; done; rm -rf "$tmp" "$mp_out"' EXIT
+start_ctl "$tmp/s" "$tmp/c.log"
+mp_case "step agreement: rank 3 never gets the PREPARE of epoch 2: no rank runs it, epoch 3 commits" 0 60 \
+    env NEREUS_SOCKET_DIR="$tmp/s" NRS_WORKER_TIMEOUT=5 NRS_WORKER_DROP=3:prepare:2 \
+    "$SRV" -q -n 8 -t 50 -- "$WK" --spec "$SPEC" --steps 24 --step-ms 30 --gpus-per-host 4 \
+    --response-len 32 --max-response-len 256
+a=$(grep -cE '^rank [0-24-7]: step [0-9]+: transition aborted, staying on epoch 1: epoch 2: rank 3 has not its PREPARE: no rank runs it' "$mp_out")
+b=$(grep -cE '^rank 3: step [0-9]+: transition aborted, staying on epoch 1: epoch 2: the others have its PREPARE, this rank has not .*no rank runs it' "$mp_out")
+c=$(grep -cE '^rank [0-7]: epoch 3, 1 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$mp_out")
+[ "$a" -eq 7 ] && [ "$b" -eq 1 ] && [ "$c" -eq 8 ] && ! grep -q 'did not vote\|retired or dead' "$mp_out" &&
+    mp_ok "step agreement, a PREPARE one rank lacks: 8 of 8 left it alike, 8 of 8 committed its retry" ||
+    mp_ko "step agreement, a PREPARE one rank lacks: 8 of 8 left it alike, 8 of 8 committed its retry" \
+        "$a of 7 named rank 3, $b of 1 said it lacked it, $c of 8 verified epoch 3"
+grep -q 'epoch 3 committed in' "$tmp/c.log" && mp_ok "step agreement: the controller committed the retry" ||
+    mp_ko "step agreement: the controller committed the retry" "$(grep -E 'epoch [23]' "$tmp/c.log" | tail -n 3)"
+stop_ctl "step agreement"
+
+# The same for a WORLD (an expansion: 4 ranks, delta --add 1, a join step of
+# 4; NRS_WORKER_DROP=1:world:1, rank 1 never gets the WORLD of generation 1):
+# no rank of the first step switches, each says why and runs on in its world;
+# the joiners, left alone in theirs, give up. Rank 1 used to stay alone in
+# the old world while the others switched: its next agreement's GATHER, of
+# another size than theirs, got it dropped (exit 1).
+if command -v jq >/dev/null; then
+    start_ctl "$tmp/w" "$tmp/cw.log" --gpus 4
+    env NEREUS_SOCKET_DIR="$tmp/w" NRS_WORKER_TIMEOUT=5 NRS_WORKER_DROP=1:world:1 \
+        "$SRV" -q -n 4 -t 50 --exits -- "$WK" --spec "$SPEC" --steps 40 --step-ms 30 \
+        --gpus-per-host 4 --response-len 32 --max-response-len 256 >"$tmp/w.log" 2>&1 &
+    spid=$!
+    wait_for 20 jq_ok "$tmp/w" '.nworkers == 4'
+    timeout 10 "$NRS" delta --add 1 --socket-dir "$tmp/w" >/dev/null 2>&1
+    mp_case "step agreement: rank 1 never gets the WORLD of an expansion: no rank switches" 1 50 \
+        env NEREUS_SOCKET_DIR="$tmp/w" NEREUS_HOSTNAME=node1 NRS_WORKER_TIMEOUT=5 \
+        "$SRV" -q -n 4 -t 45 --exits -- "$WK" --join --spec "$SPEC" --steps 40 --step-ms 30 \
+        --response-len 32 --max-response-len 256
+    wait "$spid"
+    src=$?
+    a=$(grep -cE '^rank [0237]: step [0-9]+: .*world 1: rank 1 has no WORLD from the controller: no rank switches' "$tmp/w.log")
+    b=$(grep -cE '^rank 1: step [0-9]+: .*world 1: this rank has no WORLD from the controller .*no rank switches' "$tmp/w.log")
+    c=$(grep -cE '^rank [0-3]: epoch 1, 0 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w.log")
+    [ "$src" -eq 0 ] && [ "$a" -eq 3 ] && [ "$b" -eq 1 ] && [ "$c" -eq 4 ] &&
+        ! grep -q 'disagree' "$tmp/cw.log" &&
+        mp_ok "step agreement, a WORLD one rank lacks: 4 of 4 stayed alike, ended 0, every shard verified" ||
+        mp_ko "step agreement, a WORLD one rank lacks: 4 of 4 stayed alike, ended 0, every shard verified" \
+            "exit $src; $a of 3 named rank 1, $b of 1 said it lacked it, $c of 4 verified; $(grep -m1 disagree "$tmp/cw.log")"
+    stop_ctl "step agreement, world"
+else
+    mp_skip "step agreement, a WORLD one rank lacks" "needs jq"
+fi
 mp_done
