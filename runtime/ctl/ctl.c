@@ -364,6 +364,15 @@ static int place_participants(nrs_ctl_t *c, int old_total)
     return 0;
 }
 
+/* The announced transition's PLAN (c->a.plan, from the saved epoch, its
+ * lost GPUs) into buf of NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD bytes. */
+static int enc_announced(nrs_ctl_t *c, uint8_t *buf)
+{
+    return enc_plan_msg(c, buf, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &c->a.plan,
+                        NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
+                        c->tr_saved.plan.epoch, c->tr_lost, c->tr_nlost);
+}
+
 static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved)
 {
     uint8_t *plan = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
@@ -383,10 +392,7 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
     c->ngu = 0;
     c->ntrh = 0;
     c->tr_started++;
-    int n = plan ? enc_plan_msg(c, plan, NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD, &c->a.plan,
-                                NRS_PLAN_TRANSITION | (c->tr_forced ? NRS_PLAN_FORCED : 0),
-                                saved->plan.epoch, c->tr_lost, c->tr_nlost)
-                 : -1;
+    int n = plan ? enc_announced(c, plan) : -1;
     for (int i = 0; i < c->nconns; i++) {
         nrs_conn_t *k = c->conns[i];
         if (k->role != NRS_ROLE_WORKER || k->state != NRS_CONN_READY ||
@@ -950,6 +956,35 @@ void nrs_ctl_world_ready(nrs_ctl_t *c, unsigned gen, const unsigned char *in, in
 
 static void on_joiner(nrs_ctl_t *c, nrs_conn_t *k, const nrs_msg_hello_t *m);
 
+/* A rank of the plan that says HELLO while a transition prepares takes part
+ * in it: the announced PLAN and its PREPARE, as the others got them, and the
+ * commit waits for its ACK. The ranks' own collectives count every rank of
+ * the plan, so the transition could not commit without it: it kept the
+ * committed epoch (a worker takes only its first committed PLAN), lacked the
+ * PREPARE the others agreed on, and the transition aborted to be retried. */
+static void join_transition(nrs_ctl_t *c, nrs_conn_t *k)
+{
+    uint8_t *plan = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
+    int n = plan ? enc_announced(c, plan) : -1;
+    unsigned epoch = c->tr_epoch;
+    if (n < 0) {
+        free(plan);
+        return abort_transition(c, "rank %d said HELLO: its PLAN does not encode", k->rank);
+    }
+    k->tr_state = TRP_WAIT;
+    k->tr_seconds = 0;
+    k->tr_gpu = renumber(c, c->tr_saved.plan.total_gpus, k->gpu);
+    c->tr_parts++;
+    c->tr_waiting++;
+    logf_(c, "epoch %u: rank %d said HELLO while it prepares: it takes part (%d workers)", epoch,
+          k->rank, c->tr_parts);
+    send_frame(c, k, plan, n);
+    free(plan);
+    /* (a failed send retired it, which aborted this transition) */
+    if (c->tr == TR_PREPARE && c->tr_epoch == epoch && k->tr_state == TRP_WAIT)
+        send_epoch(c, k, NRS_MSG_PREPARE, epoch, NULL);
+}
+
 static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
 {
     nrs_msg_hello_t m;
@@ -991,6 +1026,8 @@ static void on_hello(nrs_ctl_t *c, nrs_conn_t *k, const uint8_t *p, size_t n)
         c->by_rank[m.rank] = k;
         c->rank_gone[m.rank] = 0; /* back: the gathers wait for it again */
         send_plan(c, k, committed(c));
+        if (c->tr == TR_PREPARE && k->gpu >= 0)
+            join_transition(c, k);
     }
 }
 

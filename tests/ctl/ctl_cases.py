@@ -38,6 +38,14 @@ with tests/ctl/nc.py:
       ranks take 32 s to confirm a COMMIT is answered "accepted" once it
       completes (before: the CLI gave up after 30 s, "timed out", exit 1, and
       the controller applied the delta all the same).
+  ctl_cases.py SOCKET hello-in-prepare  rank 11 gone, the others report
+      steps of a growing response length until the controller announces a
+      workload transition (the allocation unchanged, so a rank of the job may
+      still say HELLO); while they prepare it a new rank 11 says HELLO: it gets the
+      committed PLAN, then the announced PLAN and its PREPARE, and the commit
+      waits for its ACK (before: the committed PLAN alone; its ranks' step
+      agreement found it without the PREPARE the others had, and the
+      transition aborted to be retried).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -157,6 +165,43 @@ if case == 'dup-world-rank':
     if [t for t, _ in g] != ['GATHERED']:
         fail('the survivor of world rank 7 got', g)
     print('ok: a HELLO as a survivor\'s world rank is refused'); sys.exit(0)
+
+if case == 'hello-in-prepare':
+    W[11].s.close()  # gone before the transition: not one of its participants
+    time.sleep(0.3)
+    S = W[:11]
+    for step in range(60):  # the response length grows by a fifth a step
+        resp = 32 * 1.2 ** step
+        for p in S:
+            p.send(nc.report(1, step, stages=((0, 0.01 * resp / 32), (3, 0.01)), resp=resp))
+        if find(S[0], 'PREPARE', 0.05):
+            break
+    else:
+        fail('no transition announced after 60 steps of a growing response length')
+    for p in S[1:]:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            fail('a rank got no PREPARE:', x and x[0])
+        ep = struct.unpack_from('<I', x[2])[0]
+    W[11] = nc.Peer(path)
+    W[11].send(nc.hello(1, 11, N, host='n2'))  # after a PREPARE ep: no other PLAN will come
+    seen = ['%s(%d)' % (t, struct.unpack_from('<I', pl)[0]) if t in ('PLAN', 'PREPARE') else t
+            for t, f, pl in W[11].drain(0.5)]
+    if seen != ['PLAN(1)', 'PLAN(%d)' % ep, 'PREPARE(%d)' % ep]:
+        fail('rank 11, HELLO while epoch', ep, 'prepares, got', seen)
+    for p in S:
+        p.send(nc.ack(ep, 8))
+    early = [t for t, _ in got(S[0], 0.5)]
+    if early:
+        fail('before rank 11 prepared, rank 4 got', early)
+    W[11].send(nc.ack(ep, 8))
+    for p in S + [W[11]]:
+        x = find(p, 'COMMIT')
+        if not x or x[0] != 'COMMIT':
+            fail('no COMMIT once rank 11 prepared:', x and x[0])
+    print('ok: a rank that says HELLO while epoch', ep, 'prepares gets', ' '.join(seen),
+          'and the commit waits for it')
+    sys.exit(0)
 
 if case == 'gaveup-lost':
     S, ep = commit_without_n2()

@@ -291,9 +291,10 @@ done
 # a delta after one of generation 2^64-1 does not wrap the generations to 0;
 # a GPU index queued during a COMMIT is read in the numbering of the epoch it came in;
 # a host name with an escape sequence is shown escaped by nereus status;
-# a delta sent during a slow commit (the default transition time-out) is answered.
+# a delta sent during a slow commit (the default transition time-out) is answered;
+# a rank that says HELLO while a transition prepares takes part in it.
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta lost-one-gpu delta-in-commit; do
+    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare; do
     DJ="$tmp/sw-$case"
     tt=15; [ "$case" = delta-in-commit ] && tt=60
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout "$tt" --log "$tmp/cw-$case.log" \
