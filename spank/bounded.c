@@ -64,11 +64,21 @@ static void nrs_bounded_child(int wfd, nrs_bounded_fn fn, void *arg, char *out, 
     _exit(0);
 }
 
+int nrs_pidfd_open(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
 /* Whether the child pid has exited, without reaping it (its pid stays ours,
  * for the kill and nrs_reap_bounded after): pidfd, where there is one, is
  * readable once it has (revents: its poll's); else waitid(WNOWAIT). A child
  * that someone else reaped (ECHILD) is gone too. */
-static bool nrs_bounded_exited(pid_t pid, int pidfd, short revents)
+static bool nrs_child_exited(pid_t pid, int pidfd, short revents)
 {
     siginfo_t si;
 
@@ -80,57 +90,66 @@ static bool nrs_bounded_exited(pid_t pid, int pidfd, short revents)
     return si.si_pid == pid;
 }
 
-/* Without a pidfd (kernels before 5.3), how often the child's exit is looked at. */
-enum { NRS_BOUNDED_EXIT_POLL_MS = 10 };
-
-/* Read the child pid's answer from rfd (non-blocking) into buf[cap] until
- * the child has exited and its answer is drained, EOF, or the deadline: its
- * length, or -1 at the deadline. Not until EOF alone: a process that another
- * thread of slurmstepd forked while the pipe's write end was open here holds
- * a copy of it (close-on-exec closes it only if that process execs), and EOF
- * would then come only when it exits, turning a prompt answer into a
- * time-out. Every write of the child's is in the pipe once it has exited. */
-static ssize_t nrs_bounded_read(int rfd, pid_t pid, char *buf, size_t cap, double deadline)
+/* The output's end is not EOF alone: a process that another thread of
+ * slurmstepd forked while the pipe's write end was open here holds a copy
+ * of it (close-on-exec closes it only if that process execs), and EOF would
+ * then come only when it exits. Every write of the child's is in the pipe
+ * once it has exited: its exit is looked at first, then the pipe read, so
+ * that what this read misses was never written. */
+ssize_t nrs_child_read(int rfd, pid_t pid, int pidfd, bool *exited, void *buf, size_t n,
+                       double deadline, int wait_ms)
 {
-#ifdef SYS_pidfd_open
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    int pidfd = -1;
-#endif
-    ssize_t rc = -1;
-    size_t got = 0;
-    bool exited = false;
+    double now = nrs_now_ms(), until = wait_ms < 0 ? deadline : now + wait_ms;
 
-    for (;;) {
+    for (;; now = nrs_now_ms()) {
         struct pollfd p[2] = {{rfd, POLLIN, 0}, {pidfd, POLLIN, 0}};
-        int left = (int)(deadline - nrs_now_ms());
+        int left = (int)((until < deadline ? until : deadline) - now);
         ssize_t k;
 
-        if (left <= 0)
-            break;
-        if (pidfd < 0 && left > NRS_BOUNDED_EXIT_POLL_MS)
-            left = NRS_BOUNDED_EXIT_POLL_MS;
-        if (poll(p, pidfd >= 0 ? 2 : 1, left) < 0)
-            continue; /* EINTR */
-        /* Its exit first, then the read: what that read misses was never written. */
-        exited = exited || nrs_bounded_exited(pid, pidfd, p[1].revents);
-        if (p[0].revents == 0 && !exited)
-            continue;
-        k = read(rfd, buf + got, cap - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k > 0 && got + (size_t)k < cap) {
-            got += (size_t)k;
-            continue;
+        if (now >= deadline) {
+            errno = ETIMEDOUT;
+            return -1;
         }
-        if (k < 0 && errno == EAGAIN && !exited)
-            continue;
-        rc = (ssize_t)(got + (size_t)(k > 0 ? k : 0)); /* EOF, drained, full, or an error */
-        break;
+        if (left < 0)
+            left = 0;
+        if (pidfd < 0 && left > NRS_EXIT_POLL_MS)
+            left = NRS_EXIT_POLL_MS;
+        if (poll(p, pidfd >= 0 ? 2 : 1, left) < 0 && errno != EINTR)
+            return -1;
+        *exited = *exited || nrs_child_exited(pid, pidfd, p[1].revents);
+        if (p[0].revents != 0 || *exited) {
+            k = read(rfd, buf, n);
+            if (k >= 0)
+                return k; /* data, or EOF */
+            if (errno != EINTR && errno != EAGAIN)
+                return -1;
+            if (errno == EAGAIN && *exited)
+                return 0; /* drained */
+        }
+        if (nrs_now_ms() >= until && until < deadline) {
+            errno = EAGAIN;
+            return -1;
+        }
     }
+}
+
+/* Read the child pid's answer from rfd (non-blocking) into buf[cap] until
+ * its output has ended (nrs_child_read: the child has exited and its answer
+ * is drained, or EOF), buf is full, or the deadline: its length, or -1 at
+ * the deadline. */
+static ssize_t nrs_bounded_read(int rfd, pid_t pid, char *buf, size_t cap, double deadline)
+{
+    int pidfd = nrs_pidfd_open(pid);
+    bool exited = false;
+    size_t got = 0;
+    ssize_t k = 1;
+
+    while (got < cap && (k = nrs_child_read(rfd, pid, pidfd, &exited, buf + got, cap - got,
+                                            deadline, -1)) > 0)
+        got += (size_t)k;
     if (pidfd >= 0)
         close(pidfd);
-    return rc;
+    return k < 0 && errno == ETIMEDOUT ? -1 : (ssize_t)got;
 }
 
 int nrs_bounded_call(int ms, nrs_bounded_fn fn, void *arg, char *out, size_t n)

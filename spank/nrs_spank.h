@@ -127,6 +127,20 @@ void nrs_fs_hung_why(char *why, size_t n, const char *what, const char *path);
 /* waitpid(pid) for at most ms (status may be NULL): a child stuck in an
  * unkillable wait is left to whoever reaps it later. */
 void nrs_reap_bounded(pid_t pid, int ms, int *status);
+/* A pidfd of the child pid (readable once it has exited), or -1 where the
+ * kernel has none (before 5.3): then its exit is looked at every
+ * NRS_EXIT_POLL_MS (waitid WNOWAIT). */
+enum { NRS_EXIT_POLL_MS = 10 };
+int nrs_pidfd_open(pid_t pid);
+/* One read of what the unreaped child pid (pidfd: nrs_pidfd_open's) writes
+ * on the pipe rfd (O_NONBLOCK), waiting at most until deadline (nrs_now_ms)
+ * and, where wait_ms >= 0, at most wait_ms: bytes read (> 0); 0 when its
+ * output has ended: EOF, or the child has exited (*exited set; it stays
+ * unreaped) and the pipe is drained (EOF may never come: another thread's
+ * fork may hold the write end); -1 with errno ETIMEDOUT (the deadline),
+ * EAGAIN (wait_ms passed), or poll's or read's error. */
+ssize_t nrs_child_read(int rfd, pid_t pid, int pidfd, bool *exited, void *buf, size_t n,
+                       double deadline, int wait_ms);
 
 /* Copy src into dst of size n; -1 (and dst untouched) if it does not fit. */
 int nrs_spank_strlcpy(char *dst, const char *src, size_t n);

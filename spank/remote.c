@@ -841,31 +841,66 @@ static int nrs_remote_groups(gid_t **groups, int *n)
     return 0;
 }
 
-/* The forked watcher's answer on fd (close-on-exec at its end): EOF, its
- * exec succeeded (*e 0), or an errno (*e). Waited for at most
- * NRS_FS_WAIT_MS: its chdir into the job directory and its execve of
- * runtime_dir's program block where their filesystem hangs. false: no
- * answer. */
-static bool nrs_remote_exec_wait(int fd, int *e)
+/* Whether the child pid has exec'd: its /proc/PID/exe can be read and is
+ * not ours (self, "": unknown). Until its exec it is a copy of slurmstepd:
+ * its exe is ours, or cannot be read (it has become the job's user, and a
+ * process that changed its credentials may not be looked at by the user
+ * until it execs: not dumpable); after, it is the program's (or a script's
+ * interpreter's). The exe changes only past the exec's point of no return.
+ * The link is the kernel's name of the file (d_path): no call to its
+ * filesystem, so it answers while the exec waits on a hung mount. */
+static bool nrs_child_execd(pid_t pid, const char *self)
+{
+    char path[32], exe[PATH_MAX];
+    ssize_t k;
+
+    if (self[0] == '\0')
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
+    k = readlink(path, exe, sizeof(exe) - 1);
+    if (k <= 0)
+        return false;
+    exe[k] = '\0';
+    return strcmp(exe, self) != 0;
+}
+
+/* The forked watcher pid's answer on fd (O_NONBLOCK; close-on-exec at its
+ * end): its exec succeeded (*e 0), or an errno (*e). Its exec is seen at
+ * EOF, or (another thread of slurmstepd may have forked while the pipe was
+ * open here, and that process holds the write end: no EOF) from its
+ * /proc/PID/exe, looked at every NRS_EXIT_POLL_MS while it says nothing; an
+ * exit without an answer is taken as EOF was (it exec'd: the caller finds
+ * it gone). Waited for at most NRS_FS_WAIT_MS: its chdir into the job
+ * directory and its execve of runtime_dir's program block where their
+ * filesystem hangs. false: no answer. */
+static bool nrs_remote_exec_wait(int fd, pid_t pid, int *e)
 {
     double deadline = nrs_now_ms() + NRS_FS_WAIT_MS;
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    int pidfd = nrs_pidfd_open(pid);
+    bool exited = false, answered = true;
 
+    self[sl > 0 ? sl : 0] = '\0';
+    *e = 0;
     for (;;) {
-        struct pollfd p = {fd, POLLIN, 0};
-        int left = (int)(deadline - nrs_now_ms());
-        ssize_t k;
+        ssize_t k = nrs_child_read(fd, pid, pidfd, &exited, e, sizeof(*e), deadline,
+                                   NRS_EXIT_POLL_MS);
 
-        if (left <= 0)
-            return false;
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        k = read(fd, e, sizeof(*e));
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k != (ssize_t)sizeof(*e))
-            *e = 0; /* EOF */
-        return true;
+        if (k > 0 && k != (ssize_t)sizeof(*e))
+            *e = 0; /* not an answer: as EOF */
+        if (k >= 0 || (errno != EAGAIN && errno != ETIMEDOUT))
+            break; /* an errno; EOF or an exit; or an error: as EOF */
+        if (errno == ETIMEDOUT) {
+            answered = false;
+            break;
+        }
+        if (nrs_child_execd(pid, self))
+            break;
     }
+    if (pidfd >= 0)
+        close(pidfd);
+    return answered;
 }
 
 /* Fork and exec the watcher; its pid, or -1 with the reason logged. */
@@ -928,6 +963,12 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
         nrs_err("pipe: %s", strerror(errno));
         goto fail;
     }
+    if (fcntl(pfd[0], F_SETFL, O_NONBLOCK) != 0) { /* the read end only */
+        nrs_err("fcntl: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        goto fail;
+    }
     pid = fork();
     if (pid == 0)
         nrs_remote_child(r, r->job_dir, logfd, pfd[1], groups, ngroups, argv, envp);
@@ -937,8 +978,8 @@ pid_t nrs_remote_spawn(spank_t sp, const nrs_remote_t *r, const char *prog)
         close(pfd[0]);
         goto fail;
     }
-    /* EOF: exec succeeded (the pipe was close-on-exec); an int: why not. */
-    answered = nrs_remote_exec_wait(pfd[0], &e);
+    /* Its exec (the pipe was close-on-exec), or an int: why not. */
+    answered = nrs_remote_exec_wait(pfd[0], pid, &e);
     close(pfd[0]);
     if (!answered) {
         kill(pid, SIGKILL); /* ours, not reaped: no other process has its pid */
@@ -1163,9 +1204,10 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
     const char *sc = getenv("SLURM_CONF");
     double deadline = nrs_now_ms() + NRS_HINT_MS;
     char *argv[24], *envp[4];
-    int a = 0, v = 0, pfd[2], st = 0;
+    int a = 0, v = 0, pfd[2], st = 0, pidfd;
     size_t len = 0;
-    bool done, unreaped;
+    ssize_t k;
+    bool done, unreaped, exited = false;
     pid_t pid;
 
     if (nrs_remote_path(prog, sizeof(prog), nrs_spank_config.runtime_dir, "nereus-watcher") < 0)
@@ -1204,6 +1246,12 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
         slurm_error(NRS_SPANK_PREFIX "job %u: hint: pipe: %s", job_id, strerror(errno));
         return -1;
     }
+    if (fcntl(pfd[0], F_SETFL, O_NONBLOCK) != 0) { /* ours only: the other is its stdout */
+        slurm_error(NRS_SPANK_PREFIX "job %u: hint: fcntl: %s", job_id, strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
     pid = fork();
     if (pid == 0) { /* async-signal-safe calls only */
         /* A process group of its own (also set by the parent below, so that
@@ -1222,26 +1270,18 @@ int nrs_hint_run(uid_t uid, gid_t gid, uint32_t job_id, const char *node, const 
         return -1;
     }
     setpgid(pid, pid); /* EACCES once it has exec'd: it made its group first */
-    /* Its output until EOF (it exited) or the deadline. */
-    for (;;) {
-        struct pollfd p = {pfd[0], POLLIN, 0};
-        int left = (int)(deadline - nrs_now_ms());
-        ssize_t k;
-
-        if (left <= 0)
-            break;
-        if (poll(&p, 1, left) < 0 && errno != EINTR)
-            break;
-        if (!(p.revents & (POLLIN | POLLHUP | POLLERR)))
-            continue;
-        k = read(pfd[0], buf + len, sizeof(buf) - 1 - len);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
+    /* Its output until it has exited and that is drained, EOF, or the
+     * deadline (nrs_child_read: not at EOF alone, which a process that
+     * another thread forked meanwhile, holding the pipe, would put off to
+     * the deadline). */
+    pidfd = nrs_pidfd_open(pid);
+    while ((k = nrs_child_read(pfd[0], pid, pidfd, &exited, buf + len, sizeof(buf) - 1 - len,
+                               deadline, -1)) > 0) {
         len += (size_t)k;
         nrs_hint_log(job_id, buf, &len, len == sizeof(buf) - 1);
     }
+    if (pidfd >= 0)
+        close(pidfd);
     nrs_hint_log(job_id, buf, &len, true);
     close(pfd[0]);
     done = nrs_hint_wait_exit(pid, deadline, &unreaped);

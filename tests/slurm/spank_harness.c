@@ -16,7 +16,11 @@
  *   spank_harness --socket-dir DIR ...
  *
  * is a look-alike of a job's nereus-watcher (its command line, when run as
- * ".../nereus-watcher"): it waits to be killed. */
+ * ".../nereus-watcher"): it waits to be killed.
+ *
+ * test_harness.sh links it with -Wl,--wrap=fork,--wrap=clock_gettime: the
+ * plugin's forks and clock go through __wrap_fork and __wrap_clock_gettime
+ * below, which do as the real ones unless a case says otherwise. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +42,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ctl_lock.h"
@@ -88,6 +93,59 @@ static int sh(const char *fmt, ...)
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
     return system(cmd);
+}
+
+/* ---- another thread of slurmstepd forks meanwhile -------------------------------
+ *
+ * With hold_next_fork set, the next fork (the plugin's) first forks a holder:
+ * a process that keeps a copy of every descriptor open until killed, as a
+ * process that another thread of slurmstepd forks (without an exec) between
+ * the plugin's pipe2 and its close of the pipe's write end does. Its pid is
+ * in fork_holder (holder_end kills it); it dies with us (PDEATHSIG). */
+pid_t __real_fork(void);
+pid_t __wrap_fork(void);
+static bool hold_next_fork;
+static pid_t fork_holder;
+
+pid_t __wrap_fork(void)
+{
+    if (hold_next_fork) {
+        pid_t h = __real_fork();
+
+        hold_next_fork = false;
+        if (h == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            for (;;)
+                pause();
+        }
+        fork_holder = h;
+    }
+    return __real_fork();
+}
+
+static void holder_end(void)
+{
+    if (fork_holder > 0 && kill(fork_holder, SIGKILL) == 0)
+        waitpid(fork_holder, NULL, 0);
+    fork_holder = 0;
+}
+
+/* With clock_frozen set, CLOCK_MONOTONIC (the plugin's nrs_now_ms) stands
+ * still: a wait then ends only by what it waits for, never by its deadline. */
+int __real_clock_gettime(clockid_t c, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t c, struct timespec *ts);
+static bool clock_frozen;
+
+int __wrap_clock_gettime(clockid_t c, struct timespec *ts)
+{
+    static struct timespec at;
+
+    if (!clock_frozen || c != CLOCK_MONOTONIC)
+        return __real_clock_gettime(c, ts);
+    if (at.tv_sec == 0 && __real_clock_gettime(c, &at) != 0)
+        return -1;
+    *ts = at;
+    return 0;
 }
 
 /* A job directory of root's, as the plugin leaves it for user_init. */
@@ -1179,6 +1237,110 @@ static int case_hint_output(void)
                   "with the prefix in root's log");
 }
 
+/* The hint's fork while another process holds its output's pipe (a holder,
+ * __wrap_fork): the call ends when the hint has exited and what it wrote is
+ * read, not at its deadline; with the clock standing still (clock_frozen)
+ * nothing else can end it. Before: it read until EOF or the deadline: here
+ * until the alarm (with the clock running, 2 s late every time). */
+static int case_hint_held(void)
+{
+    char rtd[NRS_SPANK_PATH_MAX], saved[NRS_SPANK_PATH_MAX], log[NRS_SPANK_PATH_MAX];
+    int saved_err = dup(2), fd, rc, lines, bad;
+
+    if (hint_install("echo 'fake hint: sent'", rtd, sizeof(rtd), saved, sizeof(saved)) != 0)
+        return result(0, "cannot stage the fake hint");
+    snprintf(log, sizeof(log), "%s/hint-held.err", base);
+    fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    alarm(20);
+    hold_next_fork = true;
+    clock_frozen = true;
+    rc = nrs_hint_run(1000, 1000, 4319, "nodeB", "harness", base, "", false);
+    clock_frozen = false;
+    alarm(0);
+    holder_end();
+    dup2(saved_err, 2);
+    close(fd);
+    hint_restore(saved);
+    bad = log_lines_bad(log, "[info] nereus: job 4319: fake hint: sent", &lines);
+    printf("  hint %d\n", rc);
+    return result(rc == 0 && lines == 1 && bad == 0,
+                  "another process holding the hint's pipe: the hint's exit ends the call, its "
+                  "output logged (not its deadline)");
+}
+
+/* The watcher's fork while another process holds the pipe its exec is told
+ * on (a holder, __wrap_fork: no EOF at its exec): nrs_remote_spawn still
+ * sees the exec and returns its pid. as_user: as slurmstepd in user_init
+ * (effective uid and gid the job's user's, 1000; real uid root), which may
+ * not look at the child's /proc/PID/exe until it has exec'd (not dumpable
+ * after its change of credentials); else as root, which sees its own exe
+ * there until then. The pid, or -1 with the error in said[n]. */
+static pid_t spawn_held(bool as_user, const char *prog, char *said, size_t n)
+{
+    nrs_remote_t r;
+    pid_t pid;
+
+    job_dir(&r, as_user ? "spawn-held-user" : "spawn-held-root");
+    if (as_user) {
+        r.uid = 1000;
+        r.gid = 1000;
+        if (sh("chown 1000:1000 %s", r.job_dir) != 0 || setgroups(0, NULL) != 0 ||
+            setegid(1000) != 0 || seteuid(1000) != 0) {
+            snprintf(said, n, "cannot become uid 1000");
+            return -1;
+        }
+    }
+    hold_next_fork = true;
+    pid = nrs_remote_spawn(NULL, &r, prog);
+    if (as_user && (seteuid(0) != 0 || setegid(0) != 0))
+        printf("  cannot become root again\n");
+    holder_end();
+    snprintf(said, n, "%s", pid > 0 ? "" : nrs_spank_last_error);
+    return pid;
+}
+
+/* Whether pid runs another program than this one (it has exec'd). */
+static bool execd(pid_t pid)
+{
+    char path[32], exe[PATH_MAX], self[PATH_MAX];
+    ssize_t k, m;
+
+    snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
+    k = readlink(path, exe, sizeof(exe) - 1);
+    m = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    return k > 0 && m > 0 && (k != m || memcmp(exe, self, (size_t)k) != 0);
+}
+
+static int case_spawn_held(void)
+{
+    char prog[NRS_SPANK_PATH_MAX + 32], said[2][NRS_SPANK_MSG_MAX];
+    pid_t pid[2];
+    bool ran[2];
+    FILE *f;
+
+    snprintf(prog, sizeof(prog), "%s/spawn-rt", base);
+    mkdir(prog, 0755);
+    snprintf(prog, sizeof(prog), "%s/spawn-rt/nereus-watcher", base);
+    if ((f = fopen(prog, "w")) == NULL || fprintf(f, "#!/bin/sh\nexec sleep 3600\n") < 0 ||
+        fclose(f) != 0 || chmod(prog, 0755) != 0)
+        return result(0, "cannot stage the fake watcher");
+    alarm(40);
+    for (int u = 0; u < 2; u++) {
+        pid[u] = spawn_held(u == 1, prog, said[u], sizeof(said[u]));
+        ran[u] = pid[u] > 0 && execd(pid[u]);
+        printf("  as %s: spawn %d%s%s\n", u ? "the user" : "root", (int)pid[u],
+               pid[u] > 0 ? (ran[u] ? ", exec'd" : ", NOT EXEC'D") : ": ", said[u]);
+        if (pid[u] > 0) {
+            kill(pid[u], SIGKILL);
+            waitpid(pid[u], NULL, 0);
+        }
+    }
+    alarm(0);
+    return result(ran[0] && ran[1], "another process holding the pipe of the watcher's fork: "
+                                    "the spawn sees its exec (as root and as the job's user)");
+}
+
 static int case_hint_group_hang(void)
 {
     return hint_group(true);
@@ -1215,7 +1377,8 @@ int main(int argc, char **argv)
                  {"epilog-mount-no-nereus", case_epilog_mount_no_nereus},
                  {"bounded-held", case_bounded_held},
                  {"long-argv", case_long_argv}, {"log-lines", case_log_lines},
-                 {"hint-output", case_hint_output}};
+                 {"hint-output", case_hint_output},
+                 {"spawn-held", case_spawn_held},       {"hint-held", case_hint_held}};
     static char a0[NRS_SPANK_PATH_MAX + 16], a1[NRS_SPANK_PATH_MAX + 16], a2[NRS_SPANK_PATH_MAX + 16];
 
     if (argc > 2 && strcmp(argv[1], "--socket-dir") == 0)

@@ -38,7 +38,11 @@
 #    answers when its child exits, also while another process holds a copy
 #    of its pipe (a fork of another thread of slurmstepd): not at its deadline;
 #  - a released node's hint killed at its deadline, or exiting, leaves
-#    nothing it started running (its whole process group is killed).
+#    nothing it started running (its whole process group is killed);
+#  - the watcher's start (its exec seen), and a released node's hint (its
+#    exit), while another process holds a copy of their pipe (a fork of
+#    another thread of slurmstepd; the harness's --wrap=fork makes one):
+#    not taken for a time-out, nor waited for until the deadline.
 # Needs root, a C compiler and the Slurm and libyaml headers (as the build).
 . "$(dirname "$0")/lib.sh"
 name="SPANK harness"
@@ -57,7 +61,7 @@ grep -q -- -lslurm <<<"$libs" || libs="$libs -lslurm"
 h="$sl_tmp/spank_harness"
 build() { # extra cflags...
     # shellcheck disable=SC2086 # word lists
-    ${cc:-cc} -std=gnu11 -g -O1 "$@" -DHAVE_CONFIG_H \
+    ${cc:-cc} -std=gnu11 -g -O1 "$@" -Wl,--wrap=fork,--wrap=clock_gettime -DHAVE_CONFIG_H \
         -DNRS_SPANK_DEFAULT_RUNTIME_DIR="\"$NRS_BUILDDIR\"" \
         -DNRS_SPANK_DEFAULT_STATE_DIR="\"$sl_tmp/state\"" \
         -I"$NRS_BUILDDIR" -I"$NRS_SRCDIR/include" -I"$NRS_SRCDIR/runtime" -I"$NRS_SRCDIR/spank" $cppflags \
@@ -77,7 +81,7 @@ for c in fifo-spawn fifo-join long-nodelist bad-nodelist has-first epilog-foreig
     epilog-not-ours sock-link long-arg epilog-kill-ours epilog-kill-foreign hung-spec \
     hung-submit hung-jobdir hung-runtime hung-exec hint-group-hang hint-group-exit hung-state hung-state-epilog \
     hung-state-epilog-ours rm-late epilog-mount epilog-mount-jobdir epilog-mount-ctl-node \
-    epilog-mount-no-nereus bounded-held long-argv log-lines hint-output; do
+    epilog-mount-no-nereus bounded-held long-argv log-lines hint-output spawn-held hint-held; do
     b="$sl_tmp/$c"
     mkdir -m 755 "$b"
     sl_run 40 "$h" "$c" "$b" "$NRS_BUILDDIR" "$sl_good"
