@@ -62,17 +62,24 @@ int nrs_spank_config_parse(int ac, char **av);
 /* Reset to defaults (tests and re-init). */
 void nrs_spank_config_reset(void);
 
-/* --nereus[=FILE]: what the user asked for, filled by the option callback. */
+/* --nereus[=FILE]: what the user asked for, filled by the option callback
+ * (the last value given: sbatch's command line overrides #SBATCH). */
 typedef struct {
     bool given;                     /* --nereus seen (with or without FILE) */
-    bool bare;                      /* ... without FILE (remote context) */
+    bool bare;                      /* ... without FILE */
     char arg[NRS_SPANK_PATH_MAX];   /* FILE as given, or default_spec */
-    bool too_long;                  /* ... FILE did not fit arg (remote context) */
+    bool too_long;                  /* ... FILE did not fit arg */
     char checked[NRS_SPANK_PATH_MAX]; /* last arg validated successfully */
     char abs[NRS_SPANK_PATH_MAX];   /* ... its absolute path, or "" (submission side) */
 } nrs_spank_opt_t;
 
 extern nrs_spank_opt_t nrs_spank_opt;
+
+/* Submission side (init_post_opt): check the spec of the last --nereus
+ * given, with a bound (nrs_bounded_call), and resolve it: arg and abs set,
+ * NRS_SPEC_PATH_ENV exported. 0, or -1 (logged, "FILE:LINE:COL: ..." for a
+ * bad spec). */
+int nrs_spank_opt_check(void);
 
 /* --nereus given to this job: in prolog/epilog context too (there Slurm
  * runs no option callback; the option is in the job's environment). */

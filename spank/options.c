@@ -1,7 +1,7 @@
 /* The plugin's options: one table, registered in a loop from slurm_spank_init
  * (the only place Slurm allows it, in every context that uses them), one
  * callback each. Callbacks may fire more than once (DESIGN §8): they only
- * record the latest value, and validation is cached per path. */
+ * record the latest value, which is checked once all are given. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -187,17 +187,33 @@ static int nrs_opt_submitted(nrs_spank_opt_t *o, const char *path)
     return 0;
 }
 
-/* The spec a --nereus with this argument (arg) names, or NULL with the reason logged. */
-static const char *nrs_opt_spec_path(const char *arg)
+/* The last --nereus given (o->arg, or default_spec for a bare one), on the
+ * submission side. 0, or -1 (logged). */
+int nrs_spank_opt_check(void)
 {
-    if (arg != NULL && arg[0] != '\0')
-        return arg;
-    if (nrs_spank_config.default_spec[0] != '\0')
-        return nrs_spank_config.default_spec;
-    nrs_err("--nereus needs a job spec: --nereus=FILE (this cluster sets no default_spec)");
-    return NULL;
+    nrs_spank_opt_t *o = &nrs_spank_opt;
+
+    if (o->too_long) {
+        nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
+        return -1;
+    }
+    if (o->arg[0] == '\0') {
+        nrs_err("--nereus needs a job spec: --nereus=FILE (this cluster sets no default_spec)");
+        return -1;
+    }
+    return nrs_opt_submitted(o, o->arg);
 }
 
+/* Slurm calls this once per value, in order: sbatch for each "#SBATCH
+ * --nereus" of the script, then for its command line's, which overrides
+ * them; srun for the one inherited from its job (SLURM_SPANK_... in the
+ * environment), then its own. The last one is the job's, and a failure here
+ * ends the submission at once, before a later value is seen: so this only
+ * records the value, which is checked once all are in (submission side:
+ * init_post_opt, nrs_spank_opt_check; the nodes: post_opt and user_init, as
+ * the job's user; a failure here, as root, would fail the step even for an
+ * "optional" plugin). Refused here only: --nereus at all with a broken
+ * plugstack line, which no later value changes. */
 static int nrs_opt_nereus(int val, const char *arg, int remote)
 {
     nrs_spank_opt_t *o = &nrs_spank_opt;
@@ -205,30 +221,16 @@ static int nrs_opt_nereus(int val, const char *arg, int remote)
 
     (void)val;
     o->given = true;
-    /* Remote (slurmstepd, as root): only record, never fail here (that
-     * would fail the step even for an "optional" plugin); post_opt and
-     * user_init check as the job's user and disable Nereus on error. */
-    if (remote) {
-        o->bare = arg == NULL || arg[0] == '\0';
-        path = !o->bare ? arg : nrs_spank_config.default_spec;
-        /* post_opt says so: not "no FILE" (which it would look like). */
-        o->too_long = nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0;
-        if (o->too_long)
-            o->arg[0] = '\0';
-        return 0;
-    }
-    /* Submission side: refuse a bad spec before any allocation exists. */
-    if (nrs_spank_config.broken) {
+    o->bare = arg == NULL || arg[0] == '\0';
+    path = !o->bare ? arg : nrs_spank_config.default_spec;
+    /* Said by the check: not "no FILE" (which it would look like). */
+    o->too_long = nrs_spank_strlcpy(o->arg, path, sizeof(o->arg)) < 0;
+    if (o->too_long)
+        o->arg[0] = '\0';
+    if (!remote && nrs_spank_config.broken) {
         nrs_err("plugstack.conf: %s; --nereus cannot be used until it is fixed (ask your "
                 "administrator)", nrs_spank_config.error);
         return -1;
     }
-    path = nrs_opt_spec_path(arg);
-    if (path == NULL)
-        return -1;
-    if (strlen(path) >= sizeof(o->arg)) {
-        nrs_err("--nereus: path longer than %d bytes", NRS_SPANK_PATH_MAX - 1);
-        return -1;
-    }
-    return nrs_opt_submitted(o, path);
+    return 0;
 }

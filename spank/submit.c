@@ -1,8 +1,10 @@
 /* Submission side: srun (local context) and sbatch/salloc (allocator
- * context). The --nereus callback has already refused a bad spec by the time
- * init_post_opt runs; that refusal is what stops the submission, because
- * Slurm ignores hook failures of an "optional" plugin but never an option
- * callback's. */
+ * context). The --nereus callback only records the value (options.c: a later
+ * one overrides it, as sbatch's command line does #SBATCH's); init_post_opt,
+ * which Slurm calls once every option is in and before any allocation
+ * exists, checks the last one and refuses the submission if it is bad. */
+#include <stdlib.h>
+
 #include "nrs_spank.h"
 
 int nrs_submit_init(spank_t sp, int ac, char **av)
@@ -17,14 +19,31 @@ int nrs_submit_init(spank_t sp, int ac, char **av)
     return 0;
 }
 
+/* Refuse the submission as Slurm does when an option's callback fails: the
+ * same message after ours, exit status 255. A failed init_post_opt is not
+ * enough: Slurm 22.05 ignores it for an "optional" plugin (srun, sbatch and
+ * salloc went on and made the job), and stops only for a "required" one.
+ * Nothing exists yet to undo: Slurm calls it before asking for an
+ * allocation (srun, salloc) or submitting (sbatch). */
+static void nrs_submit_refuse(void)
+{
+    if (nrs_spank_opt.bare)
+        slurm_error("Invalid --nereus option");
+    else
+        slurm_error("Invalid --nereus argument: %s", nrs_spank_opt.arg);
+    exit(255);
+}
+
 int nrs_submit_post_opt(spank_t sp, int ac, char **av)
 {
     (void)ac;
     (void)av;
     if (!nrs_spank_opt.given)
         return 0;
+    if (nrs_spank_opt_check() < 0)
+        nrs_submit_refuse();
     /* Prolog/epilog see it as SPANK_NEREUS_SPEC: which file, resolved by the
-     * --nereus callback where relative paths mean what the user meant. */
+     * check where relative paths mean what the user meant. */
     if (nrs_spank_opt.abs[0] != '\0' &&
         spank_job_control_setenv(sp, "NEREUS_SPEC", nrs_spank_opt.abs, 1) != ESPANK_SUCCESS)
         nrs_debug("job control environment not available here");

@@ -709,6 +709,13 @@ static int case_hung_spec(void)
                   "a spec on a hung FUSE mount: user_init gives up after its bound, says why");
 }
 
+/* --nereus=arg on the submission side: its callback, then init_post_opt's
+ * check (which would end the process on a refusal). 0, or -1. */
+static int submit_opt(const char *arg)
+{
+    return fake_opt->cb(fake_opt->val, arg, 0) < 0 ? -1 : nrs_spank_opt_check();
+}
+
 /* The submission side (srun, sbatch, salloc: local context, the user's own
  * process): --nereus=<hung mount>/spec.yaml is refused after the bound with
  * the reason; a good spec, given relative, is still taken and resolved. */
@@ -725,14 +732,14 @@ static int case_hung_submit(void)
     fake_ctx = S_CTX_LOCAL;
     unsetenv(NRS_SPEC_PATH_ENV);
     slurm_spank_init(NULL, 3, conf);
-    hung = fake_opt->cb(fake_opt->val, arg, 0);
+    hung = submit_opt(arg);
     watchdog_stop(w);
     hung_umount(mnt, fd);
     printf("  hung: %d: %s\n", hung, nrs_spank_last_error);
     snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - spec) : 1, slash ? spec : ".");
     if (realpath(spec, want) == NULL || chdir(dir) != 0)
         return result(0, "the good spec's directory");
-    good = fake_opt->cb(fake_opt->val, slash ? slash + 1 : spec, 0);
+    good = submit_opt(slash ? slash + 1 : spec);
     env = getenv(NRS_SPEC_PATH_ENV);
     printf("  good: %d: abs %s, %s=%s\n", good, nrs_spank_opt.abs, NRS_SPEC_PATH_ENV,
            env ? env : "(unset)");

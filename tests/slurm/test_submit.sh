@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # --nereus at submission: a bad spec is refused by srun and by sbatch (option
-# and #SBATCH line) with FILE:LINE:COL and no job created; a good one reaches
+# and #SBATCH line) with FILE:LINE:COL and no job created, the last value
+# given counting (sbatch's command line overrides #SBATCH); a good one reaches
 # the tasks as NEREUS_SPEC (absolute), with a per-job directory per node; a
 # failure inside Nereus on a node leaves that step running without it.
 . "$(dirname "$0")/lib.sh"
@@ -26,6 +27,27 @@ sl_run 30 sbatch bad.sbatch
 if [ "$sl_rc" -ne 0 ] && grep -q "nereus: $sl_bad_where" "$sl_out" && sl_no_job_named "$tag-script"; then
     sl_ok "#SBATCH --nereus=bad.yaml refused, no job"
 else sl_fail "#SBATCH --nereus=bad.yaml refused, no job" "rc=$sl_rc"; fi
+
+# The command line overrides #SBATCH (Slurm's rule): only the last value
+# counts, whichever of the two is bad. sbatch runs the option's callback for
+# the script's line first, then for the command line's.
+printf '#!/bin/bash\n#SBATCH --nereus=bad.yaml\necho "spec=$NEREUS_SPEC"\n' >bad-line.sbatch
+sl_run 30 sbatch --parsable -o "$sl_tmp/over-%j.out" --nereus=good.yaml bad-line.sbatch
+jid=$(tail -1 "$sl_out")
+if [ "$sl_rc" -eq 0 ] && sl_wait_job_state "$jid" COMPLETED 40 &&
+   grep -q "^spec=$sl_tmp/good.yaml$" "$sl_tmp/over-$jid.out"; then
+    sl_ok "#SBATCH --nereus=bad.yaml, sbatch --nereus=good.yaml: the job runs with good.yaml"
+else sl_fail "#SBATCH --nereus=bad.yaml, sbatch --nereus=good.yaml: the job runs with good.yaml" "rc=$sl_rc"; fi
+printf '#!/bin/bash\n#SBATCH --nereus=good.yaml\n#SBATCH -J %s\ntrue\n' "$tag-over" >good-line.sbatch
+sl_run 30 sbatch --nereus=bad.yaml good-line.sbatch
+if [ "$sl_rc" -ne 0 ] && grep -q "nereus: $sl_bad_where" "$sl_out" && sl_no_job_named "$tag-over"; then
+    sl_ok "#SBATCH --nereus=good.yaml, sbatch --nereus=bad.yaml: refused with FILE:LINE:COL, no job"
+else sl_fail "#SBATCH --nereus=good.yaml, sbatch --nereus=bad.yaml: refused with FILE:LINE:COL, no job" "rc=$sl_rc"; fi
+# The same for srun: the job's option in the environment, then its own.
+sl_run 30 env SLURM_SPANK__SLURM_SPANK_OPTION_nereus_nereus=bad.yaml srun --nereus=good.yaml \
+    bash -c 'echo "spec=$NEREUS_SPEC"'
+sl_check "an inherited --nereus=bad.yaml, srun --nereus=good.yaml: srun's own spec is taken" \
+    grep -q "^spec=$sl_tmp/good.yaml$" "$sl_out"
 
 sl_run 30 salloc -J "$tag-salloc" --nereus=bad.yaml true
 if [ "$sl_rc" -ne 0 ] && grep -q "nereus: $sl_bad_where" "$sl_out" && sl_no_job_named "$tag-salloc"; then
