@@ -13,7 +13,8 @@
  * max(5, TOTAL / SIZE), TOTAL default 1 GiB) with at most K of them posted
  * at a time (default 1, like `ucx_perftest -O 1`), the same buffer every
  * time, rank 1 acknowledging the last with one byte, as ucx_perftest's
- * tag_bw does. Rank 1 then checks that every byte arrived. Rank 0 prints
+ * tag_bw does. Rank 1 then checks that every byte arrived, and rank 0
+ * prints, only when it did (a failed check: no line, exit status 1),
  *   ours SIZE ITERS WARMUP K MiB/s
  * where MiB/s = 2^20 bytes per second: ucx_perftest's "MB/s" is 2^20 too.
  * --cpus S,R binds rank 0 (the sender) to CPU S and rank 1 to CPU R before
@@ -27,7 +28,9 @@
  * (rows of SIZE/64 bytes at a pitch of twice that, as a column slice of a
  * row-major shard travels). No PMIx. Prints, per size and shape,
  *   local SHAPE SIZE REPS xport_MB/s memcpy_MB/s ratio
- * taking the best of REPS (default 9) for each, as noise only slows.
+ * taking the best of REPS (default 9) for each, as noise only slows. The
+ * transport's copy is checked once per size and shape, untimed (rows copied,
+ * the gaps between them untouched); a wrong copy: exit status 1.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -162,44 +165,107 @@ static double memcpy_once(nrs_xregion_t *dst, nrs_xregion_t *src)
     return nrs_now_s() - t0;
 }
 
+/* The xport's copy of src into dst, checked: the rows hold src's bytes (1),
+ * the gaps between them still dst's own (2). Untimed, once per size and
+ * shape, on dst refilled first: memcpy_once leaves the same bytes there. */
+static int local_check(nrs_xport_t *x, nrs_xregion_t *dst, nrs_xregion_t *src, size_t span,
+                       char *err, size_t errlen)
+{
+    char *d = dst->mem->ptr;
+    memset(d, 2, span);
+    if (xport_once(x, dst, src) < 0) {
+        snprintf(err, errlen, "the local transport failed");
+        return -1;
+    }
+    const char *c = getenv("NRS_BENCH_CORRUPT");
+    if (c && !strcmp(c, "1"))
+        d[span / 2] ^= 1;
+    for (size_t i = 0; i < span; i++)
+        if (d[i] != (i % dst->pitch < dst->row_bytes ? 1 : 2)) {
+            snprintf(err, errlen, "%zu bytes: byte %zu of the copy is wrong",
+                     src->rows * src->row_bytes, i);
+            return -1;
+        }
+    return 0;
+}
+
+/* A size or a count: digits only, at least min. */
+static int parse_count(const char *s, size_t min, size_t *out)
+{
+    char *end;
+    if (*s < '0' || *s > '9')
+        return -1;
+    *out = strtoull(s, &end, 0);
+    return *end || *out < min ? -1 : 0;
+}
+
+/* One size and shape of --local: the copy checked, then REPS interleaved
+ * pairs, the best of each printed. 0, or 1 with the message printed. */
+static int local_one(nrs_xport_t *x, size_t size, int strided, size_t reps)
+{
+    size_t row = strided ? size / 64 : size, rows = strided ? 64 : 1;
+    size_t pitch = strided ? 2 * row : row, span = rows * pitch;
+    nrs_xmem_t ms = {0}, md = {0};
+    char err[256] = "out of memory";
+    double bx = 1e30, bm = 1e30;
+    int rc = 1;
+    if (x->ops->mem_alloc(x->ctx, 0, span, &ms) || x->ops->mem_alloc(x->ctx, 1, span, &md))
+        goto out;
+    memset(ms.ptr, 1, span);
+    memset(md.ptr, 2, span);
+    nrs_xregion_t src = {&ms, 0, pitch, rows, row}, dst = {&md, 0, pitch, rows, row};
+    if (local_check(x, &dst, &src, span, err, sizeof err))
+        goto out;
+    for (size_t k = 0; k < reps; k++) { /* interleaved: the same machine state */
+        double tx = xport_once(x, &dst, &src), tm = memcpy_once(&dst, &src);
+        if (tx < 0) {
+            snprintf(err, sizeof err, "the local transport failed");
+            goto out;
+        }
+        bx = tx < bx ? tx : bx;
+        bm = tm < bm ? tm : bm;
+    }
+    double bytes = (double)(rows * row);
+    printf("%-5s %-10s %10zu %5zu %12.1f %12.1f %6.2f\n", "local",
+           strided ? "strided" : "contiguous", size, reps, bytes / bx / 1e6, bytes / bm / 1e6,
+           bm / bx);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "bench_transfer --local: %s\n", err);
+    if (ms.ptr)
+        x->ops->mem_free(x->ctx, &ms);
+    if (md.ptr)
+        x->ops->mem_free(x->ctx, &md);
+    return rc;
+}
+
 static int bench_local(int argc, char **argv)
 {
-    int reps = 9;
+    size_t reps = 9, size, n;
     nrs_xport_t x;
+    for (int i = 2; i < argc; i++) /* every argument checked before the first figure */
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc ? parse_count(argv[++i], 1, &n)
+                                                        : parse_count(argv[i], 64, &n)) {
+            fprintf(stderr, "bench_transfer --local: bad argument %s (sizes: bytes, 64 at "
+                            "least; --reps: 1 at least)\n", argv[i]);
+            return 2;
+        }
     if (nrs_xport_local_open(&x))
         return 1;
     printf("%-5s %-10s %10s %5s %12s %12s %6s\n", "local", "shape", "bytes", "reps", "xport MB/s",
            "memcpy MB/s", "ratio");
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--reps")) {
+            parse_count(argv[++i], 1, &reps);
             continue;
         }
-        size_t size = strtoull(argv[i], NULL, 0);
-        for (int strided = 0; strided < 2; strided++) {
-            size_t row = strided ? size / 64 : size, rows = strided ? 64 : 1;
-            size_t pitch = strided ? 2 * row : row, span = rows * pitch;
-            nrs_xmem_t ms, md;
-            if (x.ops->mem_alloc(x.ctx, 0, span, &ms) || x.ops->mem_alloc(x.ctx, 1, span, &md))
+        parse_count(argv[i], 64, &size);
+        for (int strided = 0; strided < 2; strided++)
+            if (local_one(&x, size, strided, reps)) {
+                nrs_xport_close(&x);
                 return 1;
-            memset(ms.ptr, 1, span);
-            memset(md.ptr, 2, span);
-            nrs_xregion_t src = {&ms, 0, pitch, rows, row}, dst = {&md, 0, pitch, rows, row};
-            double bx = 1e30, bm = 1e30;
-            for (int k = 0; k < reps; k++) { /* interleaved: the same machine state */
-                double tx = xport_once(&x, &dst, &src), tm = memcpy_once(&dst, &src);
-                if (tx < 0)
-                    return 1;
-                bx = tx < bx ? tx : bx;
-                bm = tm < bm ? tm : bm;
             }
-            double bytes = (double)(rows * row);
-            printf("%-5s %-10s %10zu %5d %12.1f %12.1f %6.2f\n", "local",
-                   strided ? "strided" : "contiguous", size, reps, bytes / bx / 1e6,
-                   bytes / bm / 1e6, bm / bx);
-            x.ops->mem_free(x.ctx, &ms);
-            x.ops->mem_free(x.ctx, &md);
-        }
     }
     nrs_xport_close(&x);
     return 0;
@@ -252,8 +318,8 @@ int main(int argc, char **argv)
             uo.spin_s = atof(argv[++i]) * 1e-6; /* < 0: nap as soon as idle */
         else if (!strcmp(argv[i], "--outstanding") && more)
             k = atoi(argv[++i]);
-        else if (argv[i][0] >= '0' && argv[i][0] <= '9' && nsizes < 32)
-            sizes[nsizes++] = strtoull(argv[i], NULL, 0);
+        else if (nsizes < 32 && !parse_count(argv[i], 1, &sizes[nsizes]))
+            nsizes++;
         else {
             usage(stderr);
             return 2;
@@ -309,11 +375,10 @@ int main(int argc, char **argv)
         double t0 = nrs_now_s();
         int bad = measure(u, &x, use_xport, me, &m, iters, k, tag + (1u << 23), err, sizeof err);
         double dt = nrs_now_s() - t0;
-        for (size_t i = 0; !bad && me == 1 && i < size; i++)
-            if (buf[i] != 0x5a) {
-                snprintf(err, sizeof err, "size %zu: byte %zu did not arrive", size, i);
-                bad = 1;
-            }
+        if (!bad) /* rank 0 prints only what rank 1 found whole */
+            bad = nrs_bench_verdict(r, (uint64_t)s + 1,
+                                    me == 1 && nrs_bench_check(buf, size, err, sizeof err), err,
+                                    sizeof err);
         free(buf);
         if (bad)
             goto fail;

@@ -9,7 +9,8 @@
  *
  * Rank 0 sends, rank 1 receives, one message in flight, the same buffer
  * every time, a one-byte acknowledgement at the end (--cpus S,R: rank 0 on
- * CPU S, rank 1 on CPU R, as bench_transfer); rank 0 prints
+ * CPU S, rank 1 on CPU R, as bench_transfer); rank 1 checks that every byte
+ * arrived and rank 0 then prints (a failed check: no line, exit status 1)
  *   plain SIZE ITERS WARMUP 1 MiB/s        (MiB = 2^20 bytes, as ucx_perftest)
  *
  *   tests/mp/pmix_srv -n 2 -- bench_ucp_plain --mix PAIRS [--cpus S,R] SIZE...
@@ -112,9 +113,10 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* --mix for one size: pairs of blocks, plain and ours, timed on rank 0 */
-static int mix(plain_t *P, nrs_ucx_t *u, char *buf, size_t size, int pairs, char *err,
-               size_t errlen)
+/* --mix for one size: pairs of blocks, plain and ours, timed on rank 0;
+ * the line rank 0 prints into line */
+static int mix(plain_t *P, nrs_ucx_t *u, char *buf, size_t size, int pairs, char *line,
+               size_t linelen, char *err, size_t errlen)
 {
     int m = size && (8u << 20) / size > 1 ? (int)((8u << 20) / size) : 1;
     double *ratio = calloc((size_t)pairs, sizeof(*ratio)), t[2] = {0, 0};
@@ -144,9 +146,8 @@ static int mix(plain_t *P, nrs_ucx_t *u, char *buf, size_t size, int pairs, char
     }
     qsort(ratio, (size_t)pairs, sizeof(*ratio), cmp_double);
     double mib = (double)size * m * pairs / 1048576.0;
-    if (P->me == 0)
-        printf("mix %zu %d %d %.3f %.3f %.3f %.2f %.2f\n", size, pairs, m, ratio[pairs / 2],
-               ratio[pairs / 4], ratio[(3 * pairs) / 4], mib / t[0], mib / t[1]);
+    snprintf(line, linelen, "mix %zu %d %d %.3f %.3f %.3f %.2f %.2f\n", size, pairs, m,
+             ratio[pairs / 2], ratio[pairs / 4], ratio[(3 * pairs) / 4], mib / t[0], mib / t[1]);
     free(ratio);
     return 0;
 }
@@ -194,6 +195,13 @@ static int setup(plain_t *P, nrs_rdv_t *r, ucp_context_h *ctx, char *err, size_t
     return rc;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_ucp_plain [--iters N] [--warmup W] [--cpus S,R] SIZE...\n"
+               "       bench_ucp_plain --mix PAIRS [--cpus S,R] SIZE...\n"
+               "       (two ranks: run under tests/mp/pmix_srv -n 2)\n");
+}
+
 int main(int argc, char **argv)
 {
     size_t total = 1u << 30, sizes[32];
@@ -217,11 +225,14 @@ int main(int argc, char **argv)
         else if (argv[i][0] >= '0' && argv[i][0] <= '9' && nsizes < 32)
             sizes[nsizes++] = strtoull(argv[i], NULL, 0);
         else {
-            fprintf(stderr, "usage: bench_ucp_plain [--iters N] [--warmup W] [--cpus S,R] SIZE...\n"
-                            "       bench_ucp_plain --mix PAIRS [--cpus S,R] SIZE...\n"
-                            "       (two ranks: run under tests/mp/pmix_srv -n 2)\n");
-            return !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") ? 0 : 2;
+            int help = !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help");
+            usage(help ? stdout : stderr);
+            return help ? 0 : 2;
         }
+    }
+    if (!nsizes) {
+        usage(stderr);
+        return 2;
     }
     if (nrs_rdv_init(&r, err, sizeof err))
         goto out;
@@ -243,34 +254,35 @@ int main(int argc, char **argv)
             goto out;
         }
         memset(buf, P.me == 0 ? 0x5a : 0, size);
+        char line[256];
+        int bad = 0;
         if (pairs) {
-            int bad = mix(&P, u, buf, size, pairs, err, sizeof err);
-            for (size_t i = 0; !bad && P.me == 1 && i < size; i++)
-                if (buf[i] != 0x5a) {
-                    snprintf(err, sizeof err, "size %zu: byte %zu did not arrive", size, i);
-                    bad = 1;
-                }
-            free(buf);
-            if (bad)
+            bad = mix(&P, u, buf, size, pairs, line, sizeof line, err, sizeof err);
+        } else {
+            if ((w && run(&P, buf, size, w)) ||
+                nrs_rdv_fence(r, (uint64_t)s + 1, NULL, 30, err, sizeof err)) {
+                free(buf);
                 goto out;
-            fflush(stdout);
-            continue;
+            }
+            if (P.me == 1)
+                memset(buf, 0, size); /* the timed messages must fill it again */
+            double t0 = nrs_now_s();
+            bad = run(&P, buf, size, n);
+            double dt = nrs_now_s() - t0;
+            if (bad)
+                snprintf(err, sizeof err, "size %zu: a transfer failed", size);
+            snprintf(line, sizeof line, "plain %zu %d %d 1 %.2f\n", size, n, w,
+                     (double)size * n / dt / 1048576.0);
         }
-        if ((w && run(&P, buf, size, w)) ||
-            nrs_rdv_fence(r, (uint64_t)s + 1, NULL, 30, err, sizeof err)) {
-            free(buf);
-            goto out;
-        }
-        double t0 = nrs_now_s();
-        int bad = run(&P, buf, size, n);
-        double dt = nrs_now_s() - t0;
+        if (!bad) /* rank 0 prints only what rank 1 found whole, as bench_transfer */
+            bad = nrs_bench_verdict(r, (uint64_t)s + 1,
+                                    P.me == 1 && nrs_bench_check(buf, size, err, sizeof err),
+                                    err, sizeof err);
         free(buf);
-        if (bad) {
-            snprintf(err, sizeof err, "size %zu: a transfer failed", size);
+        if (bad)
             goto out;
-        }
         if (P.me == 0)
-            printf("plain %zu %d %d 1 %.2f\n", size, n, w, (double)size * n / dt / 1048576.0);
+            fputs(line, stdout);
         fflush(stdout);
     }
     if (u)

@@ -23,7 +23,10 @@ times; the last try counts, flagged "noisy"). N = max(5, BYTES / SIZE),
 W = ceil(N / 10) (ucx_perftest's own default rule). Bandwidth is MiB/s
 (2^20 B/s, what ucx_perftest calls MB/s: its "overall" column). Prints per
 size the median of each side, the ratio of the medians and the median,
-min and max of the per-pair ratios. Target: ratio >= 0.9.
+min and max of the per-pair ratios. Target: ratio >= 0.9. A run that failed
+(a side's exit status not 0: bench_transfer exits 1 when the receiver found
+a byte wrong) is left out of the figures and counted as "(ours failed N)"
+or "(perftest failed N)"; the script then exits 1.
 
 options:
   -b, --build DIR     build directory (default: $PWD, or the first argument)
@@ -110,15 +113,26 @@ else
     ocpu="--cpus $cs,$cr"; pt_send="-c $cs"; pt_recv="-c $cr"
 fi
 
+# ranks WHAT TLS CMD...: CMD as two ranks under pmix_srv; its output only
+# when every rank exited 0 (a rank that found the bytes wrong fails), else
+# none and WHAT's failure on stderr with its last line there.
+ranks() {
+    local what=$1 tls=$2 rc
+    shift 2
+    UCX_TLS=$tls timeout 300 "$SRV" -q -n 2 -t 290 -- "$@" >"$tmp/ranks.out" 2>"$tmp/ranks.err"
+    rc=$?
+    [ $rc = 0 ] && { cat "$tmp/ranks.out"; return 0; }
+    echo "transfer.sh: $what $tls failed (exit $rc): $(tail -1 "$tmp/ranks.err")" >&2
+    return 1
+}
 ours() { # tls size iters warmup -> MiB/s
-    UCX_TLS=$1 timeout 300 "$SRV" -q -n 2 -t 290 -- "$BT" --iters "$3" --warmup "$4" \
-        --outstanding "$K" $ocpu $extra "$2" | awk '$1 == "ours" || $1 == "xport" {print $6}'
+    ranks "ours $2" "$1" "$BT" --iters "$3" --warmup "$4" --outstanding "$K" $ocpu $extra "$2" |
+        awk '$1 == "ours" || $1 == "xport" {print $6}'
 }
 perftest() { # tls size iters warmup -> MiB/s
-    local spid i
+    local spid i rc
     if [ $plain = 1 ]; then
-        UCX_TLS=$1 timeout 300 "$SRV" -q -n 2 -t 290 -- "$BP" --iters "$3" --warmup "$4" \
-            $ocpu "$2" | awk '$1 == "plain" {print $6}'
+        ranks "plain $2" "$1" "$BP" --iters "$3" --warmup "$4" $ocpu "$2" | awk '$1 == "plain" {print $6}'
         return
     fi
     port=$((port + 1)); [ $port -gt 60000 ] && port=20000
@@ -132,9 +146,10 @@ perftest() { # tls size iters warmup -> MiB/s
     done
     UCX_TLS=$1 timeout 300 ucx_perftest 127.0.0.1 -t tag_bw -s "$2" -n "$3" -w "$4" \
         -O "$K" -p "$port" $pt_send >"$tmp/pt.out" 2>&1
+    rc=$?
     wait "$spid" 2>/dev/null
-    awk '/^Final:/ {print $(NF-2); ok = 1} END { exit !ok }' "$tmp/pt.out" ||
-        echo "transfer.sh: ucx_perftest $1 $2 failed: $(tail -1 "$tmp/pt.out")" >&2
+    [ $rc = 0 ] && awk '/^Final:/ {print $(NF-2); ok = 1} END { exit !ok }' "$tmp/pt.out" ||
+        echo "transfer.sh: ucx_perftest $1 $2 failed (exit $rc): $(tail -1 "$tmp/pt.out")" >&2
 }
 # Busy jiffies of the bound CPUs (all if unbound), steal included.
 busy() {
@@ -169,6 +184,7 @@ measure() {
 stats() { nrs_stats "$@"; }
 ratios() { awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+nfail=0 # failed runs: the exit status is 1 when there were any
 
 if [ "$mixp" != 0 ]; then # our layer against the plain loop, in one pair of processes
     echo "mix: pmix_srv -n 2 -- bench_ucp_plain --mix $mixp $ocpu SIZE; UCX_NET_DEVICES=lo; $reps runs per size"
@@ -176,17 +192,18 @@ if [ "$mixp" != 0 ]; then # our layer against the plain loop, in one pair of pro
     for tls in $tls_list; do
         for m in $sizes_mib; do
             for r in $(seq "$reps"); do
-                UCX_TLS=$tls timeout 300 "$SRV" -q -n 2 -t 290 -- "$BP" --mix "$mixp" $ocpu \
-                    $((m * 1048576)) | awk '$1 == "mix"'
+                ranks "mix $m MiB" "$tls" "$BP" --mix "$mixp" $ocpu $((m * 1048576)) | awk '$1 == "mix"'
             done >"$tmp/mix"
             read -r rm rmin rmax < <(awk '{print $5}' "$tmp/mix" | nrs_stats %.3f)
             read -r pm _ _ < <(awk '{print $8}' "$tmp/mix" | nrs_stats %.0f)
             read -r om _ _ < <(awk '{print $9}' "$tmp/mix" | nrs_stats %.0f)
-            printf '%-4s %8s %4s %28s %14s %14s\n' "$tls" "$m" "$(wc -l <"$tmp/mix")" \
-                "$rm [$rmin-$rmax]" "$pm" "$om"
+            fm=$((reps - $(wc -l <"$tmp/mix"))); nfail=$((nfail + fm))
+            printf '%-4s %8s %4s %28s %14s %14s%s\n' "$tls" "$m" "$(wc -l <"$tmp/mix")" \
+                "$rm [$rmin-$rmax]" "$pm" "$om" "$([ $fm = 0 ] || echo " (failed $fm)")"
             [ -n "$out" ] && awk -v t="$tls" -v m="$m" '{print "mix", t, m, $5, $8, $9}' "$tmp/mix" >>"$out"
         done
     done
+    [ $nfail = 0 ] || { echo "transfer.sh: $nfail run(s) failed, left out of the figures" >&2; exit 1; }
     exit 0
 fi
 echo "ours:     pmix_srv -n 2 -- bench_transfer --iters N --warmup W --outstanding $K $ocpu $extra SIZE"
@@ -228,7 +245,7 @@ for tls in $tls_list; do
         read -r pm pmin pmax < <(awk '$2 > 0 {print $2}' "$f" | stats %.0f)
         read -r rm rmin rmax < <(awk '$1 > 0 && $2 > 0' "$f" | ratios | stats %.2f)
         ratio=$(awk -v o="$om" -v p="$pm" 'BEGIN { if (p + 0 > 0 && o + 0 > 0) printf "%.2f", o / p; else print "n/a" }')
-        fo=$(awk '$1 <= 0' "$f" | wc -l); fp=$(awk '$2 <= 0' "$f" | wc -l)
+        fo=$(awk '$1 <= 0' "$f" | wc -l); fp=$(awk '$2 <= 0' "$f" | wc -l); nfail=$((nfail + fo + fp))
         fails=""; [ "$fo" -gt 0 ] && fails=" (ours failed $fo)"; [ "$fp" -gt 0 ] && fails="$fails (perftest failed $fp)"
         printf '%-4s %8s %6s %4s %4s %22s %22s %7s %20s%s\n' "$tls" "$m" "$n" "$w" "$reps" \
             "$om [$omin-$omax]" "$pm [$pmin-$pmax]" "$ratio" "$rm [$rmin-$rmax]" \
@@ -240,5 +257,6 @@ echo "reruns for noise: $(grep -c retry "$tmp/noise"); kept noisy: $(grep -c noi
 if [ $local_part = 1 ]; then
     echo
     sizes_b=""; for m in $sizes_mib; do sizes_b="$sizes_b $((m * 1048576))"; done
-    "$BT" --local $sizes_b
+    "$BT" --local $sizes_b || { echo "transfer.sh: bench_transfer --local failed" >&2; nfail=$((nfail + 1)); }
 fi
+[ $nfail = 0 ] || { echo "transfer.sh: $nfail run(s) failed, left out of the figures" >&2; exit 1; }

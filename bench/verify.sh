@@ -5,6 +5,8 @@
 # transfer hashed by its sender and its receiver, the sums compared in the
 # votes. REPS pairs of runs, interleaved, alternating which goes first; prints
 # each side's median "transition" seconds and the ratio of the medians.
+# A run that fails (bench_worker's exit status not 0: a phase failed or a
+# shard did not verify) ends the script with exit status 1, no figures.
 # Figures only, never a test.
 #   bench/verify.sh [BUILD_DIR] [--spec FILE] [--scale S] [--gpus N] [--reps N]
 set -u
@@ -14,15 +16,21 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --spec) spec=$2; shift 2 ;; --scale) scale=$2; shift 2 ;; --gpus) gpus=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "bench/verify.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) B=$1; shift ;;
     esac
 done
 W="$B/bench/bench_worker"
 [ -x "$W" ] || { echo "bench/verify.sh: $W not built (make bench)" >&2; exit 2; }
-one() { # NRS_WORKER_VERIFY value: the transition's seconds
-    NRS_WORKER_VERIFY=$1 "$W" "$spec" --scale "$scale" "$gpus" 2>/dev/null |
-        sed -n 's/.* transition \([0-9.]*\) .*/\1/p' | head -1
+case "$reps" in ''|*[!0-9]*|0) echo "bench/verify.sh: --reps $reps: want a count" >&2; exit 2 ;; esac
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+one() { # NRS_WORKER_VERIFY value: the transition's seconds; nothing when the run failed
+    local rc
+    NRS_WORKER_VERIFY=$1 "$W" "$spec" --scale "$scale" "$gpus" >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 0 ] || { echo "bench/verify.sh: bench_worker (verify $1) exit $rc: $(tail -1 "$tmp/out")" >&2; return 1; }
+    sed -n 's/.* transition \([0-9.]*\) .*/\1/p' "$tmp/out" | head -1
 }
 off=() on=()
 for i in $(seq "$reps"); do
