@@ -1,6 +1,7 @@
 /* bench_graph: transition graph makespan against its lower bound, and the
  * time to build + schedule a graph, on Llama-3 shapes and on random plans.
- * Usage: bench_graph [cases]        (a benchmark, never a timed test)
+ * Usage: bench_graph [CASES]        (a benchmark, never a timed test)
+ *            the named cases, then CASES random plans (default 100)
  *        bench_graph exec [SCALE]
  *            the named cases of up to 64 GPUs, scaled down (default 1/256):
  *            the in-process executor against plain memcpy of the same ops'
@@ -39,6 +40,17 @@ static void h200(nrs_spec_t *s)
     s->cluster.gpu_mem_gib = 141;
 }
 
+/* A count on the command line: digits only, at least min. */
+static int parse_int(const char *s, int min, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || *s == '-' || *s == '+' || v < min || v > 1 << 30)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
 typedef struct {
     const char *name;
     int big; /* 70B */
@@ -57,7 +69,9 @@ static void named_spec(const named_t *c, nrs_model_t *m, nrs_spec_t *s)
     h200(s);
 }
 
-static void run_named(const named_t *c)
+/* Each run_* prints its figures and returns 0, or 1 when a case failed
+ * (its error printed): the exit status then says that a figure is missing. */
+static int run_named(const named_t *c)
 {
     nrs_model_t m;
     nrs_spec_t s;
@@ -73,12 +87,13 @@ static void run_named(const named_t *c)
     if (rc) {
         printf("%-44s error: %s\n", c->name, err);
         nrs_emu_graph_free(g);
-        return;
+        return 1;
     }
     double ms = (double)g->makespan * 1e-12, lb = (double)g->lower_bound * 1e-12;
     printf("%-44s %8zu ops %9.4f s  lb %9.4f s  ratio %.3f  build %.3f s\n", c->name, g->nops,
            ms, lb, lb > 0 ? ms / lb : 1, t1 - t0);
     nrs_emu_graph_free(g);
+    return 0;
 }
 
 /* Plain memcpy of g's copies and transfers, in its order: the old buffers
@@ -138,7 +153,7 @@ static double memcpy_baseline(const nrs_emu_graph_t *g, int strided)
 /* The executor (local transport) on case c scaled down, against plain memcpy
  * of each copy and transfer's bytes into buffers allocated as the graph
  * allocates them, in the same run. */
-static void run_exec(const named_t *c, double scale)
+static int run_exec(const named_t *c, double scale)
 {
     nrs_model_t m;
     nrs_spec_t s, ss;
@@ -157,7 +172,7 @@ static void run_exec(const named_t *c, double scale)
     if (nrs_emu_transition(&ss, &a, &b, &o, &g, err, sizeof(err)) || nrs_xport_local_open(&x)) {
         printf("%-44s error: %s\n", c->name, err);
         nrs_emu_graph_free(g);
-        return;
+        return 1;
     }
     nrs_emu_exec_opts_t eo = {.stop_after = -1, .no_poison = true}; /* as memcpy: no poison */
     int64_t state = 0, budget = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 3 * 2;
@@ -168,12 +183,12 @@ static void run_exec(const named_t *c, double scale)
                c->name, (double)state / 1e9);
         nrs_xport_close(&x);
         nrs_emu_graph_free(g);
-        return;
+        return 0;
     }
     int rc = 0;
     double t = 0, ts = 0;
     for (int pass = 0; pass < 2; pass++) { /* the second pass of each is reported */
-        rc = nrs_emu_execute(g, &x, &eo, &res);
+        rc |= nrs_emu_execute(g, &x, &eo, &res); /* either pass failing fails the case */
         t = memcpy_baseline(g, 0);
         ts = memcpy_baseline(g, 1);
     }
@@ -186,10 +201,11 @@ static void run_exec(const named_t *c, double scale)
            res.run_s > 0 && ts > 0 ? ts / res.run_s : 0,
            rc ? "VERIFY FAILED" : "every shard verified");
     nrs_emu_graph_free(g);
+    return rc ? 1 : 0;
 }
 
 /* Random plans of a random Llama-3-8B-shaped job on 8..64 GPUs. */
-static void run_random(int cases)
+static int run_random(int cases)
 {
     tu_rng_t r = {12345};
     double worst = 0, sum = 0, tmax = 0;
@@ -230,22 +246,30 @@ static void run_random(int cases)
     printf("random 8B-shaped plans, %d cases: makespan/lower bound worst %.3f mean %.3f; "
            "slowest build %.3f s\n",
            n, worst, n ? sum / n : 0, tmax);
+    return n < cases;
 }
 
 /* The transition the controller prices when the response length triples:
  * best plan at 1024 tokens -> best plan at 3072, same GPUs. */
 static int run_scale(const char *path, int argc, char **argv)
 {
-    int sizes[16] = {64, 256, 512, 1024}, nsizes = 4;
+    int sizes[16] = {64, 256, 512, 1024}, nsizes = 4, failed = 0;
     nrs_spec_t s;
     char err[512];
+    if (argc > 16) {
+        fprintf(stderr, "bench_graph scale: 16 GPU counts at most\n");
+        return 2;
+    }
+    if (argc > 0) /* explicit sizes */
+        for (nsizes = 0; nsizes < argc; nsizes++)
+            if (parse_int(argv[nsizes], 1, &sizes[nsizes])) {
+                fprintf(stderr, "bench_graph scale: '%s' is not a GPU count\n", argv[nsizes]);
+                return 2;
+            }
     if (nrs_spec_load(path, &s, err, sizeof(err))) {
         fprintf(stderr, "%s: %s\n", path, err);
         return 1;
     }
-    if (argc > 0) /* explicit sizes */
-        for (nsizes = 0; nsizes < argc && nsizes < 16; nsizes++)
-            sizes[nsizes] = atoi(argv[nsizes]);
     for (int i = 0; i < nsizes; i++) {
         nrs_plan_req_t req;
         nrs_plan_t a, b;
@@ -256,11 +280,13 @@ static int run_scale(const char *path, int argc, char **argv)
         req.work.response_len = 1024;
         if (nrs_plan_best(&s, &req, &a, err, sizeof(err))) {
             printf("%5d GPUs: plan: %s\n", sizes[i], err);
+            failed = 1;
             continue;
         }
         req.work.response_len = 3072;
         if (nrs_plan_best(&s, &req, &b, err, sizeof(err))) {
             printf("%5d GPUs: plan: %s\n", sizes[i], err);
+            failed = 1;
             continue;
         }
         double t0 = now_s();
@@ -269,6 +295,7 @@ static int run_scale(const char *path, int argc, char **argv)
         if (rc) {
             printf("%5d GPUs: transition: %s\n", sizes[i], err);
             nrs_emu_graph_free(g);
+            failed = 1;
             continue;
         }
         nrs_emu_graph_stats(g, &st);
@@ -290,13 +317,22 @@ static int run_scale(const char *path, int argc, char **argv)
                by[NRS_EMU_OP_COPY], by[NRS_EMU_OP_STAGE], by[NRS_EMU_OP_COMM]);
         nrs_emu_graph_free(g);
     }
-    return 0;
+    return failed;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_graph [CASES]                 named cases, then CASES random plans "
+               "(default 100)\n"
+               "       bench_graph exec [SCALE]            the executor against memcpy, scaled "
+               "(default 1/256)\n"
+               "       bench_graph scale SPEC [GPUS...]    SPEC's transition at response 1024 -> "
+               "3072\n"
+               "exit status: 0, 1 when a case failed (its line says why), 2 usage\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc > 2 && !strcmp(argv[1], "scale"))
-        return run_scale(argv[2], argc - 3, argv + 3);
     static const named_t named[] = {
         {"8B  tp4 pp2 dp2 -> tp8 pp1 dp2 (16 GPUs)", 0, 16, 16, {4, 2, 2, 1}, {8, 1, 2, 1}},
         {"8B  tp2 pp3 dp1 -> tp4 pp2 dp1 (8 GPUs)", 0, 8, 8, {2, 3, 1, 1}, {4, 2, 1, 1}},
@@ -310,20 +346,40 @@ int main(int argc, char **argv)
         {"8B  dp 128 -> 256 (tp4 pp1, 512 -> 1024)", 0, 512, 1024, {4, 1, 128, 1},
          {4, 1, 256, 1}},
     };
+    int failed = 0, cases = 100;
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "scale")) {
+        if (argc < 3) {
+            usage(stderr);
+            return 2;
+        }
+        return run_scale(argv[2], argc - 3, argv + 3);
+    }
     if (argc > 1 && !strcmp(argv[1], "exec")) {
-        double scale = argc > 2 ? atof(argv[2]) : 1.0 / 256;
+        char *end = NULL;
+        double scale = argc > 2 ? strtod(argv[2], &end) : 1.0 / 256;
+        if (argc > 3 || (end && (*end || end == argv[2] || !(scale > 0 && scale <= 1)))) {
+            fprintf(stderr, "bench_graph exec: SCALE is a number in (0, 1]\n");
+            return 2;
+        }
         /* freed memory stays in the heap: both sides then write to pages
          * already faulted in (in a VM a first touch costs more than the copy) */
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
         for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
             if (named[i].ga <= 64 && named[i].gb <= 64)
-                run_exec(&named[i], scale > 0 ? scale : 1.0 / 256);
-        return 0;
+                failed |= run_exec(&named[i], scale);
+        return failed;
     }
-    int cases = argc > 1 ? atoi(argv[1]) : 100;
+    if (argc > 2 || (argc > 1 && parse_int(argv[1], 0, &cases))) {
+        usage(stderr);
+        return 2;
+    }
     for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
-        run_named(&named[i]);
-    run_random(cases);
-    return 0;
+        failed |= run_named(&named[i]);
+    failed |= run_random(cases);
+    return failed;
 }

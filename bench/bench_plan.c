@@ -1,6 +1,7 @@
 /* bench/plan: planning time against the number of GPUs, on one spec, in one
- * run (median of repeated runs; the machines are shared and noisy).
- * Usage: bench_plan SPEC [REPEATS] */
+ * run (median of repeated runs, the mean of the middle two for an even
+ * count; the machines are shared and noisy).
+ * Usage: bench_plan SPEC [REPEATS]    (1..100, default 5) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -19,9 +20,10 @@ int main(int argc, char **argv)
     static const int sizes[] = {64, 256, 1024, 4096, 16384};
     nrs_spec_t s;
     char err[NRS_ERR_MAX];
-    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    char *end = NULL;
+    long reps = argc > 2 ? strtol(argv[2], &end, 10) : 5;
 
-    if (argc < 2 || reps < 1 || reps > 100) {
+    if (argc < 2 || argc > 3 || (end && (end == argv[2] || *end)) || reps < 1 || reps > 100) {
         fprintf(stderr, "usage: bench_plan SPEC [REPEATS 1..100]\n");
         return 2;
     }
@@ -45,7 +47,8 @@ int main(int argc, char **argv)
             t[r] = (nrs_now_s() - t0) * 1e3;
         }
         qsort(t, (size_t)reps, sizeof(double), cmp_d);
-        printf("%-8d %12.2f %12.2f %12.2f %10.3f %8d\n", sizes[i], t[reps / 2], t[0], t[reps - 1],
+        double med = reps % 2 ? t[reps / 2] : (t[reps / 2 - 1] + t[reps / 2]) / 2;
+        printf("%-8d %12.2f %12.2f %12.2f %10.3f %8d\n", sizes[i], med, t[0], t[reps - 1],
                p.step_s, p.npools);
     }
     return 0;

@@ -1,5 +1,7 @@
-/* bench/sim: wall time to simulate a trace per policy, and the policy's own
- * overhead per step as a share of the simulated step it decides for.
+/* bench/sim: wall time to simulate a trace per policy, and that wall time
+ * per step as a share of the simulated step. The wall time is the policy's
+ * decisions (planning, admission) and the simulator's own bookkeeping
+ * together: an upper bound on what the policy costs per step.
  * Usage: bench_sim SPEC TRACE */
 #include <stdio.h>
 #include <time.h>
@@ -21,8 +23,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_sim: %s\n", err);
         return 1;
     }
-    printf("%-12s %10s %14s %16s %18s\n", "policy", "wall s", "wall ms/step", "simulated s/step",
-           "overhead share");
+    printf("%-14s %10s %14s %16s %18s\n", "policy", "wall s", "wall ms/step", "simulated s/step",
+           "wall share");
     for (int p = 0; p < NRS_SIM_POLICY_COUNT; p++) {
         nrs_sim_summary_t m;
         double t0 = nrs_now_s();
@@ -32,7 +34,7 @@ int main(int argc, char **argv)
             return 1;
         }
         double wall = nrs_now_s() - t0, per = m.steps ? wall / m.steps : 0;
-        printf("%-12s %10.2f %14.3f %16.3f %17.4f%%\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
+        printf("%-14s %10.2f %14.3f %16.3f %17.4f%%\n", nrs_sim_policy_name((nrs_sim_policy_t)p),
                wall, per * 1e3, m.mean_step_s, m.mean_step_s > 0 ? 100 * per / m.mean_step_s : 0);
     }
     nrs_trace_free(&t);

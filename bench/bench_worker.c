@@ -11,7 +11,8 @@
  * For each GPU count (default 64 and 256): the best plan of SPEC at response
  * 1,024 tokens -> the best at 3,072 (as bench_graph scale), the model scaled
  * down by S (default 1e-4: the geometry, boxes and graphs are the real ones,
- * the bytes few). Prints seconds per phase and the peak RSS. */
+ * the bytes few; S in (0, 1]). Prints seconds per phase and the peak RSS.
+ * Exit status 1 when a phase failed or a shard did not verify. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,10 +110,17 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--scale") && i + 1 < argc)
-            scale = atof(argv[++i]);
-        else if (n < 16 && atoi(argv[i]) > 0)
-            sizes[n++] = atoi(argv[i]);
+        char *end;
+        long v;
+        if (!strcmp(argv[i], "--scale") && i + 1 < argc) {
+            /* not 0 (no scaling: the full model's bytes in this process) */
+            scale = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(scale > 0 && scale <= 1))
+                return fprintf(stderr, "bench_worker: --scale %s: a number in (0, 1]\n",
+                               argv[i]), 2;
+        } else if (n < 16 && (v = strtol(argv[i], &end, 10)) > 0 && v <= 1 << 20 && !*end &&
+                   argv[i][0] != '+')
+            sizes[n++] = (int)v;
         else
             return fprintf(stderr, "bench_worker: bad argument %s\n", argv[i]), 2;
     }

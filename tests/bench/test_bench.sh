@@ -24,6 +24,49 @@ bt_lacks() { # name pattern: the last case's output lacks it
     fi
 }
 
+# bench_plan: the median of an even count is the mean of the middle two
+# (it was the upper one: with 2 repeats the median column was the max).
+mp_case "bench_plan: 2 repeats" 0 60 "$B/bench/bench_plan" "$SPEC" 2
+bt_awk "bench_plan: median of 2 = mean of min and max" \
+    'NR > 1 { n++; d = $2 - ($3 + $4) / 2; if (d > 0.011 || d < -0.011) bad++ }
+     END { exit !(n == 5 && !bad) }'
+mp_case "bench_plan: REPEATS 5x refused" 2 10 "$B/bench/bench_plan" "$SPEC" 5x
+
+# bench_graph: usage, and a failed case is exit status 1.
+mp_case "bench_graph --help" 0 10 "$B/bench/bench_graph" --help
+mp_grep "bench_graph --help: usage" "usage: bench_graph \[CASES\]"
+mp_case "bench_graph scale without SPEC" 2 10 "$B/bench/bench_graph" scale
+mp_case "bench_graph scale: a GPU count without a plan fails" 1 60 \
+    "$B/bench/bench_graph" scale "$SPEC" 12 64
+mp_grep "bench_graph scale: says why" "12 GPUs: plan: 12 GPUs is not a whole number"
+mp_grep "bench_graph scale: the other count measured" "64 GPUs: .* ratio 1\.[0-9]* "
+mp_case "bench_graph scale: junk count" 2 10 "$B/bench/bench_graph" scale "$SPEC" 64x
+mp_case "bench_graph exec: scale 0 refused" 2 10 "$B/bench/bench_graph" exec 0
+mp_case "bench_graph exec, tiny" 0 120 "$B/bench/bench_graph" exec 0.00001
+bt_awk "bench_graph exec: 5 cases, each verified" \
+    '/every shard verified$/ { n++ } END { exit n != 5 }'
+mp_case "bench_graph 2 random cases" 0 120 "$B/bench/bench_graph" 2
+mp_grep "bench_graph: random summary" "random 8B-shaped plans, 2 cases: makespan/lower bound worst"
+
+# bench_worker: --scale 0 was no scaling at all (the full model in this
+# process: OOM-killed on a 23 GB machine); the address space is capped so
+# that a regression fails instead of swamping the machine.
+# ASan reserves terabytes of shadow, which no such cap allows: the case
+# runs in the other builds only.
+if [ -x "$B/bench/bench_worker" ]; then
+    if ldd "$B/.libs/libnereus.so" 2>/dev/null | grep -q libasan; then
+        mp_skip "bench_worker: --scale 0 refused" "a sanitizer build (no address-space cap)"
+    else
+        mp_case "bench_worker: --scale 0 refused" 2 30 \
+            bash -c 'ulimit -v 4000000 && exec "$@"' - "$B/bench/bench_worker" "$SPEC" --scale 0 8
+    fi
+    mp_case "bench_worker: GPU count 8x refused" 2 10 "$B/bench/bench_worker" "$SPEC" 8x
+    mp_case "bench_worker: 8 GPUs at 1e-4" 0 60 "$B/bench/bench_worker" "$SPEC" --scale 1e-4 8
+    mp_grep "bench_worker: every shard verified" "0 mismatches"
+else
+    mp_skip "bench_worker" "not built (needs PMIx and UCX)"
+fi
+
 # bench_transfer --local: the transport's copy is checked (it was not).
 if [ -x "$B/bench/bench_transfer" ]; then
     T="$B/bench/bench_transfer"
