@@ -48,6 +48,23 @@ bt_awk "bench_graph exec: 5 cases, each verified" \
 mp_case "bench_graph 2 random cases" 0 120 "$B/bench/bench_graph" 2
 mp_grep "bench_graph: random summary" "random 8B-shaped plans, 2 cases: makespan/lower bound worst"
 
+# bench_controller: counts checked, the controller's own failure named at
+# once, and a soft descriptor limit below the ranks raised.
+C="$B/nereus-controller"
+mp_case "bench_controller: 0 ranks refused" 2 10 "$B/bench/bench_controller" "$C" "$SPEC" 0
+mp_case "bench_controller: a controller that refuses the GPUs" 1 30 \
+    "$B/bench/bench_controller" "$C" "$SPEC" 12 2
+mp_grep "bench_controller: says the controller exited" \
+    "exited before it listened: no figures (controller: .*12 GPUs is not a whole number"
+if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 200 ]; then
+    mp_case "bench_controller: 80 ranks under a soft limit of 64 descriptors" 0 60 \
+        bash -c 'ulimit -Sn 64 && exec "$@"' - "$B/bench/bench_controller" "$C" "$SPEC" 80 2
+    mp_grep "bench_controller: every report taken" \
+        "80 ranks over the unix socket, 2 steps, 160 reports taken (160 sent)"
+else
+    mp_skip "bench_controller: soft limit" "hard descriptor limit $(ulimit -Hn)"
+fi
+
 # bench_worker: --scale 0 was no scaling at all (the full model in this
 # process: OOM-killed on a 23 GB machine); the address space is capped so
 # that a regression fails instead of swamping the machine.
