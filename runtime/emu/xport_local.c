@@ -18,13 +18,19 @@ typedef struct {
     size_t nsend, nrecv, capsend, caprecv;
 } local_t;
 
+/* off + (rows - 1) * pitch + row_bytes <= bytes, without wrapping around
+ * size_t: a negative offset (as size_t) or a huge pitch must not pass. */
 int nrs_xregion_ok(const nrs_xregion_t *r)
 {
     if (r->rows == 0)
         return 1;
     if (!r->mem || !r->mem->ptr || (r->rows > 1 && r->row_bytes > r->pitch))
         return 0;
-    return r->off + (r->rows - 1) * r->pitch + r->row_bytes <= r->mem->bytes;
+    size_t n = r->mem->bytes;
+    if (r->off > n || r->row_bytes > n - r->off)
+        return 0;
+    size_t room = n - r->off - r->row_bytes; /* for the other rows' starts */
+    return r->rows == 1 || r->pitch <= room / (r->rows - 1);
 }
 
 static void strided_copy(const nrs_xregion_t *dst, const nrs_xregion_t *src)

@@ -605,6 +605,54 @@ static void test_executor_catches_bad_graphs(void **state)
     nrs_emu_graph_free(g);
 }
 
+/* A region reaching outside its memory is refused, however far: an offset
+ * before the buffer (a negative one, as size_t) or a pitch so large that
+ * the region's end wraps around size_t must not pass as in bounds. */
+static void test_region_bounds_do_not_wrap(void **state)
+{
+    unsigned char buf[64];
+    nrs_xmem_t mem = {buf, 0, sizeof buf, 0};
+    (void)state;
+    nrs_xregion_t ok = {&mem, 8, 16, 3, 16}, end = {&mem, 48, 16, 1, 16};
+    assert_true(nrs_xregion_ok(&ok));
+    assert_true(nrs_xregion_ok(&end));
+    nrs_xregion_t before = {&mem, (size_t)-8, 16, 1, 16}; /* bytes [-8, 8) */
+    assert_false(nrs_xregion_ok(&before));
+    nrs_xregion_t past = {&mem, 49, 16, 1, 16};
+    assert_false(nrs_xregion_ok(&past));
+    nrs_xregion_t wrap = {&mem, 0, SIZE_MAX / 2 + 1, 3, 8}; /* 2 pitches wrap to 0 */
+    assert_false(nrs_xregion_ok(&wrap));
+    nrs_xregion_t big = {&mem, 8, 8, SIZE_MAX / 4, 8};
+    assert_false(nrs_xregion_ok(&big));
+
+    /* through the executor: an op whose source starts 8 bytes before its
+     * buffer is a transport error, not a read outside the buffer */
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {2, 1, 1, 1}, lb = {1, 2, 1, 1};
+    nrs_emu_graph_t *g;
+    nrs_emu_exec_result_t res;
+    nrs_xport_t x;
+    char err[512];
+    tu_model(&m, 2, 8, 8, 4, 2, 8);
+    tu_spec_fixed(&s, &m, 2);
+    tu_plan_single(&s, 2, &la, &a);
+    tu_plan_single(&s, 2, &lb, &b);
+    nrs_emu_opts_t o = {.chunk_bytes = 32};
+    assert_int_equal(nrs_xport_local_open(&x), 0);
+    assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
+    for (size_t i = 0; i < g->nops; i++)
+        if (g->ops[i].type == NRS_EMU_OP_XFER || g->ops[i].type == NRS_EMU_OP_COPY) {
+            g->ops[i].src_off -= g->ops[i].src_off + 8;
+            g->ops[i].dst_off -= g->ops[i].dst_off + 8;
+        }
+    assert_int_equal(nrs_emu_execute(g, &x, NULL, &res), -1);
+    assert_true(res.xport_errors > 0);
+    nrs_xport_close(&x);
+    nrs_emu_graph_free(g);
+}
+
 /* Recover: a lost node whose state has a replica elsewhere is rebuilt from
  * it; with dp = 1 the lost boxes are reported exactly, with an error. */
 static void test_recover(void **state)
@@ -874,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_swap_stages_through_host),
         cmocka_unit_test(test_staging_parallel_across_replicas),
         cmocka_unit_test(test_executor_catches_bad_graphs),
+        cmocka_unit_test(test_region_bounds_do_not_wrap),
         cmocka_unit_test(test_recover),
         cmocka_unit_test(test_missing_buffers),
         cmocka_unit_test(test_many_replicas),
