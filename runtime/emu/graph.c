@@ -734,8 +734,10 @@ fail:
 }
 
 /* How move mi is cut: whole rows per chunk, or rows longer than a chunk in
- * pieces; a range contiguous on both sides is one long row. */
-static void chunk_move(nrs_emu_graph_t *g, int32_t mi)
+ * pieces; a range contiguous on both sides is one long row. Returns its
+ * chunks, counted in 64 bits (k->n holds them only up to NRS_EMU_MAX_CHUNKS,
+ * which the caller checks). */
+static int64_t chunk_move(nrs_emu_graph_t *g, int32_t mi)
 {
     const nrs_emu_move_t *mv = &g->moves[mi];
     const nrs_emu_buf_t *S = &g->buf[mv->src].b, *D = &g->buf[mv->dst].b;
@@ -764,13 +766,16 @@ static void chunk_move(nrs_emu_graph_t *g, int32_t mi)
     }
     op->rows = (int32_t)rows;
     op->row_bytes = row;
+    int64_t n;
     if (row <= ch) { /* whole rows per chunk */
         k->per = ch / row;
-        k->n = (uint32_t)((rows + k->per - 1) / k->per);
+        n = (rows + k->per - 1) / k->per;
     } else { /* rows longer than a chunk: pieces of rows */
         k->npr = (row + ch - 1) / ch;
-        k->n = (uint32_t)(rows * k->npr);
+        n = rows * k->npr;
     }
+    k->n = (uint32_t)(n <= NRS_EMU_MAX_CHUNKS ? n : 0);
+    return n;
 }
 
 void nrs_emu_chunk(const nrs_emu_graph_t *g, size_t mi, size_t c, nrs_emu_op_t *out)
@@ -922,11 +927,17 @@ int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
     g->mch = malloc(sizeof(*g->mch) * (g->nmoves + 1));
     if (!g->mch)
         goto oom;
-    g->nchunks = 0;
-    for (size_t i = 0; i < g->nmoves; i++) {
-        chunk_move(g, (int32_t)i);
-        g->nchunks += g->mch[i].n;
+    int64_t nchunks = 0;
+    for (size_t i = 0; i < g->nmoves; i++)
+        nchunks += chunk_move(g, (int32_t)i);
+    if (nchunks > NRS_EMU_MAX_CHUNKS) {
+        snprintf(err, errlen,
+                 "transition graph too large: %lld chunks of at most %lld bytes, more than "
+                 "%lld: use a larger chunk",
+                 (long long)nchunks, (long long)g->chunk, (long long)NRS_EMU_MAX_CHUNKS);
+        return -1;
     }
+    g->nchunks = (size_t)nchunks;
     lower_bound_of(g);
     g->phase_s[NRS_EMU_PH_CHUNKS] = nrs_now_s() - t0;
     return 0;

@@ -77,6 +77,10 @@ typedef struct {
     nrs_emu_rect_t box;
 } nrs_emu_lost_t;
 
+/* The most chunks a graph may have: op, move and read counts are 32-bit,
+ * and the schedule adds an alloc and a free per buffer to its chunks. */
+#define NRS_EMU_MAX_CHUNKS ((int64_t)1 << 30)
+
 /* A move cut into chunks of at most g->chunk bytes, the same on every rank.
  * Chunks are computed (nrs_emu_chunk), not stored. */
 typedef struct {

@@ -946,7 +946,7 @@ int nrs_emu_schedule(nrs_emu_graph_t *g, char *err, size_t errlen)
             }
         }
     }
-    if (g->nchunks >= UINT32_MAX || g->nmoves >= INT32_MAX) {
+    if (g->nchunks > (size_t)NRS_EMU_MAX_CHUNKS || g->nmoves >= INT32_MAX) {
         snprintf(err, errlen, "transition graph too large to schedule (%zu chunks)", g->nchunks);
         goto out;
     }

@@ -653,6 +653,42 @@ static void test_region_bounds_do_not_wrap(void **state)
     nrs_emu_graph_free(g);
 }
 
+/* A move cut into more chunks than the scheduler can count is refused with
+ * a clear error: its chunk count was truncated to 32 bits, so a move of 2^32
+ * chunks (4 GiB in chunks of 1 byte) had none and its destination was
+ * allocated but never written, with no error. */
+static void test_chunk_count_overflow_refused(void **state)
+{
+    nrs_model_t m;
+    nrs_spec_t s;
+    nrs_plan_t a, b;
+    nrs_layout_t la = {1, 1, 1, 1}, lb = {2, 1, 1, 1};
+    nrs_emu_graph_t *g = NULL;
+    char err[512] = "";
+    (void)state;
+    /* embedding [2^30, 4]: each tp half of it is 2^32 bytes in bf16 */
+    tu_model(&m, 1, 4, 4, 4, 4, 1 << 30);
+    tu_spec_fixed(&s, &m, 2);
+    tu_plan_single(&s, 2, &la, &a);
+    tu_plan_single(&s, 2, &lb, &b);
+    nrs_emu_opts_t o = {.chunk_bytes = 1, .cap_bytes = (int64_t)1 << 50};
+    int rc = nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err));
+    if (rc == 0) {
+        int64_t bytes = 0, cut = 0;
+        for (size_t i = 0; i < g->nmoves; i++) {
+            bytes += nrs_emu_rect_area(&g->moves[i].box) * g->buf[g->moves[i].dst].b.esize;
+            cut += g->mch[i].n;
+        }
+        nrs_emu_graph_free(g);
+        fail_msg("accepted: %lld bytes to move in chunks of 1 byte, %lld chunks", (long long)bytes,
+                 (long long)cut);
+    }
+    assert_int_equal(rc, -1);
+    assert_null(g);
+    assert_non_null(strstr(err, "chunks"));
+    print_message("refused: %s\n", err);
+}
+
 /* Recover: a lost node whose state has a replica elsewhere is rebuilt from
  * it; with dp = 1 the lost boxes are reported exactly, with an error. */
 static void test_recover(void **state)
@@ -923,6 +959,7 @@ int main(void)
         cmocka_unit_test(test_staging_parallel_across_replicas),
         cmocka_unit_test(test_executor_catches_bad_graphs),
         cmocka_unit_test(test_region_bounds_do_not_wrap),
+        cmocka_unit_test(test_chunk_count_overflow_refused),
         cmocka_unit_test(test_recover),
         cmocka_unit_test(test_missing_buffers),
         cmocka_unit_test(test_many_replicas),
