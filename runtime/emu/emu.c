@@ -57,6 +57,8 @@ int nrs_emu_graph_make(const nrs_spec_t *s, const nrs_plan_t *from, nrs_emu_sel_
     int rc = -1;
 
     *out = NULL;
+    if (errlen)
+        err[0] = 0; /* a failure that says nothing (a refused allocation) is out of memory */
     if (!o) {
         nrs_emu_opts_init(&dflt);
         o = &dflt;
@@ -85,6 +87,8 @@ int nrs_emu_graph_make(const nrs_spec_t *s, const nrs_plan_t *from, nrs_emu_sel_
     *out = g;
     return 0;
 fail:
+    if (errlen && !err[0])
+        snprintf(err, errlen, "out of memory building the transition graph");
     nrs_emu_graph_free(g);
     return -1;
 }

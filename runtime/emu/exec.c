@@ -163,8 +163,10 @@ static void verify_new(ex_t *E)
 {
     const nrs_emu_graph_t *g = E->g;
     unsigned char *expect = calloc(g->nbuf + 1, 1);
-    if (!expect)
+    if (!expect) { /* nothing verified is no success */
+        note(E, &E->res->xport_errors, "out of memory verifying the new state");
         return;
+    }
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
         check_buf(E, nrs_emu_canon(g, j), &g->buf[j].b);
         expect[nrs_emu_canon(g, j)] = 1;

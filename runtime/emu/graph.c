@@ -535,6 +535,7 @@ static int select_sources(sel_t *S, int32_t dst)
 static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, size_t errlen)
 {
     size_t np = (size_t)g->nphys;
+    NRS_GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
     unsigned char *lost = calloc(np + 1, 1); /* per physical GPU */
     if (!lost)
         return -1;
@@ -542,7 +543,6 @@ static int add_buffers(nrs_emu_graph_t *g, const nrs_emu_opts_t *o, char *err, s
         if (o->lost[i] >= 0 && (size_t)o->lost[i] < np)
             lost[o->lost[i]] = 1;
 #define LOST(gpu) ((gpu) >= 0 && (size_t)(gpu) < np && lost[gpu])
-    NRS_GROW(g->buf, 0, g->bufcap, g->from.nbuf + g->to.nbuf + 64); /* one allocation */
     for (size_t i = 0; i < g->from.nbuf; i++)
         g->buf[i] = (nrs_emu_gbuf_t){g->from.buf[i], -1, -1, NRS_EMU_ORIGIN_OLD,
                                      (int8_t)(LOST(g->from.buf[i].gpu) ||
@@ -815,11 +815,13 @@ int64_t nrs_emu_chunks_ps(const nrs_emu_graph_t *g, nrs_emu_dmemo_t *m, size_t m
            lasts * nrs_emu_duration_m(g, m, res, last);
 }
 
-static void lower_bound_of(nrs_emu_graph_t *g)
+static int lower_bound_of(nrs_emu_graph_t *g)
 {
     size_t nres = (size_t)g->nphys * NRS_EMU_RES_KINDS;
     int64_t *load = calloc(nres + 1, sizeof(int64_t));
     nrs_emu_dmemo_t dm;
+    if (!load)
+        return -1;
     nrs_emu_dmemo_init(&dm);
     g->lower_bound = 0;
     memset(g->link_bytes, 0, sizeof(g->link_bytes));
@@ -828,7 +830,7 @@ static void lower_bound_of(nrs_emu_graph_t *g)
         int64_t bytes = c->row_bytes * c->rows;
         int r[2];
         g->link_bytes[nrs_emu_resources(g, c->src_gpu, c->dst_gpu, -1, r)] += bytes;
-        for (int k = 0; k < 2 && load; k++)
+        for (int k = 0; k < 2; k++)
             if (r[k] >= 0) {
                 load[r[k]] += nrs_emu_chunks_ps(g, &dm, i, 0, r[k]);
                 if (load[r[k]] > g->lower_bound)
@@ -836,6 +838,7 @@ static void lower_bound_of(nrs_emu_graph_t *g)
             }
     }
     free(load);
+    return 0;
 }
 
 static int lost_cmp(const void *a, const void *b)
@@ -938,7 +941,8 @@ int nrs_emu_graph_build(nrs_emu_graph_t *g, const nrs_spec_t *s, const nrs_emu_o
         return -1;
     }
     g->nchunks = (size_t)nchunks;
-    lower_bound_of(g);
+    if (lower_bound_of(g))
+        goto oom;
     g->phase_s[NRS_EMU_PH_CHUNKS] = nrs_now_s() - t0;
     return 0;
 oom:

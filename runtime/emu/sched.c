@@ -637,8 +637,10 @@ static int check_caps(sched_t *S)
     nrs_emu_graph_t *g = S->g;
     int64_t *need = calloc((size_t)g->nphys + 1, sizeof(int64_t));
     int rc = 0;
-    if (!need)
+    if (!need) {
+        snprintf(S->err, S->errlen, "out of memory scheduling the transition");
         return -1;
+    }
     for (int32_t j = g->nold; j < g->nold + g->nnew; j++)
         if (g->buf[j].alias < 0)
             need[g->buf[j].b.gpu] += g->buf[j].b.bytes;
@@ -842,6 +844,9 @@ static int engine_gpus(const nrs_emu_state_t *st, int e, int *gpus, int n)
     return 0;
 }
 
+/* 1 when engine e of the new plan needs new communicators, 0 when not, -1
+ * out of memory (not taken for "changed": the op list must not depend on
+ * one rank's memory). */
 static int engine_changed(const nrs_emu_graph_t *g, int e, const unsigned char *gpu_lost)
 {
     const nrs_emu_engine_t *E = &g->to.eng[e];
@@ -853,7 +858,7 @@ static int engine_changed(const nrs_emu_graph_t *g, int e, const unsigned char *
             continue;
         int *a = malloc(sizeof(int) * (size_t)n * 2);
         if (!a)
-            return 1;
+            return -1;
         engine_gpus(&g->from, f, a, n);
         engine_gpus(&g->to, e, a + n, n);
         changed = memcmp(a, a + n, sizeof(int) * (size_t)n) != 0;
@@ -880,7 +885,12 @@ static int emit_comms(sched_t *S)
         const nrs_layout_t *l = &g->to.eng[e].lay;
         int kinds[3][2] = {{NRS_EMU_COMM_TP, l->tp}, {NRS_EMU_COMM_PP, l->pp},
                            {NRS_EMU_COMM_DP, l->dp}};
-        if (!engine_changed(g, e, gpu_lost))
+        int ch = engine_changed(g, e, gpu_lost);
+        if (ch < 0) {
+            free(gpu_lost);
+            return -1;
+        }
+        if (!ch)
             continue;
         for (int k = 0; k < 3; k++) {
             if (kinds[k][1] < 2)

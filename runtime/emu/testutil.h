@@ -31,6 +31,11 @@ void tu_plan(const nrs_spec_t *s, tu_rng_t *r, int total, nrs_plan_t *p);
 /* One pool of total GPUs, every model-stage with layout l (actor only). */
 void tu_plan_single(const nrs_spec_t *s, int total, const nrs_layout_t *l, nrs_plan_t *p);
 
+/* Two inference-only models of the same size on two pools of 4 GPUs (a),
+ * swapped (b): every receiver must first send, so a cap that holds only the
+ * larger of each GPU's old and new state forces host staging. */
+void tu_plan_swap(nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b);
+
 /* The largest state one GPU of g holds before (its surviving old buffers) or
  * after (its new ones) the transition: the least cap under which only host
  * staging, not the state itself, can be short. */

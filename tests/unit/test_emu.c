@@ -445,34 +445,14 @@ static void test_zero3_transitions_execute(void **state)
  * the schedule must stage through host memory, and stay under the cap. */
 static void test_swap_stages_through_host(void **state)
 {
-    nrs_model_t m;
     nrs_spec_t s;
-    nrs_plan_t a;
-    nrs_layout_t l = {2, 2, 1, 1};
+    nrs_plan_t a, b;
     nrs_emu_graph_t *g;
     nrs_emu_exec_result_t res;
     nrs_xport_t x;
     char err[512];
     (void)state;
-    tu_model(&m, 4, 8, 12, 4, 2, 16);
-    tu_spec_fixed(&s, &m, 4);
-    s.models[NRS_ROLE_ACTOR].present = false;
-    s.models[NRS_ROLE_REF] = m;
-    s.models[NRS_ROLE_REWARD] = m; /* same dims, same bytes per GPU */
-    memset(&a, 0, sizeof(a));
-    a.total_gpus = 8;
-    a.npools = 2;
-    a.pools[0] = (nrs_pool_t){0, 4};
-    a.pools[1] = (nrs_pool_t){4, 4};
-    int ms[] = {NRS_MS_REF_INFER, NRS_MS_REWARD_INFER};
-    for (int i = 0; i < 2; i++) {
-        a.has[ms[i]] = true;
-        a.layout[ms[i]] = l;
-        a.pool_of[ms[i]] = i;
-    }
-    nrs_plan_t b = a;
-    for (int i = 0; i < 2; i++)
-        b.pool_of[ms[i]] = 1 - i;
+    tu_plan_swap(&s, &a, &b);
     nrs_emu_opts_t o = {.chunk_bytes = 64};
     assert_int_equal(nrs_emu_transition(&s, &a, &b, &o, &g, err, sizeof(err)), 0);
     int64_t per[2][8] = {{0}}, most = 0;

@@ -19,6 +19,87 @@
 
 enum { CASES = 300, MAX_GPUS = 64 };
 
+/* Allocation hooks (not under the sanitizers, whose own malloc they would
+ * bypass): this program's malloc, calloc, realloc and free replace the C
+ * library's for the whole process, the library under test included, and
+ * forward to it. While on, they count the allocations still live (a leak
+ * check of its own), can fail the Nth one, and fill new memory with garbage
+ * that differs from run to run (so a result that reads memory nobody wrote
+ * differs too). */
+#if !defined(__SANITIZE_ADDRESS__)
+#define ALLOC_HOOKS 1
+#include <malloc.h>
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t k);
+extern void *__libc_realloc(void *p, size_t n);
+extern void __libc_free(void *p);
+
+static struct {
+    int on;
+    long calls;    /* allocations asked for while on */
+    long fail_at;  /* the one to refuse; -1: none */
+    long live;     /* made minus freed while on */
+    uint64_t fill; /* 0: none; else the garbage's seed */
+} H = {0, 0, -1, 0, 0};
+
+static int hook_refuse(void)
+{
+    return H.on && H.calls++ == H.fail_at;
+}
+
+static void hook_fill(unsigned char *p, size_t from, size_t to)
+{
+    for (size_t i = from; H.fill && i < to; i++)
+        p[i] = (unsigned char)((H.fill >> (8 * (i % 8))) ^ (i / 8));
+}
+
+void *malloc(size_t n)
+{
+    if (hook_refuse())
+        return NULL;
+    void *p = __libc_malloc(n);
+    if (p && H.on) {
+        H.live++;
+        hook_fill(p, 0, n);
+    }
+    return p;
+}
+
+void *calloc(size_t n, size_t k)
+{
+    if (hook_refuse())
+        return NULL;
+    void *p = __libc_calloc(n, k);
+    if (p && H.on)
+        H.live++;
+    return p;
+}
+
+void free(void *p)
+{
+    if (p && H.on)
+        H.live--;
+    __libc_free(p);
+}
+
+void *realloc(void *q, size_t n)
+{
+    if (!q)
+        return malloc(n);
+    if (n == 0) {
+        free(q);
+        return NULL;
+    }
+    if (hook_refuse())
+        return NULL;
+    size_t old = malloc_usable_size(q);
+    unsigned char *p = __libc_realloc(q, n);
+    if (p && H.on && n > old)
+        hook_fill(p, old, n);
+    return p;
+}
+#endif
+
 typedef struct {
     nrs_spec_t s;
     nrs_plan_t a, b;
@@ -681,6 +762,140 @@ static void test_random_options_and_maps(void **state)
     assert_true(lost > 0);
 }
 
+#ifdef ALLOC_HOOKS
+typedef struct {
+    int rc;            /* build: 0, NRS_EMU_ELOST, -1 */
+    uint64_t hash;     /* of the graph built */
+    int64_t lower_bound;
+    int exec_rc;       /* execution */
+    int64_t verified;  /* shards verified */
+} alloc_run_t;
+
+/* Build, schedule and execute c (a weight sync when sync) with the hooks on:
+ * allocation fail_at refused (-1: none), new memory filled from seed. */
+static void alloc_run(const pair_t *c, int sync, long fail_at, uint64_t seed, alloc_run_t *out,
+                      char *err, size_t errlen)
+{
+    nrs_emu_graph_t *g = NULL;
+    nrs_xport_t x;
+    nrs_emu_exec_result_t res;
+    memset(out, 0, sizeof(*out));
+    err[0] = 0;
+    H = (typeof(H)){1, 0, fail_at, 0, seed};
+    out->rc = sync ? nrs_emu_weight_sync(&c->s, &c->a, &c->o, &g, err, errlen)
+                   : nrs_emu_transition(&c->s, &c->a, &c->b, &c->o, &g, err, errlen);
+    out->exec_rc = -1;
+    if (out->rc == 0) {
+        out->hash = nrs_emu_graph_hash(g);
+        out->lower_bound = g->lower_bound;
+        if (nrs_xport_local_open(&x) == 0) {
+            out->exec_rc = nrs_emu_execute(g, &x, NULL, &res);
+            out->verified = res.verified;
+            nrs_xport_close(&x);
+        }
+    }
+    nrs_emu_graph_free(g);
+    H.on = 0;
+}
+
+/* Every allocation of a build, schedule and execution refused in turn: the
+ * build fails with a message, or it succeeds with the very graph (a refused
+ * scratch buffer may only cost speed, as qsort's does); the execution
+ * reports the failure or verifies every shard; nothing leaks. And with the
+ * new memory full of garbage that differs from run to run, the graph is the
+ * same: no result depends on memory nobody wrote (every rank and the
+ * controller must build the identical op list). */
+static void test_allocation_failures_and_garbage(void **state)
+{
+    tu_rng_t r = {1234567};
+    int cases = 0, refused = 0, staged = 0, lost = 0, syncs = 0;
+    long allocs = 0;
+    (void)state;
+    for (int i = 0; i < 14; i++) {
+        pair_t c;
+        alloc_run_t ref, run;
+        char err[512];
+        int sync = i % 4 == 3;
+        random_pair(&r, &c);
+        if (i == 13) { /* nothing changes: no communicator to set up */
+            nrs_model_t m;
+            nrs_layout_t l = {2, 2, 2, 1};
+            memset(&c, 0, sizeof(c));
+            tu_model(&m, 4, 16, 32, 4, 4, 40);
+            tu_spec_fixed(&c.s, &m, 4);
+            tu_plan_single(&c.s, 8, &l, &c.a);
+            c.b = c.a;
+        }
+        if (i % 4 == 2 || i == 12) { /* a tight cap: host staging's allocations too */
+            nrs_emu_graph_t *g = NULL;
+            if (i == 12) { /* pools swapped: staging certain */
+                memset(&c, 0, sizeof(c));
+                tu_plan_swap(&c.s, &c.a, &c.b);
+                c.o.chunk_bytes = 64;
+            }
+            c.o.nlost = 0;
+            if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)) == 0)
+                c.o.cap_bytes = tu_state_need(g) + 2 * g->chunk;
+            nrs_emu_graph_free(g);
+            g = NULL;
+            if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)) == 0)
+                staged += g->nstaged > 0;
+            nrs_emu_graph_free(g);
+        }
+        alloc_run(&c, sync, -1, 0, &ref, err, sizeof(err));
+        if (H.live)
+            fail_msg("case %d: %ld allocations never freed", i, H.live);
+        if (ref.rc == -1) /* a sync of a plan without both engines */
+            continue;
+        if (ref.rc == 0 && ref.exec_rc)
+            fail_msg("case %d: execution failed without a refused allocation", i);
+        lost += ref.rc == NRS_EMU_ELOST;
+        syncs += sync;
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            alloc_run(&c, sync, -1, seed * 0x9e3779b97f4a7c15ull, &run, err, sizeof(err));
+            assert_int_equal(run.rc, ref.rc);
+            if (run.hash != ref.hash)
+                fail_msg("case %d: graph differs with other garbage in new memory", i);
+        }
+        long n = H.calls;
+        allocs += n;
+        for (long k = 0; k < n; k++) {
+            alloc_run(&c, sync, k, 0, &run, err, sizeof(err));
+            if (H.live)
+                fail_msg("case %d, allocation %ld of %ld refused: %ld allocations never freed "
+                         "(build %d: %s)", i, k, n, H.live, run.rc, err);
+            if (run.rc == -1) {
+                if (!err[0])
+                    fail_msg("case %d, allocation %ld refused: the build failed without a "
+                             "message", i, k);
+                refused++;
+                continue;
+            }
+            if (run.rc != ref.rc || (run.rc == 0 && (run.hash != ref.hash ||
+                                                     run.lower_bound != ref.lower_bound)))
+                fail_msg("case %d, allocation %ld refused: build %d (want %d), another graph "
+                         "(lower bound %lld ps, want %lld)", i, k, run.rc, ref.rc,
+                         (long long)run.lower_bound, (long long)ref.lower_bound);
+            if (run.rc == 0 && run.exec_rc == 0 && run.verified != ref.verified)
+                fail_msg("case %d, allocation %ld refused: execution succeeded having verified "
+                         "%lld of %lld shards", i, k, (long long)run.verified,
+                         (long long)ref.verified);
+        }
+        cases++;
+    }
+    print_message("allocation failures: %d cases (%d syncs, %d staged, %d with lost state), "
+                  "%ld allocations refused one by one (%d builds failed cleanly)\n",
+                  cases, syncs, staged, lost, allocs, refused);
+    assert_true(cases >= 8 && syncs > 0 && staged > 0 && lost > 0);
+}
+#else
+static void test_allocation_failures_and_garbage(void **state)
+{
+    (void)state;
+    skip(); /* the sanitizers own malloc here */
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -693,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_per_rank_programs_deadlock_free),
         cmocka_unit_test(test_random_options_and_maps),
         cmocka_unit_test(test_state_covers_model),
+        cmocka_unit_test(test_allocation_failures_and_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -144,6 +144,31 @@ void tu_plan_single(const nrs_spec_t *s, int total, const nrs_layout_t *l, nrs_p
     p->layout[NRS_MS_ACTOR_TRAIN] = p->layout[NRS_MS_ACTOR_INFER] = *l;
 }
 
+void tu_plan_swap(nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
+{
+    nrs_model_t m;
+    nrs_layout_t l = {2, 2, 1, 1};
+    int ms[] = {NRS_MS_REF_INFER, NRS_MS_REWARD_INFER};
+    tu_model(&m, 4, 8, 12, 4, 2, 16);
+    tu_spec_fixed(s, &m, 4);
+    s->models[NRS_ROLE_ACTOR].present = false;
+    s->models[NRS_ROLE_REF] = m;
+    s->models[NRS_ROLE_REWARD] = m; /* same dims, same bytes per GPU */
+    memset(a, 0, sizeof(*a));
+    a->total_gpus = 8;
+    a->npools = 2;
+    a->pools[0] = (nrs_pool_t){0, 4};
+    a->pools[1] = (nrs_pool_t){4, 4};
+    for (int i = 0; i < 2; i++) {
+        a->has[ms[i]] = true;
+        a->layout[ms[i]] = l;
+        a->pool_of[ms[i]] = i;
+    }
+    *b = *a;
+    for (int i = 0; i < 2; i++)
+        b->pool_of[ms[i]] = 1 - i;
+}
+
 int64_t tu_state_need(const nrs_emu_graph_t *g)
 {
     int64_t need = 0, *per = calloc((size_t)g->nphys * 2 + 1, sizeof(int64_t));
