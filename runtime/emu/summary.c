@@ -104,9 +104,10 @@ static int run_scaled(const nrs_spec_t *s, const nrs_plan_t *from, const nrs_pla
     so.chunk_bytes = 4096;
     if (nrs_emu_transition(&ss, from, to, &so, &g, err, errlen))
         goto fail;
-    for (size_t i = 0; i < full->nbuf; i++)
+    /* old and new state only: host copies the full graph staged are not state */
+    for (int32_t i = 0; i < full->nold + full->nnew; i++)
         fb += full->buf[i].b.bytes;
-    for (size_t i = 0; i < g->nbuf; i++)
+    for (int32_t i = 0; i < g->nold + g->nnew; i++)
         sb += g->buf[i].b.bytes;
     nrs_emu_graph_free(g);
     g = NULL;
