@@ -762,6 +762,91 @@ static void test_random_options_and_maps(void **state)
     assert_true(lost > 0);
 }
 
+/* Rotation of a plan's pools: every model-stage moves to the next pool (a
+ * new layout where it does not fit there), so GPUs that must receive must
+ * also send. Under a cap that holds only the larger of each GPU's old and
+ * new state this is where host staging happens; the up-front check promises
+ * that it always can (a GPU that cannot fit still holds an old buffer with
+ * reads to stage). Every case must schedule, stay under the cap in the
+ * executor, verify, run in lockstep and abort cleanly before its point of
+ * no return. */
+static void test_rotated_pools_under_tight_caps(void **state)
+{
+    tu_rng_t r = {271828};
+    int done = 0, staged = 0;
+    int64_t nstaged = 0;
+    (void)state;
+    for (int i = 0; i < CASES / 2; i++) {
+        pair_t c;
+        nrs_emu_graph_t *g = NULL;
+        nrs_emu_exec_result_t res;
+        char err[512];
+        random_pair_ex(&r, &c, i % 3 != 0);
+        c.o = (nrs_emu_opts_t){.chunk_bytes = c.o.chunk_bytes}; /* the same GPUs */
+        if (i % 2 == 0) { /* ref and reward of the same size on equal pools */
+            int gpn = c.s.cluster.gpus_per_node, n = gpn * tu_int(&r, 1, 16 / gpn > 1 ? 16 / gpn : 1);
+            nrs_model_t m = c.s.models[NRS_ROLE_ACTOR]; /* or another present one */
+            for (int ro = NRS_ROLE_REWARD; ro > NRS_ROLE_ACTOR; ro--)
+                if (c.s.models[ro].present)
+                    m = c.s.models[ro];
+            m.present = true;
+            m.value_head = false;
+            memset(c.s.models, 0, sizeof(c.s.models));
+            c.s.models[NRS_ROLE_REF] = c.s.models[NRS_ROLE_REWARD] = m;
+            memset(&c.a, 0, sizeof(c.a));
+            c.a.total_gpus = 2 * n;
+            c.a.npools = 2;
+            c.a.pools[0] = (nrs_pool_t){0, n};
+            c.a.pools[1] = (nrs_pool_t){n, n};
+            c.a.has[NRS_MS_REF_INFER] = c.a.has[NRS_MS_REWARD_INFER] = true;
+            c.a.pool_of[NRS_MS_REWARD_INFER] = 1;
+            tu_layout(&m, &r, n, &c.a.layout[NRS_MS_REF_INFER]);
+            c.a.layout[NRS_MS_REWARD_INFER] = c.a.layout[NRS_MS_REF_INFER];
+        }
+        c.b = c.a;
+        c.b.epoch = 1;
+        if (c.a.npools < 2)
+            continue;
+        for (int ms = 0; ms < NRS_MS_COUNT; ms++) {
+            if (!c.a.has[ms] || ms == NRS_MS_ACTOR_INFER || ms == NRS_MS_CRITIC_INFER)
+                continue;
+            int p = (c.a.pool_of[ms] + 1) % c.a.npools;
+            const nrs_layout_t *l = &c.a.layout[ms];
+            c.b.pool_of[ms] = p;
+            if (l->tp * l->pp * l->dp > c.b.pools[p].gpus || tu_int(&r, 0, 3) == 0)
+                tu_layout(&c.s.models[nrs_ms_role(ms)], &r, c.b.pools[p].gpus, &c.b.layout[ms]);
+        }
+        for (int k = 0; k < 2; k++) { /* infer stages share their train stage's engine */
+            int inf = k ? NRS_MS_CRITIC_INFER : NRS_MS_ACTOR_INFER;
+            int tr = k ? NRS_MS_CRITIC_TRAIN : NRS_MS_ACTOR_TRAIN;
+            c.b.pool_of[inf] = c.b.pool_of[tr];
+            c.b.layout[inf] = c.b.layout[tr];
+        }
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: %s", i, err);
+        c.o.cap_bytes = tu_state_need(g) + 2 * g->chunk + tu_int(&r, 0, 2) * g->chunk;
+        nrs_emu_graph_free(g);
+        g = NULL;
+        if (nrs_emu_transition(&c.s, &c.a, &c.b, &c.o, &g, err, sizeof(err)))
+            fail_msg("case %d: cap %lld: %s", i, (long long)c.o.cap_bytes, err);
+        for (int k = 0; k < g->nphys; k++)
+            assert_true(g->peak[k] <= g->cap);
+        expect_clean(&res, execute(g, -1, &res), "rotated, tight cap");
+        assert_true(res.peak_max <= c.o.cap_bytes);
+        check_exact_cover(g);
+        check_lockstep(g);
+        int64_t k = g->ponr ? tu_int(&r, 0, (int)g->ponr) : 0;
+        expect_clean(&res, execute(g, k, &res), "rotated, aborted");
+        staged += g->nstaged > 0;
+        nstaged += g->nstaged;
+        done++;
+        nrs_emu_graph_free(g);
+    }
+    print_message("rotated pools: %d transitions under tight caps, %d staged (%lld buffers)\n",
+                  done, staged, (long long)nstaged);
+    assert_true(done > CASES / 4 && staged > done / 4);
+}
+
 #ifdef ALLOC_HOOKS
 typedef struct {
     int rc;            /* build: 0, NRS_EMU_ELOST, -1 */
@@ -909,6 +994,7 @@ int main(void)
         cmocka_unit_test(test_random_options_and_maps),
         cmocka_unit_test(test_state_covers_model),
         cmocka_unit_test(test_allocation_failures_and_garbage),
+        cmocka_unit_test(test_rotated_pools_under_tight_caps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
