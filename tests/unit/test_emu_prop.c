@@ -26,7 +26,12 @@ enum { CASES = 300, MAX_GPUS = 64 };
  * check of its own), can fail the Nth one, and fill new memory with garbage
  * that differs from run to run (so a result that reads memory nobody wrote
  * differs too). */
-#if !defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature) /* clang's spelling of the sanitizers */
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+#define NO_ALLOC_HOOKS 1
+#endif
+#endif
+#if !defined(__SANITIZE_ADDRESS__) && !defined(NO_ALLOC_HOOKS)
 #define ALLOC_HOOKS 1
 #include <malloc.h>
 extern void *__libc_malloc(size_t n);
