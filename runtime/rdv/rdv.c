@@ -25,6 +25,7 @@ typedef struct rdv_trk {
     char key[NRS_RDV_KEY_MAX];
     pmix_info_t info[1];
     bool has_info;
+    bool spare; /* the handle's spare (nrs_rdv.spare): back to it, not freed */
 } rdv_trk_t;
 
 typedef struct {
@@ -48,6 +49,14 @@ struct nrs_rdv {
     atomic_int nfailed;
     rdv_local_t *local;   /* singleton store */
     size_t nlocal;
+    /* What a gather's contribution (put, commit, fence) needs besides PMIx
+     * itself, had with the handle: a rank that could not contribute for
+     * want of memory paired its next fence with the others' gather (PMIx
+     * fences match by participants). */
+    int *part;            /* [size + 1] the participants */
+    pmix_proc_t *procs;   /* [size + 1] the fence's process list */
+    rdv_trk_t *spare;     /* a tracker when none can be had; NULL while in use */
+    unsigned nposts;      /* gather posts so far (test hook NRS_RDV_NOMEM) */
 };
 
 static void poll_once(nrs_rdv_t *r)
@@ -57,9 +66,16 @@ static void poll_once(nrs_rdv_t *r)
         nrs_nap_us(50);
 }
 
-static rdv_trk_t *trk_new(nrs_rdv_t *r)
+/* A tracker; without memory (nomem: the test hook says so) the spare. */
+static rdv_trk_t *trk_new(nrs_rdv_t *r, bool nomem)
 {
-    rdv_trk_t *t = calloc(1, sizeof(*t));
+    rdv_trk_t *t = nomem ? NULL : calloc(1, sizeof(*t));
+    if (!t && r->spare) {
+        t = r->spare;
+        r->spare = NULL;
+        memset(t, 0, sizeof(*t));
+        t->spare = true;
+    }
     if (!t)
         return NULL;
     atomic_init(&t->done, 0);
@@ -82,7 +98,10 @@ static void trk_drop(nrs_rdv_t *r, rdv_trk_t *t)
         PMIX_VALUE_RELEASE(t->val);
     if (t->has_info)
         PMIX_INFO_DESTRUCT(&t->info[0]);
-    free(t);
+    if (t->spare)
+        r->spare = t;
+    else
+        free(t);
 }
 
 static void op_cb(pmix_status_t st, void *cbdata)
@@ -151,7 +170,7 @@ static void register_failures(nrs_rdv_t *r)
     /* static: PMIx 4.2 reads them in its own thread, perhaps after we gave up */
     static pmix_status_t codes[] = {PMIX_ERR_PROC_ABORTED, PMIX_ERR_PROC_ABORTED_BY_SIG,
                                     PMIX_PROC_TERMINATED, PMIX_ERR_PROC_TERM_WO_SYNC};
-    rdv_trk_t *t = trk_new(r);
+    rdv_trk_t *t = trk_new(r, false);
     if (!t)
         return;
     ev_ctx = r;
@@ -205,9 +224,15 @@ int nrs_rdv_init(nrs_rdv_t **out, char *err, size_t errlen)
         r->me.rank = 0;
     r->failed = calloc((size_t)r->size, sizeof(*r->failed));
     r->absent = calloc((size_t)r->size, 1);
-    if (!r->failed || !r->absent) {
+    r->part = calloc((size_t)r->size + 1, sizeof(*r->part));
+    r->procs = calloc((size_t)r->size + 1, sizeof(*r->procs));
+    r->spare = calloc(1, sizeof(*r->spare));
+    if (!r->failed || !r->absent || !r->part || !r->procs || !r->spare) {
         free(r->failed);
         free(r->absent);
+        free(r->part);
+        free(r->procs);
+        free(r->spare);
         nrs_seterr(err, errlen, "rdv: out of memory");
         PMIx_Finalize(NULL, 0);
         free(r);
@@ -242,6 +267,9 @@ void nrs_rdv_fini(nrs_rdv_t *r)
     free(r->local);
     free(r->failed);
     free(r->absent);
+    free(r->part);
+    free(r->procs);
+    free(r->spare);
     free(r);
 }
 
@@ -407,8 +435,8 @@ static void find_missing(nrs_rdv_t *r, const int *ranks, int nranks, const char 
 
 /* survivors: do not give up on a rank known dead, and take the server's
  * PMIX_ERR_PARTIAL_SUCCESS (a participant went away) as done. */
-static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uint64_t epoch,
-                 const char *name, double timeout_s, char *err, size_t errlen)
+static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, bool nomem,
+                 uint64_t epoch, const char *name, double timeout_s, char *err, size_t errlen)
 {
     if (r->singleton)
         return 0;
@@ -426,12 +454,11 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
         if (all)
             ranks = NULL;
     }
-    pmix_proc_t *procs = calloc(ranks ? (size_t)nranks : 1, sizeof(*procs));
+    pmix_proc_t *procs = r->procs; /* PMIx copies it */
     pmix_info_t info[1];
     bool collect = true;
-    rdv_trk_t *t = procs ? trk_new(r) : NULL;
+    rdv_trk_t *t = trk_new(r, nomem);
     if (!t) {
-        free(procs);
         nrs_seterr(err, errlen, "rdv: out of memory");
         return -1;
     }
@@ -443,7 +470,6 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
     PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
     pmix_status_t st = PMIx_Fence_nb(procs, ranks ? (size_t)nranks : 1, info, 1, op_cb, t);
     PMIX_INFO_DESTRUCT(&info[0]);
-    free(procs);
     if (st == PMIX_OPERATION_SUCCEEDED) {
         t->status = PMIX_SUCCESS;
         atomic_store(&t->done, 1);
@@ -515,13 +541,13 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, uin
 int nrs_rdv_fence(nrs_rdv_t *r, uint64_t epoch, const char *name, double timeout_s, char *err,
                   size_t errlen)
 {
-    return fence(r, NULL, 0, false, epoch, name, timeout_s, err, errlen);
+    return fence(r, NULL, 0, false, false, epoch, name, timeout_s, err, errlen);
 }
 
 int nrs_rdv_fence_survivors(nrs_rdv_t *r, const int *ranks, int nranks, double timeout_s,
                             char *err, size_t errlen)
 {
-    return fence(r, ranks, ranks ? nranks : 0, true, 0, NULL, timeout_s, err, errlen);
+    return fence(r, ranks, ranks ? nranks : 0, true, false, 0, NULL, timeout_s, err, errlen);
 }
 
 /* ---- get ---------------------------------------------------------------------------- */
@@ -548,7 +574,7 @@ static rdv_trk_t *get_post(nrs_rdv_t *r, int rank, const char *key, double timeo
 {
     pmix_proc_t p;
     int tmo = timeout_s < 1 ? 1 : (int)(timeout_s + 0.999);
-    rdv_trk_t *t = trk_new(r);
+    rdv_trk_t *t = trk_new(r, false);
     if (!t) {
         nrs_seterr(err, errlen, "rdv: out of memory");
         return NULL;
@@ -696,23 +722,31 @@ static int participants(const nrs_rdv_t *r, const int *out, int nout, int *part)
     return np;
 }
 
+/* NRS_RDV_NOMEM=RANK:N: rank RANK's Nth gather post (from 0) can have no
+ * memory of its own (a tracker: the handle's spare): the tests' check that
+ * it still contributes. */
+static bool nomem_hook(nrs_rdv_t *r)
+{
+    const char *k = getenv("NRS_RDV_NOMEM");
+    char *end;
+    unsigned n = r->nposts++;
+    return k && strtol(k, &end, 10) == (long)r->me.rank && *end == ':' &&
+           strtoul(end + 1, NULL, 10) == n;
+}
+
 int nrs_rdv_gather_post(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine,
                         size_t len, const int *out, int nout, double timeout_s, char *err,
                         size_t errlen)
 {
-    int *part = calloc((size_t)r->size + 1, sizeof(int)), rc = -1;
-    if (!part) {
-        nrs_seterr(err, errlen, "rdv: out of memory");
-        return -1;
-    }
-    int np = participants(r, out, nout, part);
+    bool nomem = nomem_hook(r);
+    int np = participants(r, out, nout, r->part);
     /* every rank of the job: the wildcard fence; a time-out names who never
      * published (key, name) */
-    if (!nrs_rdv_put(r, key, name, mine, len, err, errlen) && !nrs_rdv_commit(r, err, errlen) &&
-        !fence(r, nout ? part : NULL, nout ? np : 0, true, key, name, timeout_s, err, errlen))
-        rc = 0;
-    free(part);
-    return rc;
+    if (nrs_rdv_put(r, key, name, mine, len, err, errlen) || nrs_rdv_commit(r, err, errlen) ||
+        fence(r, nout ? r->part : NULL, nout ? np : 0, true, nomem, key, name, timeout_s, err,
+              errlen))
+        return -1;
+    return 0;
 }
 
 /* Rank i's bytes from t into all and got[] (len of them, else not got); a

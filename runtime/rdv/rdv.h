@@ -86,7 +86,13 @@ void nrs_rdv_free_blobs(nrs_rdv_t *r, void **blobs, size_t *lens);
  * the fence failed or out of memory.
  * The same signature as nrs_dtrans_opts_t.gather (another backend: the
  * controller). Its two halves, post (put, commit, fence) and read, are
- * apart for tests that let a death be known between them. */
+ * apart for tests that let a death be known between them; post alone is a
+ * contribution without the answer (a rank without the memory for it). Post
+ * needs no memory of its own but PMIx's (the participants, the fence's
+ * process list and a spare tracker are had with the handle): a rank that
+ * left a fence out for want of memory paired its next one with the others'
+ * gather. Test hook NRS_RDV_NOMEM=RANK:N: rank RANK's Nth post (from 0)
+ * takes the spare tracker. */
 int nrs_rdv_gather(nrs_rdv_t *r, uint64_t key, const char *name, const void *mine, size_t len,
                    const int *out, int nout, void *all, unsigned char *got, double timeout_s,
                    char *err, size_t errlen);

@@ -16,6 +16,13 @@ mp_grep "rdv rank never joins: names rank 2" "rank 2 never arrived"
 mp_case "rdv gather, rank never joins: clear error" 3 40 "$SRV" -q -n 4 -t 30 --kill-on-fail 1 -- "$R" --gather --nojoin 2 --timeout 3
 mp_grep "rdv gather, rank never joins: names rank 2 and the key" "rank 2 never arrived (no 'nrs.e1.gtest')"
 mp_case "rdv gather 4 ranks, 3 epochs" 0 60 "$SRV" -q -n 4 -t 50 -- "$R" --gather --epochs 3
+# Rank 1's second gather has no memory of its own (NRS_RDV_NOMEM=1:1: the
+# fence's tracker is the handle's spare; its participants and process list
+# are the handle's anyway): it still contributes, every gather pairs. It
+# used to allocate them per post and return before its fence: its next
+# fence paired with the others' gather.
+mp_case "rdv gather 4 ranks, rank 1 without memory for a post: every gather pairs" 0 60 \
+    env NRS_RDV_NOMEM=1:1 "$SRV" -q -n 4 -t 50 -- "$R" --gather --epochs 3
 # Rank 2 dies after its fence; the others get its blob only once told of
 # the death: what PMIx holds still comes (before, nrs_rdv_get gave up at
 # once on a dead rank: an allgather failed on a rank that learned of a death
