@@ -156,6 +156,15 @@ void nrs_wk_dtrans_opts(nrs_worker_t *w, nrs_dtrans_opts_t *o)
     }
 }
 
+bool nrs_wk_nomem(const nrs_worker_t *w, const char *point, long long n)
+{
+    const char *k = getenv("NRS_WORKER_NOMEM");
+    char *end;
+    size_t l = strlen(point);
+    return k && strtol(k, &end, 10) == w->me && *end == ':' && !strncmp(end + 1, point, l) &&
+           end[1 + l] == ':' && strtoll(end + 2 + l, NULL, 10) == n;
+}
+
 /* The rendezvous whose failure reports speak of this job's ranks: a joiner's
  * PMIx namespace is its own step's, not the job's world. */
 nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w) { return w->joiner ? NULL : w->r; }

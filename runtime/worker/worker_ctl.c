@@ -555,7 +555,12 @@ int32_t nrs_wk_coll_i32(nrs_worker_t *w, uint64_t key, const char *name, int32_t
 
 /* ---- a growing world: the ranks of a join step (docs/worker-api.md §7) ------------ */
 
-enum { WORLD_BLOB = 8192, WORLD_HDR = 24 };
+/* WORLD_NOLEN: the length a rank gives in wlen<gen> when it cannot switch
+ * (no memory for the switch, its transport could not grow); WORLD_NOMEM:
+ * the mark (at byte 20) of its entry in world<gen> when it has no memory for
+ * that gather's answer. Every rank reads the mark and none switches. */
+enum { WORLD_BLOB = 8192, WORLD_HDR = 24, WORLD_NOMEM = 3 };
+#define WORLD_NOLEN 0xFFFFFFFFu
 
 static void put_u32(unsigned char *p, uint32_t v)
 {
@@ -585,25 +590,47 @@ static int grow_arrays(nrs_worker_t *w, int size)
     return perm && !nrs_wk_agree_mem(w, size) ? 0 : -1;
 }
 
+/* The first rank whose entry in a gather's answer (got[r], its bytes at
+ * all + r * len, the u32 at byte at) is mark, or -1. */
+static int marked(const unsigned char *all, const unsigned char *got, int n, size_t len,
+                  size_t at, uint32_t mark)
+{
+    for (int r = 0; r < n; r++)
+        if (got[r] == 1 && get_u32(all + (size_t)r * len + at) == mark)
+            return r;
+    return -1;
+}
+
 /* Every rank of the world (the first step's and the joiners) gives its
- * address and where it is; all compute the same ranks order and connect. */
+ * address and where it is; all compute the same ranks order and connect.
+ * A rank takes part in both gathers whatever befalls it: each has its
+ * memory before the gather, and a rank without it (or whose transport could
+ * not grow) still sends its part, marked, without waiting for the answer;
+ * every rank reads the mark and none switches. A rank that returned before
+ * a gather left the others waiting for it (the controller's gather then
+ * completed without it: taken for dead; PMIx fences pair by participants). */
 int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
 {
     char err[512], name[32];
-    int size = m->size, rc = NRS_OK, *left = NULL, nleft = 0;
+    int size = m->size, rc = NRS_OK, *left = NULL, nleft = 0, who;
     uint32_t blob = 0;
-    unsigned char *mine = calloc(WORLD_BLOB, 1), *all = NULL, *got = NULL, *lall = NULL,
-                  *lgot = NULL;
+    unsigned char *mine = NULL, *all = NULL, *got = NULL, *lall = NULL, *lgot = NULL,
+                  *placed = NULL, l4[4];
     void **addrs = NULL;
     size_t *lens = NULL;
     /* a world refused leaves the current one as it was: its size and order */
     int old_n = w->n, *old_perm = malloc(sizeof(int) * ((size_t)w->n + 1));
     if (old_perm && w->perm)
         memcpy(old_perm, w->perm, sizeof(int) * (size_t)w->n);
-    if (!mine || !old_perm || grow_arrays(w, size)) {
-        free(mine);
-        free(old_perm);
-        return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    if (!nrs_wk_nomem(w, "wlen", m->gen)) { /* the first gather's memory */
+        mine = calloc(WORLD_BLOB, 1);
+        left = malloc(sizeof(int) * NRS_GATHER_MAX_OUT);
+        lall = calloc((size_t)size, 4);
+        lgot = calloc((size_t)size + 1, 1);
+    }
+    if (!mine || !old_perm || !left || !lall || !lgot || grow_arrays(w, size)) {
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "world %u: out of memory", m->gen);
+        goto cannot;
     }
     w->n = size;
     if (w->joiner && !w->u) {
@@ -613,11 +640,11 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         w->me = m->rank;
         if (nrs_ucx_init(&w->u, w->me, size, &uo, err, sizeof err)) {
             rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "%s", err);
-            goto out;
+            goto cannot;
         }
     } else if (nrs_ucx_grow(w->u, size, err, sizeof err)) {
         rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "%s", err);
-        goto out;
+        goto cannot;
     }
     for (int i = 0; i < m->nout; i++)
         w->dead[m->out[i]] = 1;
@@ -626,19 +653,11 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     nrs_ucx_address(w->u, &addr, &alen);
     if (alen > WORLD_BLOB - WORLD_HDR) {
         rc = nrs_wk_seterr(w, NRS_ERR_XPORT, "transport address of %zu bytes", alen);
-        goto out;
+        goto cannot;
     }
     /* the blobs fit the longest address (not WORLD_BLOB bytes each: the
      * answer goes to every rank): a first gather of the lengths; a rank
      * missing from it is left out of the second */
-    unsigned char l4[4];
-    left = malloc(sizeof(int) * NRS_GATHER_MAX_OUT);
-    lall = calloc((size_t)size, 4);
-    lgot = calloc((size_t)size + 1, 1);
-    if (!left || !lall || !lgot) {
-        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-        goto out;
-    }
     put_u32(l4, (uint32_t)alen);
     snprintf(name, sizeof name, "wlen%u", m->gen);
     if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, l4, 4, m->out, m->nout, lall, lgot,
@@ -648,6 +667,12 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     }
     for (int i = 0; i < m->nout; i++)
         lgot[m->out[i]] = 2; /* left out already */
+    if ((who = marked(lall, lgot, size, 4, 0, WORLD_NOLEN)) >= 0) {
+        rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: rank %d cannot switch (out of memory, or "
+                           "its transport): no rank switches, the world stays as it was", m->gen,
+                           who);
+        goto out;
+    }
     for (int r = 0; r < size; r++) {
         uint32_t l = get_u32(lall + 4 * (size_t)r);
         if (lgot[r] == 1 && l > WORLD_BLOB - WORLD_HDR) {
@@ -675,30 +700,36 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
      * for a GPU (a rank new to the world learns it from this) */
     put_u32(mine + 20, !w->joiner ? 0 : w->join_step < 0 ? 1 : w->my_gpu < 0 ? 2 : 0);
     memcpy(mine + WORLD_HDR, addr, alen);
-    all = calloc((size_t)size, blob);
-    got = calloc((size_t)size + 1, 1);
-    addrs = calloc((size_t)size + 1, sizeof(void *));
-    lens = calloc((size_t)size + 1, sizeof(size_t));
-    if (!all || !got || !addrs || !lens) {
-        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
+    snprintf(name, sizeof name, "world%u", m->gen);
+    if (!nrs_wk_nomem(w, "world", m->gen)) { /* the second gather's memory */
+        all = calloc((size_t)size, blob);
+        got = calloc((size_t)size + 1, 1);
+        addrs = calloc((size_t)size + 1, sizeof(void *));
+        lens = calloc((size_t)size + 1, sizeof(size_t));
+        placed = calloc((size_t)size + 1, 1);
+    }
+    if (!all || !got || !addrs || !lens || !placed) { /* its entry, marked, all the same */
+        put_u32(mine + 20, WORLD_NOMEM);
+        nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, blob, left, nleft, NULL, NULL,
+                           err, sizeof err);
+        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "world %u: out of memory: this rank said so, no "
+                           "rank switches, the world stays as it was", m->gen);
         goto out;
     }
-    snprintf(name, sizeof name, "world%u", m->gen);
     if (nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, mine, blob, left, nleft, all, got,
                            err, sizeof err)) {
         rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: %s", m->gen, err);
         goto out;
     }
+    if ((who = marked(all, got, size, blob, 20, WORLD_NOMEM)) >= 0) {
+        rc = nrs_wk_seterr(w, NRS_ERR_RDV, "world %u: rank %d has no memory for it: no rank "
+                           "switches, the world stays as it was", m->gen, who);
+        goto out;
+    }
     /* ranks order: the current plan's GPUs, then the joiners, then the others */
     unsigned epoch = 0, attempt = 0;
     int step = -1, total = w->have_plan ? w->plan.total_gpus : 0, np = 0;
-    unsigned char *placed = calloc((size_t)size + 1, 1);
-    if (!placed) {
-        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-        goto out;
-    }
     if (total > size) {
-        free(placed);
         rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: %d ranks for the %d GPUs of epoch %u",
                            m->gen, size, total, w->plan.epoch);
         goto out;
@@ -715,7 +746,6 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         uint32_t g1 = get_u32(b + 4), l = get_u32(b);
         if (g1 > (uint32_t)total || (g1 && w->perm[g1 - 1] >= 0) ||
             l > blob - WORLD_HDR || (lgot[r] == 1 && l != get_u32(lall + 4 * (size_t)r))) {
-            free(placed);
             rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: rank %d's entry does not fit (GPU %u "
                                "of %d, a %u-byte address in %u)", m->gen, r, g1, total, l,
                                blob - WORLD_HDR);
@@ -737,7 +767,6 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     }
     for (int g = 0; g < total; g++) /* before the others are placed: size slots in all */
         if (w->perm[g] < 0) {
-            free(placed);
             rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: no rank holds GPU %d of epoch %u",
                                m->gen, g, w->plan.epoch);
             goto out;
@@ -749,7 +778,6 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
     for (int r = 0; r < size; r++)
         if (!placed[r])
             w->perm[np++] = r;
-    free(placed);
     if (w->have_plan && epoch && epoch != w->plan.epoch) {
         rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "world %u: the job is on epoch %u, this rank on %u",
                            m->gen, epoch, w->plan.epoch);
@@ -769,8 +797,14 @@ int nrs_wk_world_switch(nrs_worker_t *w, const nrs_msg_world_t *m)
         }
     }
     w->world_gen = m->gen;
+    goto out;
+cannot: /* this rank cannot switch: it says so in the first gather (no answer read) */
+    put_u32(l4, WORLD_NOLEN);
+    snprintf(name, sizeof name, "wlen%u", m->gen);
+    nrs_wk_coll_gather(w, NRS_WORLD_KEY | m->gen, name, l4, 4, m->out, m->nout, NULL, NULL, err,
+                       sizeof err);
 out:
-    if (rc != NRS_OK && w->perm && old_n <= size) {
+    if (rc != NRS_OK && w->perm && old_perm && old_n <= size) {
         memcpy(w->perm, old_perm, sizeof(int) * (size_t)old_n);
         w->n = old_n;
     }
@@ -783,6 +817,7 @@ out:
     free(got);
     free(addrs);
     free(lens);
+    free(placed);
     return rc;
 }
 

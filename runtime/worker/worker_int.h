@@ -138,6 +138,12 @@ int nrs_wk_unusable(const nrs_worker_t *w, const char *fn);
 int nrs_wk_cannot_act(nrs_worker_t *w, const char *fn);
 /* The rendezvous that names this job's ranks in failure reports (NULL: a joiner). */
 nrs_rdv_t *nrs_wk_job_rdv(const nrs_worker_t *w);
+/* Test hook NRS_WORKER_NOMEM=RANK:POINT:N: true when this rank is RANK and
+ * the memory at point (docs/worker-api.md names them) cannot be had in its
+ * Nth occasion n (a transition attempt, a world generation, a checkpoint's
+ * step). The tests' check that such a rank still takes part in every
+ * collective. */
+bool nrs_wk_nomem(const nrs_worker_t *w, const char *point, long long n);
 
 /* worker_state.c */
 /* Frees the current epoch's weight sync (its graph and generation buffers). */
@@ -215,6 +221,10 @@ int nrs_wk_someone_leaving(const nrs_worker_t *w);
 /* The step agreement's memory for a world of n ranks (w->agree_mem): 0, or -1
  * out of memory. */
 int nrs_wk_agree_mem(nrs_worker_t *w, int n);
+/* The step agreement's part, out and in arrays (in zeroed), for a collective
+ * of the plan's ranks outside an agreement (a checkpoint's vote): memory
+ * had with the world, so that no rank leaves such a vote for want of it. */
+void nrs_wk_plan_arrays(const nrs_worker_t *w, int **part, int **out, unsigned char **in);
 
 /* worker_nccl.c (GPU state over NCCL; without HAVE_NCCL these say no) */
 /* The participants' choice for graph g (every rank not in out[nout] calls

@@ -115,6 +115,14 @@ static agree_mem_t agree_mem(const nrs_worker_t *w)
     return a;
 }
 
+void nrs_wk_plan_arrays(const nrs_worker_t *w, int **part, int **out, unsigned char **in)
+{
+    agree_mem_t a = agree_mem(w);
+    *part = a.part;
+    *out = a.out;
+    *in = a.in;
+}
+
 /* One gather of the step agreement among the plan's ranks (those found gone
  * left out): v[nv] from each into a.all, in a.got; a participant whose value
  * never came is gone (and dead) from now on, the same on every rank: the

@@ -56,16 +56,9 @@ static int trans_fail_hook(nrs_worker_t *w)
 static const char *nomem_hook(const nrs_worker_t *w)
 {
     static const char *const points[] = {"vote", "census", "settle"};
-    const char *k = getenv("NRS_WORKER_NOMEM");
-    char *end;
-    if (!k || strtol(k, &end, 10) != w->me || *end != ':')
-        return NULL;
-    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
-        size_t l = strlen(points[i]);
-        if (!strncmp(end + 1, points[i], l) && end[1 + l] == ':' &&
-            strtoll(end + 2 + l, NULL, 10) == (long long)w->attempt)
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+        if (nrs_wk_nomem(w, points[i], w->attempt))
             return points[i];
-    }
     return NULL;
 }
 
@@ -459,51 +452,47 @@ int nrs_worker_checkpoint(nrs_worker_t *w, long step)
                              "($NEREUS_CHECKPOINT_DIR)");
     if (!w->have_plan || !w->allocated || w->broken)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_checkpoint: no plan or no state");
-    /* every rank of the plan takes part: a checkpoint without one is not one */
-    int *part = calloc((size_t)w->n + 1, sizeof(int)), *out = calloc((size_t)w->n + 1, sizeof(int));
-    unsigned char *in = calloc((size_t)w->n + 1, 1);
-    void **bytes = calloc((size_t)w->nmine + 1, sizeof(void *));
-    int nout = 0, rc = NRS_OK;
-    if (!part || !out || !in || !bytes) {
-        rc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (nrs_wk_someone_leaving(w)) {
-        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld skipped: ranks of the "
-                           "plan are retired or dead (the last one stays)", step);
-        goto done;
-    }
+    /* every rank of the plan takes part: a checkpoint without one is not one.
+     * The vote's participants in memory had with the world, and a rank
+     * without the memory to write still votes, a no: one that returned
+     * before the vote left the others waiting for it ("did not vote
+     * (dead)") and paired its next collective with their vote. */
+    int *part, *out, nout, rc = NRS_OK;
+    unsigned char *in;
+    nrs_wk_plan_arrays(w, &part, &out, &in);
+    if (nrs_wk_someone_leaving(w))
+        return nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld skipped: ranks of "
+                             "the plan are retired or dead (the last one stays)", step);
     nout = nrs_wk_plan_outsiders(w, part, nrs_wk_plan_ranks(w, part), false, in, out);
     if (w->n > 1 && !in[w->me])
-        goto done; /* holds nothing of the plan */
+        return NRS_OK; /* holds nothing of the plan */
+    void **bytes = nrs_wk_nomem(w, "checkpoint", step)
+                       ? NULL : calloc((size_t)w->nmine + 1, sizeof(void *));
     int32_t ok = 0;
-    if ((rc = nrs_wk_sync_host(w, 'd'))) { /* this rank votes no, with why */
+    if (!bytes) {
+        snprintf(err, sizeof err, "out of memory: this rank voted no");
+        ok = 1;
+    } else if ((rc = nrs_wk_sync_host(w, 'd'))) { /* this rank votes no, with why */
         snprintf(err, sizeof err, "%.500s", w->err);
         ok = 1;
     }
-    for (int k = 0; k < w->nmine; k++)
+    for (int k = 0; bytes && k < w->nmine; k++)
         bytes[k] = w->mem[w->mine[k]].ptr;
     if (!ok && nrs_ckpt_write(w->ckpt_dir, step, &w->st, w->mine, w->nmine, bytes, err, sizeof err))
         ok = 1;
+    free(bytes);
     char why[512] = "";
     snprintf(name, sizeof name, "ck%ld", step);
-    if (vote_all(w, (4ULL << 32) | w->plan.epoch, name, ok, out, nout, why, sizeof why)) {
-        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld not published: %s", step,
-                           ok ? err : why);
-        goto done;
-    }
+    if (vote_all(w, (4ULL << 32) | w->plan.epoch, name, ok, out, nout, why, sizeof why))
+        return nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "checkpoint of step %ld not published: %s",
+                             step, ok ? err : why);
     int lowest = -1; /* the lowest rank of the plan publishes */
     for (int i = 0; i < w->n && lowest < 0; i++)
         if (in[i])
             lowest = i;
     if (lowest == w->me && nrs_ckpt_publish(w->ckpt_dir, step, &w->st, err, sizeof err))
-        rc = nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "%s", err);
-done:
-    free(part);
-    free(out);
-    free(in);
-    free(bytes);
-    return rc;
+        return nrs_wk_seterr(w, NRS_ERR_CHECKPOINT, "%s", err);
+    return NRS_OK;
 }
 
 /* A transition whose state survives nowhere: the new plan's buffers from the

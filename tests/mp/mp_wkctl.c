@@ -14,6 +14,15 @@
  *             the aborted plan); it runs the retry, which commits;
  *   world N   a WORLD whose gather answer names a GPU holder that is gone
  *             (N=0) or a GPU out of range (N=1): a clear error, no overflow;
+ *   worldmem N  the world switch of "world" on a rank without memory for it:
+ *             N=0, none for the first gather (the lengths): the rank still
+ *             sends its part, saying so, and waits for no answer; N=1, none
+ *             for the second's answer: it still sends its entry, marked;
+ *             neither switches (before, it returned without a GATHER, and
+ *             the others waited for it and then took it for dead);
+ *   worldpeer N  the same seen from a rank with its memory: the answer has
+ *             rank 1's mark (N=0: in the lengths, N=1: in the entries): no
+ *             rank switches, and after the lengths no second GATHER;
  *   reports   the reports a trainer may make (before any plan, a stage of 0 s,
  *             infinite or huge figures): every REPORT frame the worker sends
  *             decodes as the controller decodes it (a frame it refuses gets
@@ -34,6 +43,9 @@
 #include "worker/worker_int.h"
 
 static int cfd = -1, mode;
+static int ngathers;              /* GATHER frames the fake controller read */
+static char gnames[8][64];        /* the first ones' names */
+static uint32_t gfirst[8], gmark[8]; /* each one's part: its first u32, the u32 at byte 20 */
 static int reports_ok, reports_bad; /* REPORT frames that decode, and that do not */
 static uint8_t *fbuf;
 static nrs_plan_t P1, P2, P3;
@@ -128,12 +140,23 @@ static void *controller(void *arg)
             nrs_msg_gather_t g;
             if (nrs_dec_gather(p, h.length, &g, NULL, 0))
                 continue;
-            if (!strcmp(c, "world")) {
+            int k0 = __atomic_fetch_add(&ngathers, 1, __ATOMIC_SEQ_CST);
+            if (k0 < 8) {
+                snprintf(gnames[k0], sizeof gnames[k0], "%s", g.name);
+                memcpy(&gfirst[k0], g.data, g.len >= 4 ? 4 : 0);
+                memcpy(&gmark[k0], (const uint8_t *)g.data + 20, g.len >= 24 ? 4 : 0);
+            }
+            if (!strcmp(c, "world") || !strcmp(c, "worldpeer")) {
                 int32_t ranks[4] = {0, 1, 4, 5};
                 uint8_t *d = calloc(4, g.len + 1);
                 for (int k = 0; k < 4; k++)
                     memcpy(d + (size_t)k * g.len, g.data, g.len);
-                if (g.len > 4) { /* world<gen>: rank 1 holds GPU 2 (or one out of range) */
+                if (!strcmp(c, "worldpeer")) { /* rank 1 says it has no memory for it */
+                    if (g.len == 4 && mode == 0)
+                        put32(d + 4, 0xFFFFFFFFu);
+                    else if (g.len > 4 && mode == 1)
+                        put32(d + g.len + 20, 3);
+                } else if (g.len > 4) { /* world<gen>: rank 1 holds GPU 2 (or one out of range) */
                     put32(d + g.len + 4, mode == 1 ? 0xFFFFFFFFu : 2);
                     for (int k = 2; k < 4; k++) { /* ranks 4, 5: joiners */
                         put32(d + (size_t)k * g.len + 4, 0);
@@ -193,14 +216,15 @@ int main(int argc, char **argv)
     char err[512];
     const char *c = argc > 2 ? argv[2] : "";
     if (argc < 3 || nrs_spec_load(argv[1], &spec, err, sizeof err)) {
-        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|world N|reports%s%s\n", argc > 2 ? ": " : "",
+        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|abortmid|world N|worldmem N|"
+                "worldpeer N|reports%s%s\n", argc > 2 ? ": " : "",
                 argc > 2 ? err : "");
         return 2;
     }
     mode = argc > 3 ? atoi(argv[3]) : 0;
     fbuf = malloc(NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD);
     nrs_plan_req_init(&req, &spec);
-    req.gpus = !strcmp(c, "world") ? 4 : 1;
+    req.gpus = !strncmp(c, "world", 5) ? 4 : 1;
     if (nrs_plan_best(&spec, &req, &P1, err, sizeof err))
         return fprintf(stderr, "plan: %s\n", err), 2;
     req.gpus = 2;
@@ -209,6 +233,7 @@ int main(int argc, char **argv)
     P1.epoch = 1;
     P2.epoch = 2;
     P3 = P2; /* the same epoch again, as a retry would be */
+    bool world = !strncmp(c, "world", 5);
     if (!strcmp(c, "abortmid")) { /* the retry: another plan under the same number */
         req.gpus = 1;
         if (nrs_plan_best(&spec, &req, &P3, err, sizeof err))
@@ -252,7 +277,9 @@ int main(int argc, char **argv)
         free(fbuf);
         return bad || reports_bad || reports_ok < 2 ? 1 : 0;
     }
-    if (!strcmp(c, "world")) {
+    if (world) {
+        if (!strcmp(c, "worldmem")) /* this rank (0) has no memory for world 1 */
+            setenv("NRS_WORKER_NOMEM", mode ? "0:world:1" : "0:wlen:1", 1);
         /* rank 0 of 4 at epoch 1; ranks 2 and 3 died before the join */
         w->n = 4;
         w->me = 0;
@@ -282,7 +309,24 @@ int main(int argc, char **argv)
             kept &= w->perm[i] == i;
         printf("world switch: %d: %s; the world of 4 %s\n", e,
                e ? nrs_worker_last_error(w) : "ok", kept ? "kept" : "changed");
-        rc = e == NRS_ERR_PLAN && kept ? 0 : 1;
+        usleep(100000); /* the GATHERs sent without waiting for their answers reach it */
+        int ng = __atomic_load_n(&ngathers, __ATOMIC_SEQ_CST);
+        for (int k = 0; k < ng && k < 8; k++)
+            printf("GATHER %s: first word %#x, word at byte 20 %u\n", gnames[k], gfirst[k],
+                   gmark[k]);
+        const char *msg = nrs_worker_last_error(w);
+        if (!strcmp(c, "world"))
+            rc = e == NRS_ERR_PLAN && kept ? 0 : 1;
+        else if (!strcmp(c, "worldmem")) /* N=0: it says so in wlen1; N=1: in world1 */
+            rc = e == NRS_ERR_NOMEM && kept && ng == mode + 1 &&
+                         !strcmp(gnames[mode], mode ? "world1" : "wlen1") &&
+                         (mode ? gmark[1] == 3 : gfirst[0] == 0xFFFFFFFFu)
+                     ? 0 : 1;
+        else /* worldpeer: rank 1's mark read, no rank switches; after wlen1 no world1 */
+            rc = e == NRS_ERR_RDV && kept && ng == mode + 1 &&
+                         strstr(msg, mode ? "rank 1 has no memory for it: no rank switches"
+                                          : "rank 1 cannot switch")
+                     ? 0 : 1;
     } else {
         if ((e = nrs_worker_set_plan(w, &P1)) || (e = nrs_worker_alloc_state(w, NRS_MEM_HOST, 1)))
             return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;

@@ -13,6 +13,20 @@ mp_case "worker: a world whose GPU holder is gone: a clear error" 0 60 "$K" "$SP
 mp_grep "worker: the error names the GPU" "no rank holds GPU 2 of epoch 1"
 mp_case "worker: a world entry with a GPU out of range: a clear error" 0 60 "$K" "$SPEC" world 1
 mp_grep "worker: the error names the entry" "rank 1's entry does not fit"
+# A rank without memory for a world switch still sends its part of each
+# gather, marked, and switches not (it used to return before the gather: the
+# others waited for it, took it for dead, or paired it with their next one);
+# a rank that reads such a mark does not switch either.
+mp_case "worker: no memory for a world's first gather: its part sent all the same, marked" 0 60 \
+    "$K" "$SPEC" worldmem 0
+mp_grep "worker: the lengths' GATHER came, saying it cannot switch" "GATHER wlen1: first word 0xffffffff"
+mp_case "worker: no memory for a world's second gather's answer: its entry sent, marked" 0 60 \
+    "$K" "$SPEC" worldmem 1
+mp_grep "worker: the entries' GATHER came, marked" "GATHER world1: first word 0x[0-9a-f]*, word at byte 20 3"
+mp_case "worker: rank 1 cannot switch (the lengths): no rank switches, no second gather" 0 60 \
+    "$K" "$SPEC" worldpeer 0
+mp_case "worker: rank 1 has no memory for the entries' answer: no rank switches" 0 60 \
+    "$K" "$SPEC" worldpeer 1
 mp_case "worker: every REPORT decodes as the controller's (no plan yet, a 0 s stage), bad figures refused" \
     0 30 "$K" "$SPEC" reports
 mp_grep "worker: the REPORT frames all decode" "2 REPORT frame(s) decode, 0 refused"

@@ -191,6 +191,22 @@ for r in 0 1 2 3; do
 done
 [ -z "$bad" ] && mp_ok "weight sync, one rank's local failure: the later syncs commit, every shard verified" ||
     mp_ko "weight sync, one rank's local failure: the later syncs commit, every shard verified" "$bad"
+# A rank without memory for a checkpoint (NRS_WORKER_NOMEM=1:checkpoint:2:
+# rank 1, the checkpoint of step 2) still votes, a no: none publishes it, the
+# others name rank 1, the later one is published. It used to return before
+# the vote: the others waited 16 s and saw it "did not vote (dead)", its next
+# collective paired with their vote.
+ck=$(mktemp -d "${TMPDIR:-/tmp}/nrs-ck.XXXXXX")
+mp_case "checkpoints, rank 1 without memory for the one of step 2: every rank leaves it, the next is published" \
+    0 60 env UCX_TLS=sm NRS_WORKER_NOMEM=1:checkpoint:2 "$SRV" -q -n 4 -t 50 -- "$WK" --spec "$GRPO" \
+    --steps 4 --step-ms 10 --gpus-per-host 4 --checkpoint-dir "$ck" --checkpoint-every 1
+n=$(grep -c "checkpoint of step 2 not published: rank 1 failed" "$mp_out")
+m=$(grep -c "^rank 1: .*checkpoint of step 2 not published: out of memory: this rank voted no" "$mp_out")
+[ "$n" -eq 3 ] && [ "$m" -eq 1 ] && [ "$(cat "$ck/LATEST" 2>/dev/null)" = 3 ] && ! grep -q "did not vote" "$mp_out" &&
+    mp_ok "checkpoint, one rank without memory: it votes no, none publishes, step 3's is published" ||
+    mp_ko "checkpoint, one rank without memory: it votes no, none publishes, step 3's is published" \
+        "$n of 3 named rank 1, $m of 1 said it voted no, LATEST $(cat "$ck/LATEST" 2>/dev/null)"
+rm -rf "$ck"
 mp_case "weight sync, verify off, the same flip: committed, only the test's own check finds it" 1 60 \
     env UCX_TLS=sm NRS_WORKER_VERIFY=0 NRS_WORKER_CORRUPT_SYNC=1:0 \
     "${SYNCS[@]}"
