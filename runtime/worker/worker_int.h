@@ -157,6 +157,26 @@ void nrs_wk_free_state(nrs_worker_t *w);
 int nrs_wk_buf_rank(const nrs_worker_t *w, const nrs_emu_buf_t *b);
 /* Builds the current plan's state and finds this rank's buffers. */
 int nrs_wk_index_state(nrs_worker_t *w);
+/* A plan's state index (its buffers, which are this rank's, room for their
+ * memory), built aside: installed only once complete. */
+typedef struct {
+    nrs_emu_state_t st;
+    nrs_xmem_t *mem;
+    void **dev;
+    int *mine;
+    int nmine;
+} nrs_wk_index_t;
+/* Plan p's index under GPU order perm (NULL: the identity) into ix: 0, or
+ * NRS_ERR_PLAN / NRS_ERR_NOMEM with why (ix empty). */
+int nrs_wk_index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *perm,
+                       nrs_wk_index_t *ix, char *why, size_t whylen);
+void nrs_wk_index_free(nrs_wk_index_t *ix);
+/* A transition in which nothing moves (g: no op, every new buffer an old
+ * one kept in place, on the same rank): ix (built for the new plan) takes
+ * the current buffers, host and device, new buffer j the old one it keeps,
+ * and becomes the handle's state in place of the current one (the epoch's
+ * sync and counters reset as nrs_wk_free_state does). It cannot fail. */
+void nrs_wk_index_keep(nrs_worker_t *w, nrs_wk_index_t *ix, const nrs_emu_graph_t *g);
 /* 0 if plan p fits this job, else the error. */
 int nrs_wk_plan_ok(nrs_worker_t *w, const nrs_plan_t *p);
 /* CUDA state: copies to the host buffers (dir 'd') or back to the device ('h'). */

@@ -79,18 +79,7 @@ int nrs_wk_buf_rank(const nrs_worker_t *w, const nrs_emu_buf_t *b)
     return nrs_wk_owner_rank((void *)w, b->gpu);
 }
 
-/* A plan's state index (its buffers, which are ours, room for our memory),
- * built aside and installed only once complete: a plan that cannot be built
- * leaves the handle as it was. */
-typedef struct {
-    nrs_emu_state_t st;
-    nrs_xmem_t *mem;
-    void **dev;
-    int *mine;
-    int nmine;
-} wk_index_t;
-
-static void index_free(wk_index_t *ix)
+void nrs_wk_index_free(nrs_wk_index_t *ix)
 {
     nrs_emu_state_free(&ix->st);
     free(ix->mem);
@@ -99,10 +88,8 @@ static void index_free(wk_index_t *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
-/* Plan p's state and this rank's buffers under perm into ix; on failure
- * NRS_ERR_PLAN or NRS_ERR_NOMEM with why, ix empty. */
-static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *perm,
-                       wk_index_t *ix, char *why, size_t whylen)
+int nrs_wk_index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *perm,
+                       nrs_wk_index_t *ix, char *why, size_t whylen)
 {
     memset(ix, 0, sizeof(*ix));
     if (nrs_emu_state_build(&w->spec, p, NRS_EMU_SEL_PERSISTENT, NULL, 0, &ix->st, why, whylen)) {
@@ -113,7 +100,7 @@ static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *pe
     ix->dev = calloc(ix->st.nbuf + 1, sizeof(*ix->dev));
     ix->mine = calloc(ix->st.nbuf + 1, sizeof(*ix->mine));
     if (!ix->mem || !ix->dev || !ix->mine) {
-        index_free(ix);
+        nrs_wk_index_free(ix);
         snprintf(why, whylen, "out of memory");
         return NRS_ERR_NOMEM;
     }
@@ -124,7 +111,7 @@ static int index_build(const nrs_worker_t *w, const nrs_plan_t *p, const int *pe
 }
 
 /* ix becomes the handle's (its state freed before: nrs_wk_free_state). */
-static void index_install(nrs_worker_t *w, wk_index_t *ix)
+static void index_install(nrs_worker_t *w, nrs_wk_index_t *ix)
 {
     w->st = ix->st;
     w->mem = ix->mem;
@@ -134,13 +121,27 @@ static void index_install(nrs_worker_t *w, wk_index_t *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
+void nrs_wk_index_keep(nrs_worker_t *w, nrs_wk_index_t *ix, const nrs_emu_graph_t *g)
+{
+    for (size_t j = 0; j < ix->st.nbuf; j++) {
+        int32_t c = nrs_emu_canon(g, g->nold + (int32_t)j);
+        ix->mem[j] = w->mem[c];
+        ix->dev[j] = w->dev[c];
+        memset(&w->mem[c], 0, sizeof w->mem[c]);
+        w->dev[c] = NULL;
+    }
+    nrs_wk_free_state(w); /* the epoch's sync and counters, the old index: no buffer left */
+    index_install(w, ix);
+    w->allocated = 1;
+}
+
 /* The state of the current plan and which buffers are ours (the state freed
  * before; on failure it stays empty). */
 int nrs_wk_index_state(nrs_worker_t *w)
 {
     char err[512];
-    wk_index_t ix;
-    int rc = index_build(w, &w->plan, w->perm, &ix, err, sizeof err);
+    nrs_wk_index_t ix;
+    int rc = nrs_wk_index_build(w, &w->plan, w->perm, &ix, err, sizeof err);
     if (rc)
         return nrs_wk_seterr(w, rc, "%s", err);
     index_install(w, &ix);
@@ -179,14 +180,14 @@ int nrs_worker_set_plan(nrs_worker_t *w, const nrs_plan_t *plan)
 {
     int rc;
     char err[512];
-    wk_index_t ix;
+    nrs_wk_index_t ix;
     if ((rc = nrs_wk_unusable(w, __func__)))
         return rc;
     if (!plan)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_set_plan: plan is NULL");
     if ((rc = nrs_wk_plan_ok(w, plan)) || (rc = plan_wellformed(w, plan)))
         return rc;
-    if ((rc = index_build(w, plan, NULL, &ix, err, sizeof err)))
+    if ((rc = nrs_wk_index_build(w, plan, NULL, &ix, err, sizeof err)))
         return nrs_wk_seterr(w, rc, "nrs_worker_set_plan: plan of epoch %u: %s", plan->epoch,
                              err);
     nrs_wk_free_state(w);

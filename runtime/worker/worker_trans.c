@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <config.h>
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,139 @@ static void placed_out_of_line(nrs_worker_t *w, const nrs_plan_t *next)
     for (int i = 0; w->waiting && w->n > 1 && i < next->total_gpus && i < w->n; i++)
         if (w->perm[i] >= 0 && w->perm[i] < w->n)
             w->waiting[w->perm[i]] = 0;
+}
+
+/* next becomes the current plan, its GPU i held by rank nperm[i] (the ranks
+ * without one after them); this rank's GPU in it. */
+static void adopt_plan(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm)
+{
+    w->plan = *next;
+    w->rep.epoch = next->epoch;
+    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    placed_out_of_line(w, next);
+    w->my_gpu = -1;
+    for (int i = 0; i < next->total_gpus; i++)
+        if (w->n == 1 || w->perm[i] == w->me)
+            w->my_gpu = i;
+    if (w->n == 1)
+        w->my_gpu = 0;
+}
+
+/* The last transition's result (nrs_worker_transition_stat) when it ran no
+ * executor: its outcome, time since t0 and message. */
+static void set_last(nrs_worker_t *w, int outcome, double t0, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set_last(nrs_worker_t *w, int outcome, double t0, const char *fmt, ...)
+{
+    va_list ap;
+    memset(&w->last, 0, sizeof w->last);
+    w->last.outcome = outcome;
+    w->last.failed_rank = -1;
+    w->last.total_s = nrs_now_s() - t0;
+    va_start(ap, fmt);
+    vsnprintf(w->last.msg, sizeof w->last.msg, fmt, ap);
+    va_end(ap);
+    w->have_last = 1;
+}
+
+/* Nothing moves in g (a re-tune of micro-batches, nrs_adapt_retune: the same
+ * pools, placement and tp/pp/dp): no op, no GPU lost, and every new buffer
+ * is an old one kept in place, on the rank that holds it now. Every rank
+ * builds the same graph and the same numbering (nperm), so every rank
+ * finds the same without a collective. */
+static bool nothing_moves(const nrs_worker_t *w, const nrs_emu_graph_t *g, const int *nperm,
+                          int nlost)
+{
+    if (g->nops || nlost || w->broken || g->nnew != g->nold)
+        return false;
+    for (int32_t j = g->nold; j < g->nold + g->nnew; j++) {
+        int32_t c = g->buf[j].alias;
+        if (c < 0 || c >= g->nold || nrs_wk_rank_under(w, nperm, g->buf[j].b.gpu) !=
+                                         nrs_wk_rank_under(w, w->perm, g->buf[c].b.gpu))
+            return false;
+    }
+    return true;
+}
+
+static int vote_all(nrs_worker_t *w, uint64_t key, const char *name, int32_t mine, const int *out,
+                    int nout, char *why, size_t whylen);
+
+/* A point of no return of this file's own (a restore, a transition in which
+ * nothing moves) settled as a transition's (dtrans settle: PMIx collectives
+ * outlive the controller): what the controller's PONR gave this rank (d),
+ * shared by every participant in "dt<attempt>.settle"; never a split. sb:
+ * NRS_DTRANS_SETTLE_BYTES, had before the vote. */
+static int settle(nrs_worker_t *w, uint64_t epoch, int d, void *sb, const int *out, int nout,
+                  unsigned attempt, char *why, size_t whylen)
+{
+    nrs_dtrans_opts_t o;
+    nrs_wk_dtrans_opts(w, &o);
+    o.out_ranks = out;
+    o.nout = nout;
+    o.attempt = attempt;
+    return nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), epoch, d, sb, why, whylen);
+}
+
+/* A transition in which nothing moves (nothing_moves): no communicator, no
+ * copy between the GPU and the host, no executor and its three votes; the
+ * new plan's index is built aside, the ranks decide, and each keeps its
+ * buffers under the new index. Who decides: the controller's COMMIT when
+ * its GATHERs carry the collectives (it hears every rank's ACK: a rank that
+ * failed here says so in its ACK, prepare_run, and the controller aborts on
+ * every rank); else one vote of every participant, "keep<attempt>" (a rank
+ * that failed votes no and every rank aborts alike: without it a rank's
+ * own failure left it on the old epoch while the others took the new
+ * one), then the controller's PONR and the settle, as a transition's. */
+static int keep_in_place(nrs_worker_t *w, const nrs_plan_t *next, const nrs_emu_graph_t *g,
+                         const int *nperm, const int *out, int nout, int job_step, int ctl)
+{
+    char why[512] = "", name[48];
+    double t0 = nrs_now_s();
+    unsigned from = w->plan.epoch;
+    bool decider = ctl && w->coll_ctl, settles = ctl && !w->coll_ctl;
+    nrs_wk_index_t ix;
+    int lrc = nrs_wk_index_build(w, next, nperm, &ix, why, sizeof why);
+    if (lrc)
+        lrc = nrs_wk_seterr(w, lrc, "%s", why);
+    else
+        lrc = trans_fail_hook(w);
+    unsigned attempt = w->attempt++;
+    void *sb = settles && !lrc ? malloc(NRS_DTRANS_SETTLE_BYTES(w->n)) : NULL;
+    if (settles && !lrc && !sb)
+        lrc = nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory for the settle");
+    char lwhy[sizeof w->err] = "";
+    if (lrc)
+        snprintf(lwhy, sizeof lwhy, "%s", w->err);
+    snprintf(name, sizeof name, "keep%u", attempt);
+    int d = decider ? (lrc ? -1 : 0)
+                    : vote_all(w, next->epoch, name, lrc != 0, out, nout, why, sizeof why);
+    if (!d && ctl)
+        d = nrs_wk_ctl_ponr(w, why, sizeof why);
+    if (d != -1 && settles)
+        d = settle(w, next->epoch, d, sb, out, nout, attempt, why, sizeof why);
+    free(sb);
+    if (lrc || d) {
+        nrs_wk_index_free(&ix);
+        set_last(w, NRS_DT_ABORTED, t0, "%s", lrc ? lwhy : why);
+        if (lrc)
+            return nrs_wk_seterr(w, lrc, "transition %u -> %u (nothing moves): %.400s; %s: "
+                                 "aborted on every rank, old state intact", from, next->epoch,
+                                 lwhy, decider ? "the controller aborts it" : "this rank voted no");
+        return nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u (nothing moves): %.400s; "
+                             "aborted before the point of no return: old state intact", from,
+                             next->epoch, why);
+    }
+    for (int i = 0; i < nout; i++) /* out of the job for good */
+        w->dead[out[i]] = 1;
+    if (ctl)
+        w->job_step = job_step;
+    nrs_wk_index_keep(w, &ix, g);
+    adopt_plan(w, next, nperm);
+    set_last(w, NRS_DT_COMMITTED, t0, "committed epoch %u: nothing moves (%d buffer(s) kept in "
+             "place here): %s", next->epoch, w->nmine,
+             decider ? "the controller's commit, no vote" : "one vote");
+    snprintf(w->err, sizeof w->err, "transition %u -> %u: %s", from, next->epoch, w->last.msg);
+    return NRS_OK;
 }
 
 /* The job's step at a controller's transition: every participant gives the
@@ -206,6 +340,12 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         return nrs_wk_seterr(w, NRS_ERR_PLAN, "graph and state disagree (%d vs %zu buffers)",
                              g->nold, w->st.nbuf);
     }
+    if (nothing_moves(w, g, nperm, nlost)) {
+        rc = keep_in_place(w, next, g, nperm, out_ranks, nout, job_step, ctl);
+        nrs_emu_graph_free(g);
+        free(nperm);
+        return rc;
+    }
     /* GPU state: GPU to GPU over NCCL when every participant can, else
      * through the host copies over UCX (every participant votes, whatever
      * its memory: a rank without a GPU says no for all) */
@@ -299,17 +439,8 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     }
     int mk = w->mem_kind;
     nrs_wk_free_state(w);
-    w->plan = *next;
-    w->rep.epoch = next->epoch;
-    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
+    adopt_plan(w, next, nperm);
     free(nperm);
-    placed_out_of_line(w, next);
-    w->my_gpu = -1;
-    for (int i = 0; i < next->total_gpus; i++)
-        if (w->n == 1 || w->perm[i] == w->me)
-            w->my_gpu = i;
-    if (w->n == 1)
-        w->my_gpu = 0;
     if ((rc = nrs_wk_index_state(w))) {
         free(nm);
         return rc;
@@ -555,14 +686,8 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     int d = vote_all(w, next->epoch, name, ok, out, nout, why, sizeof why) ? -1
                                                                            : nrs_wk_ctl_ponr(w, why,
                                                                                              sizeof why);
-    if (d != -1 && settles) { /* as a transition's (dtrans settle): never a split */
-        nrs_dtrans_opts_t o;
-        nrs_wk_dtrans_opts(w, &o);
-        o.out_ranks = out;
-        o.nout = nout;
-        o.attempt = attempt;
-        d = nrs_dtrans_settle(&o, nrs_wk_job_rdv(w), next->epoch, d, sb, why, sizeof why);
-    }
+    if (d != -1 && settles)
+        d = settle(w, next->epoch, d, sb, out, nout, attempt, why, sizeof why);
     free(sb);
     if (d) { /* the buffers read go at out */
         rc = nrs_wk_seterr(w, NRS_ERR_ABORTED, "transition %u -> %u: state lost on every replica; "
@@ -576,11 +701,7 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
         w->dead[out[i]] = 1;
     int mk = w->mem_kind;
     nrs_wk_free_state(w);
-    w->plan = *next;
-    w->rep.epoch = next->epoch;
-    memcpy(w->perm, nperm, sizeof(int) * (size_t)w->n);
-    placed_out_of_line(w, next);
-    w->my_gpu = g2;
+    adopt_plan(w, next, nperm); /* this rank's GPU: g2 */
     if ((rc = nrs_wk_index_state(w)))
         goto out;
     if (w->st.nbuf != st2.nbuf) {
@@ -597,12 +718,8 @@ static int restore(nrs_worker_t *w, const nrs_plan_t *next, const int *nperm, co
     w->broken = 0;
     free(w->present);
     w->present = NULL;
-    memset(&w->last, 0, sizeof w->last);
-    w->last.failed_rank = -1;
-    w->last.total_s = nrs_now_s() - t0;
-    w->have_last = 1;
-    snprintf(w->last.msg, sizeof w->last.msg, "restored epoch %u from the checkpoint of step "
-             "%ld: %d buffer(s), %lld bytes here", next->epoch, step, n2, nbytes);
+    set_last(w, NRS_DT_COMMITTED, t0, "restored epoch %u from the checkpoint of step %ld: %d "
+             "buffer(s), %lld bytes here", next->epoch, step, n2, nbytes);
     snprintf(w->err, sizeof w->err, "transition: %s", w->last.msg);
     rc = nrs_wk_sync_host(w, 'h');
 out:

@@ -46,7 +46,11 @@
  * NCCL_IB_DISABLE=1 fails, where real NCCL may hang or crawl; one host's
  * tests must turn IB off), FAKE_LEAKS=1 (a process that exits by itself
  * with device memory not freed, or a communicator neither destroyed nor
- * aborted, exits 99 instead, saying what).
+ * aborted, exits 99 instead, saying what). Counts: fakegpu_counts (found
+ * with dlsym by a test that runs under the fake) gives how many
+ * communicators this process made (init, split, shrink) and how many copies
+ * (cudaMemcpy*, of any kind) it asked for: a test's check that a code path
+ * sets up no communicator and copies nothing.
  * Devices: each thread has its current device (cudaSetDevice, cudaGetDevice;
  * 0 at first), as CUDA's. Each device has its own legacy stream, which the
  * CUDA calls without a stream use: the current device's. Streams, events and
@@ -437,9 +441,17 @@ cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size
     }
     return copy_async(d, dp, s, sp, w, h, k, st);
 }
+static long ncomms, ncopies; /* fakegpu_counts */
+void fakegpu_counts(long *comms, long *copies);
+void fakegpu_counts(long *comms, long *copies)
+{
+    *comms = ncomms;
+    *copies = ncopies;
+}
 static cudaError_t copy_async(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
                               enum cudaMemcpyKind k, cudaStream_t st)
 {
+    ncopies++;
     if (h > 1 && (dp < w || sp < w))
         return cudaErrorInvalidPitchValue;
     size_t dn = h ? (h - 1) * dp + w : 0, sn = h ? (h - 1) * sp + w : 0;
@@ -625,6 +637,7 @@ static void sock_name(struct sockaddr_un *a, socklen_t *len, const char *token, 
 static int nlive; /* communicators made, neither destroyed nor aborted */
 static fcomm_t *mkcomm(const char *token, int rank, int size)
 {
+    ncomms++;
     fcomm_t *c = calloc(1, sizeof *c);
     nlive++;
     c->rank = rank;

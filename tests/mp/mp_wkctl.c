@@ -14,6 +14,14 @@
  *             the aborted plan); it runs the retry, which commits;
  *   world N   a WORLD whose gather answer names a GPU holder that is gone
  *             (N=0) or a GPU out of range (N=1): a clear error, no overflow;
+ *   retune N  a re-tune (epoch 2: epoch 1's plan with every micro-batch
+ *             doubled, nrs_adapt_retune) through PLAN/PREPARE/COMMIT: it
+ *             commits, every shard verified, without a GATHER (N=0: the
+ *             controller's COMMIT decides; the executor's three votes and
+ *             the NCCL choice are not run), and under tests/fakegpu without
+ *             setting up a communicator or copying between GPU and host;
+ *             N=1: the collectives over PMIx (a singleton's), one vote, the
+ *             COMMIT, then the settle;
  *   worldmem N  the world switch of "world" on a rank without memory for it:
  *             N=0, none for the first gather (the lengths): the rank still
  *             sends its part, saying so, and waits for no answer; N=1, none
@@ -37,6 +45,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../fakegpu/counts.h"
 #include "ctl/proto.h"
 #include "nereus/nereus.h"
 #include "nereus/plan.h"
@@ -128,7 +137,8 @@ static void *controller(void *arg)
     const char *c = arg;
     nrs_hdr_t h;
     int ngather = 0;
-    if (!strcmp(c, "planmid") || !strcmp(c, "abort") || !strcmp(c, "abortmid")) {
+    if (!strcmp(c, "planmid") || !strcmp(c, "abort") || !strcmp(c, "abortmid") ||
+        !strcmp(c, "retune")) {
         send_plan(&P2, NRS_PLAN_TRANSITION, 1);
         send_epoch(NRS_MSG_PREPARE, 2);
         if (!strcmp(c, "abort"))
@@ -216,7 +226,7 @@ int main(int argc, char **argv)
     char err[512];
     const char *c = argc > 2 ? argv[2] : "";
     if (argc < 3 || nrs_spec_load(argv[1], &spec, err, sizeof err)) {
-        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|abortmid|world N|worldmem N|"
+        fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|abortmid|retune|world N|worldmem N|"
                 "worldpeer N|reports%s%s\n", argc > 2 ? ": " : "",
                 argc > 2 ? err : "");
         return 2;
@@ -233,6 +243,12 @@ int main(int argc, char **argv)
     P1.epoch = 1;
     P2.epoch = 2;
     P3 = P2; /* the same epoch again, as a retry would be */
+    if (!strcmp(c, "retune")) { /* epoch 1's plan, every micro-batch doubled */
+        P2 = P1;
+        P2.epoch = 2;
+        for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+            P2.layout[ms].mb *= P2.has[ms] ? 2 : 1;
+    }
     bool world = !strncmp(c, "world", 5);
     if (!strcmp(c, "abortmid")) { /* the retry: another plan under the same number */
         req.gpus = 1;
@@ -328,7 +344,9 @@ int main(int argc, char **argv)
                                           : "rank 1 cannot switch")
                      ? 0 : 1;
     } else {
-        if ((e = nrs_worker_set_plan(w, &P1)) || (e = nrs_worker_alloc_state(w, NRS_MEM_HOST, 1)))
+        /* a re-tune's state where the worker puts it (tests/fakegpu: on the GPU) */
+        int mem = !strcmp(c, "retune") ? NRS_MEM_AUTO : NRS_MEM_HOST;
+        if ((e = nrs_worker_set_plan(w, &P1)) || (e = nrs_worker_alloc_state(w, mem, 1)))
             return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;
         pthread_create(&t, NULL, controller, (void *)c);
         if (!strcmp(c, "planmid")) {
@@ -340,6 +358,26 @@ int main(int argc, char **argv)
             printf("planmid: control_poll %d (%s), epoch %d, %lld verified, %lld bad\n", e,
                    e < 0 ? nrs_worker_last_error(w) : "ok", nrs_worker_epoch(w), v, bad);
             rc = e >= 0 && nrs_worker_epoch(w) == 2 && !ve && v > 0 && !bad ? 0 : 1;
+        } else if (!strcmp(c, "retune")) {
+            long comms0 = 0, copies0 = 0, comms1 = 0, copies1 = 0;
+            w->coll_ctl = mode == 0;
+            int fake = fakegpu_counts_get(&comms0, &copies0);
+            for (int k = 0; k < 100 && (e = nrs_worker_control_poll(w, 0.1)) == 0; k++)
+                ;
+            fake = fake || fakegpu_counts_get(&comms1, &copies1);
+            long long v = 0, bad = 0;
+            int ve = nrs_worker_verify_state(w, &v, &bad);
+            int ng = __atomic_load_n(&ngathers, __ATOMIC_SEQ_CST);
+            printf("retune %d: control_poll %d (%s), epoch %d, %d GATHER(s), %lld verified, %lld "
+                   "bad, state on the %s\n", mode, e, nrs_worker_last_error(w),
+                   nrs_worker_epoch(w), ng, v, bad,
+                   nrs_worker_mem_kind(w) == NRS_MEM_CUDA ? "GPU" : "host");
+            if (!fake)
+                printf("retune: %ld communicator(s) made, %ld copies\n", comms1 - comms0,
+                       copies1 - copies0);
+            rc = e == 1 && nrs_worker_epoch(w) == 2 && ng == 0 && !ve && v > 0 && !bad &&
+                         (fake || (comms1 == comms0 && copies1 == copies0))
+                     ? 0 : 1;
         } else if (!strcmp(c, "abortmid")) {
             int first = -99;
             for (int k = 0; k < 200 && (e = nrs_worker_control_poll(w, 0.1)) != 1; k++)

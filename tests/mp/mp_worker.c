@@ -3,7 +3,7 @@
  *
  *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
  *             [--transports MASK] [--fail RANK [--nomem]] [--nomem-census RANK]
- *             [--caller-device D]
+ *             [--retune T] [--caller-device D]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -34,6 +34,16 @@
  * --nomem-census R2 (with --kill-ponr): R2 has no memory for the census of
  * the first transition (NRS_WORKER_NOMEM=R2:census:0): every survivor must
  * print the same census, without it (every new buffer lost).
+ *
+ * --retune T: transition T of the chain is a re-tune (nrs_adapt_retune): the
+ * current plan with every micro-batch doubled, nothing else changed (no
+ * draw: the chain's later plans are those without it). Nothing moves: no
+ * communicator is set up, nothing is copied between GPU and host, one
+ * vote. Each rank prints what the transition said and, under tests/fakegpu,
+ * what it set up and copied:
+ *   mp_worker[i]: re-tune to epoch E: transition ...: committed epoch E: nothing moves (...)
+ *   mp_worker[i]: re-tune: C communicator(s) made, K copies
+ * With --fail R (and T = 1) the re-tune is what fails on R alone.
  *
  * Before the chain every rank calls each public function with a NULL
  * handle (each must return its failure value and name itself in
@@ -69,6 +79,7 @@
 
 #include "emu/graph.h"
 #include "emu/pattern.h"
+#include "../fakegpu/counts.h"
 #include "emu/testutil.h"
 #include "nereus/nereus.h"
 #ifdef HAVE_NCCL
@@ -112,6 +123,16 @@ static int64_t pre_ponr_ops(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_
         }
     nrs_emu_graph_free(g);
     return n;
+}
+
+/* p with every micro-batch doubled (a new epoch): a re-tune of p. */
+static void retune_of(const nrs_plan_t *p, unsigned epoch, nrs_plan_t *out)
+{
+    *out = *p;
+    out->epoch = epoch;
+    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+        if (out->has[ms])
+            out->layout[ms].mb *= 2;
 }
 
 static int reports;
@@ -424,7 +445,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 1;
     int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, fail = -1, rc = 1;
-    int nomem = 0, nomem_census = -1;
+    int nomem = 0, nomem_census = -1, retune = -1;
     unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nomem"))
@@ -433,6 +454,8 @@ int main(int argc, char **argv)
             break;
         else if (!strcmp(argv[i], "--nomem-census"))
             nomem_census = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--retune"))
+            retune = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed"))
             seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--count"))
@@ -506,8 +529,11 @@ int main(int argc, char **argv)
         snprintf(v, sizeof v, "%d:census:0", nomem_census);
         setenv("NRS_WORKER_NOMEM", v, 1);
     }
+    long comms0 = 0, copies0 = 0, comms1 = 0, copies1 = 0;
     for (int t = 1; t <= count; t++) {
-        if (!retry) /* a retry: the same plan again */
+        if (!retry && t == retune) /* a retry: the same plan again */
+            retune_of(&cur, (unsigned)t + 1, &next);
+        else if (!retry)
             draw_plan(&rng, &s, n, (unsigned)t + 1, &next);
         if (kill >= 0 && !armed) {
             int64_t k = pre_ponr_ops(&s, &cur, &next, kill);
@@ -543,12 +569,15 @@ int main(int argc, char **argv)
         }
         retry = 0;
         t_kill0 = wall_s();
+        int fake = fakegpu_counts_get(&comms0, &copies0);
         e = nrs_worker_transition(w, &next);
+        fake = fake || fakegpu_counts_get(&comms1, &copies1);
         device_kept("nrs_worker_transition");
         if (fail >= 0 && t == 1 && !failed++) {
             /* rank fail votes no; the others abort with it; all keep the old state */
             char no[64];
-            snprintf(no, sizeof no, "rank %d says no", fail);
+            /* the executor's hash vote; a re-tune's one vote (vote_all) */
+            snprintf(no, sizeof no, retune == 1 ? "rank %d failed" : "rank %d says no", fail);
             const char *msg = nrs_worker_last_error(w);
             bool ok = me == fail ? e == (nomem ? NRS_ERR_NOMEM : NRS_ERR_XPORT) &&
                                        strstr(msg, "this rank voted no")
@@ -602,6 +631,13 @@ int main(int argc, char **argv)
         }
         if (check(w, "after the transition", &nv))
             goto out;
+        if (t == retune) {
+            printf("mp_worker[%d]: re-tune to epoch %d: %s\n", me, nrs_worker_epoch(w),
+                   nrs_worker_last_error(w));
+            if (!fake)
+                printf("mp_worker[%d]: re-tune: %ld communicator(s) made, %ld copies\n", me,
+                       comms1 - comms0, copies1 - copies0);
+        }
         char when[32];
         snprintf(when, sizeof when, "epoch %d", nrs_worker_epoch(w));
         if (layer_views(w, &s, when))

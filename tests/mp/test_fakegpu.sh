@@ -88,8 +88,12 @@ mp_case "fake GPU: fan-out over NCCL without the bound: the double refuses a gro
     -- "$T" --nccl --fan --count 4
 mp_grep "fake GPU: fan-out without the bound: too many rounds" "rounds (more than 2)"
 # The worker API with its state in (fake) GPU memory: transitions over NCCL.
-mp_case "fake GPU: worker 4 ranks, state on the GPU, 4 transitions over NCCL" 0 120 \
-    env "$fake" FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4
+# The first is a re-tune (micro-batches only: nothing moves): it sets up no
+# communicator and copies nothing (it used to set up the job's NCCL
+# communicator, the later ones then over it).
+mp_case "fake GPU: worker 4 ranks, state on the GPU, a re-tune then 3 transitions over NCCL" 0 120 \
+    env "$fake" FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" --seed 15 --count 4 \
+    --retune 1
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 nccl=$(grep -c "transitions of GPU state over NCCL (4 ranks)" "$mp_out")
 if [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && ! grep -q "stages through host memory" "$mp_out"; then
@@ -97,6 +101,21 @@ if [ "$got" -eq 4 ] && [ "$nccl" -eq 4 ] && ! grep -q "stages through host memor
 else
     echo "[  FAILED  ] fake GPU: worker: $got of 4 ranks verified, $nccl over NCCL"; mp_fail=$((mp_fail + 1))
 fi
+rt=$(grep -c "re-tune: 0 communicator(s) made, 0 copies" "$mp_out")
+[ "$rt" -eq 4 ] && { echo "[       OK ] fake GPU: worker: the re-tune made no communicator and copied nothing on 4 of 4 ranks"; mp_pass=$((mp_pass + 1)); } ||
+    { echo "[  FAILED  ] fake GPU: worker: the re-tune made no communicator and copied nothing on $rt of 4 ranks"; mp_fail=$((mp_fail + 1))
+      grep "re-tune" "$mp_out" | sed 's/^/    | /'; }
+# The same through the controller's PLAN/PREPARE/COMMIT (tests/mp/mp_wkctl,
+# one rank, its state on the GPU, UCX as it would be in a job): it used to
+# run the executor's votes (4 GATHERs) and copy every buffer to the host and
+# back (232 copies).
+for nccl in 1 0; do
+    mp_case "fake GPU: a re-tune through the controller (NRS_WORKER_NCCL=$nccl): no communicator, no copy" \
+        0 60 env "$fake" NRS_WORKER_XPORT=ucx NRS_WORKER_NCCL=$nccl "$B/tests/mp/mp_wkctl" \
+        "$S/examples/tiny-cpu.yaml" retune 0
+    mp_grep "fake GPU: re-tune through the controller (NRS_WORKER_NCCL=$nccl): on the GPU, nothing done" \
+        "state on the GPU"
+done
 # libnereus runs in a framework's threads: a call that works on its GPU (0
 # here) must make the caller's current device (1) current again before it
 # returns, on every path: over NCCL, staging through host copies, aborted
@@ -185,12 +204,16 @@ got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 back=$(grep -c "GPU state stages through host memory: nccl: ncclCommInitRankConfig" "$mp_out")
 [ "$got" -eq 4 ] && [ "$back" -eq 4 ] && { echo "[       OK ] fake GPU: worker: every rank said why and staged, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] fake GPU: worker fallback: $got of 4 verified, $back said why"; mp_fail=$((mp_fail + 1)); }
+# Transition 2 a re-tune: staging, it used to copy every buffer of a rank
+# to the host and back (rank 0 and 1 hold 84 each).
 mp_case "fake GPU: worker, NRS_WORKER_NCCL=0: host staging" 0 120 \
     env "$fake" NRS_WORKER_NCCL=0 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
-    --seed 15 --count 4
+    --seed 15 --count 4 --retune 2
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
-[ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: NCCL off, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
-    || { echo "[  FAILED  ] fake GPU: worker, NCCL off: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
+rt=$(grep -c "re-tune: 0 communicator(s) made, 0 copies" "$mp_out")
+[ "$got" -eq 4 ] && [ "$rt" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker: NCCL off, 4 of 4 verified, the re-tune copied nothing"; mp_pass=$((mp_pass + 1)); } \
+    || { echo "[  FAILED  ] fake GPU: worker, NCCL off: $got of 4 verified, $rt of 4 re-tuned without a copy"; mp_fail=$((mp_fail + 1))
+         grep "re-tune" "$mp_out" | sed 's/^/    | /'; }
 mp_case "fake GPU: worker, runtime.transports [ucx, local]: host staging" 0 120 \
     env "$fake" NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 110 -- "$W" \
     --seed 15 --count 4 --transports 3

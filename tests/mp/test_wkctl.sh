@@ -27,6 +27,16 @@ mp_case "worker: rank 1 cannot switch (the lengths): no rank switches, no second
     "$K" "$SPEC" worldpeer 0
 mp_case "worker: rank 1 has no memory for the entries' answer: no rank switches" 0 60 \
     "$K" "$SPEC" worldpeer 1
+# A re-tune (micro-batches only: nothing moves) is decided by the
+# controller's COMMIT alone: no GATHER (it used to run the executor's hash,
+# ponr and done votes: 3 GATHERs, and the NCCL choice's); tests/fakegpu runs
+# it with the state on the GPU (test_fakegpu.sh).
+mp_case "worker: a re-tune commits on the controller's COMMIT, without a GATHER" 0 60 "$K" "$SPEC" retune 0
+mp_grep "worker: the re-tune kept every buffer in place" "committed epoch 2: nothing moves (.*): the controller's commit, no vote"
+# With the collectives over PMIx (they outlive the controller): one vote,
+# the COMMIT, the settle.
+mp_case "worker: a re-tune, collectives over PMIx: one vote, the COMMIT, the settle" 0 60 "$K" "$SPEC" retune 1
+mp_grep "worker: the re-tune over PMIx kept every buffer in place" "committed epoch 2: nothing moves (.*): one vote"
 mp_case "worker: every REPORT decodes as the controller's (no plan yet, a 0 s stage), bad figures refused" \
     0 30 "$K" "$SPEC" reports
 mp_grep "worker: the REPORT frames all decode" "2 REPORT frame(s) decode, 0 refused"

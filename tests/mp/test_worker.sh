@@ -13,7 +13,9 @@
 # a byte flipped on the wire fails every sync (none commits), and without
 # verify the same flip is committed; a sync or a transition that fails on one
 # rank alone (also for want of memory for its votes or the census) is aborted
-# by all, and the later ones commit. No hang: hard time-outs on everything.
+# by all, and the later ones commit; a re-tune (nothing moves) runs one vote
+# only, and still aborts on every rank when one fails; a rank without memory
+# for a checkpoint votes no. No hang: hard time-outs on everything.
 . "$(dirname "$0")/lib.sh"
 W="$B/tests/mp/mp_worker"
 export UCX_NET_DEVICES=lo NRS_WORKER_TIMEOUT=15
@@ -77,6 +79,21 @@ c=$(grep -c "3 transition(s) committed, every shard verified" "$mp_out")
 [ "$a" -eq 4 ] && [ "$c" -eq 4 ] && ! grep -q "did not vote" "$mp_out" &&
     { echo "[       OK ] worker: 4 of 4 ranks aborted with the no of rank 1 (no memory), then committed the chain"; mp_pass=$((mp_pass + 1)); } ||
     { echo "[  FAILED  ] worker: $a of 4 ranks aborted with the no of rank 1 (no memory), $c of 4 committed the chain"; mp_fail=$((mp_fail + 1)); }
+# A re-tune (micro-batches only, nothing moves; --retune 1) runs no executor:
+# no NCCL choice, no copy, not its three votes, only one vote ("keep<N>"),
+# since without a controller nothing else makes a rank's own failure abort
+# every rank alike. Here it fails on rank 1 alone (NRS_WORKER_TRANS_FAIL via
+# --fail): every rank aborts it, the retry commits, each saying it kept its
+# buffers in place (the old code ran the executor: "committed epoch 2: 0
+# op(s)").
+mp_case "worker sm 4 ranks: a re-tune fails on rank 1 alone, the retry commits in place" 0 60 \
+    env UCX_TLS=sm "$SRV" -q -n 4 -t 50 -- "$W" --seed 7 --count 2 --retune 1 --fail 1
+a=$(grep -c "transition 1 failed on rank 1 alone .*: aborted everywhere, old state intact" "$mp_out")
+k=$(grep -c "re-tune to epoch 2: transition 1 -> 2: committed epoch 2: nothing moves (.*): one vote" "$mp_out")
+c=$(grep -c "2 transition(s) committed, every shard verified" "$mp_out")
+[ "$a" -eq 4 ] && [ "$k" -eq 4 ] && [ "$c" -eq 4 ] &&
+    { echo "[       OK ] worker: 4 of 4 ranks aborted the re-tune with rank 1, then kept their buffers in place"; mp_pass=$((mp_pass + 1)); } ||
+    { echo "[  FAILED  ] worker: $a of 4 aborted the re-tune with rank 1, $k of 4 committed it in place, $c of 4 the chain"; mp_fail=$((mp_fail + 1)); }
 # runtime.transports: a job of several ranks needs ucx; one rank runs without it
 mp_case "worker 2 ranks, runtime.transports [local]: init refused" 1 60 env UCX_TLS=sm \
     "$SRV" -q -n 2 -t 50 -- "$W" --seed 5 --count 1 --transports 1
