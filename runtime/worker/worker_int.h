@@ -177,6 +177,11 @@ void nrs_wk_index_free(nrs_wk_index_t *ix);
  * and becomes the handle's state in place of the current one (the epoch's
  * sync and counters reset as nrs_wk_free_state does). It cannot fail. */
 void nrs_wk_index_keep(nrs_worker_t *w, nrs_wk_index_t *ix, const nrs_emu_graph_t *g);
+/* Frees the buffers nm[0, n) that a transition's new state brought and the
+ * handle did not take (a failure past the point of no return): device
+ * memory (dev: the NCCL path, whose transport may be gone) with CUDA, host
+ * memory through the handle's transport. */
+void nrs_wk_free_new(nrs_worker_t *w, nrs_xmem_t *nm, size_t n, bool dev);
 /* 0 if plan p fits this job, else the error. */
 int nrs_wk_plan_ok(nrs_worker_t *w, const nrs_plan_t *p);
 /* CUDA state: copies to the host buffers (dir 'd') or back to the device ('h'). */

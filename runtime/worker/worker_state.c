@@ -135,6 +135,24 @@ void nrs_wk_index_keep(nrs_worker_t *w, nrs_wk_index_t *ix, const nrs_emu_graph_
     w->allocated = 1;
 }
 
+void nrs_wk_free_new(nrs_worker_t *w, nrs_xmem_t *nm, size_t n, bool dev)
+{
+    for (size_t i = 0; nm && i < n; i++) {
+        if (!nm[i].ptr)
+            continue;
+#ifdef HAVE_NCCL
+        if (dev) {
+            nrs_cuda_free(w->cuda_dev, nm[i].ptr);
+            nm[i].ptr = NULL;
+            continue;
+        }
+#else
+        (void)dev;
+#endif
+        w->x.ops->mem_free(w->x.ctx, &nm[i]);
+    }
+}
+
 /* The state of the current plan and which buffers are ours (the state freed
  * before; on failure it stays empty). */
 int nrs_wk_index_state(nrs_worker_t *w)

@@ -52,11 +52,13 @@ static int trans_fail_hook(nrs_worker_t *w)
 /* NRS_WORKER_NOMEM=RANK:POINT:N: in rank RANK's transition attempt N (the
  * counter the ranks share, from 0) the memory at POINT cannot be had: "vote"
  * and "census" (nrs_dtrans_opts_t.nomem), "settle" (a restore's settle,
- * below). The tests' check that such a rank still takes part in every
- * collective of the run. The point, or NULL. */
+ * below), "hostcopy" (past the point of no return over NCCL, the first host
+ * copy of the new state). The tests' check that such a rank still takes
+ * part in every collective of the run, and frees what it holds. The point,
+ * or NULL. */
 static const char *nomem_hook(const nrs_worker_t *w)
 {
-    static const char *const points[] = {"vote", "census", "settle"};
+    static const char *const points[] = {"vote", "census", "settle", "hostcopy"};
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
         if (nrs_wk_nomem(w, points[i], w->attempt))
             return points[i];
@@ -383,6 +385,7 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
         o.kill_census = atoi(kc);
     o.verify = !nccl && nrs_wk_verify_on(w); /* GPU memory over NCCL: not hashed */
     o.nomem = nomem_hook(w);
+    bool no_hostcopy = o.nomem && !strcmp(o.nomem, "hostcopy");
     o.attempt = w->attempt++;
     o.out_ranks = out_ranks;
     o.nout = nout;
@@ -441,23 +444,30 @@ int nrs_wk_do_transition(nrs_worker_t *w, const nrs_plan_t *next, const int *gpu
     nrs_wk_free_state(w);
     adopt_plan(w, next, nperm);
     free(nperm);
-    if ((rc = nrs_wk_index_state(w))) {
+    /* the new state's buffers go to the handle; what it cannot take is freed
+     * here (a device buffer dropped leaked its GPU memory for the job) */
+    if ((rc = nrs_wk_index_state(w)) ||
+        (w->st.nbuf != nnew && (rc = nrs_wk_seterr(w, NRS_ERR_PLAN, "new state has %zu buffers, "
+                                                   "the graph %zu", w->st.nbuf, nnew)))) {
+        nrs_wk_free_new(w, nm, nnew, nccl); /* runtime/emu builds both the same way */
         free(nm);
+        free(present);
         return rc;
     }
-    if (w->st.nbuf != nnew) { /* runtime/emu builds both the same way */
-        free(nm);
-        return nrs_wk_seterr(w, NRS_ERR_PLAN, "new state has %zu buffers, the graph %zu",
-                             w->st.nbuf, nnew);
-    }
     if (nccl) { /* device buffers from the transport; fresh host copies (filled on demand) */
+        for (int k = 0; k < w->nmine; k++) { /* all of them first: the state frees them */
+            w->dev[w->mine[k]] = nm[w->mine[k]].ptr;
+            nm[w->mine[k]].ptr = NULL;
+        }
         for (int k = 0; k < w->nmine; k++) {
             int i = w->mine[k];
-            w->dev[i] = nm[i].ptr;
-            if (w->x.ops->mem_alloc(w->x.ctx, w->st.buf[i].gpu, (size_t)w->st.buf[i].bytes,
-                                    &w->mem[i])) {
+            if (no_hostcopy || w->x.ops->mem_alloc(w->x.ctx, w->st.buf[i].gpu,
+                                                   (size_t)w->st.buf[i].bytes, &w->mem[i])) {
+                nrs_wk_free_new(w, nm, nnew, nccl); /* none: not this rank's */
                 free(nm);
-                return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory for host copies");
+                free(present);
+                return nrs_wk_seterr(w, NRS_ERR_NOMEM, "out of memory for host copies%s",
+                                     no_hostcopy ? " (test hook)" : "");
             }
         }
     } else {

@@ -3,7 +3,7 @@
  *
  *   mp_worker [--seed N] [--count K] [--kill RANK] [--kill-ponr RANK [--kill-census RANK2]]
  *             [--transports MASK] [--fail RANK [--nomem]] [--nomem-census RANK]
- *             [--retune T] [--caller-device D]
+ *             [--retune T] [--nomem-hostcopy RANK] [--caller-device D]
  *
  * Every rank draws the same spec and the same chain of random plans
  * (epochs 1, 2, ...; reshards, dp up and down, pools moving), allocates its
@@ -44,6 +44,13 @@
  *   mp_worker[i]: re-tune to epoch E: transition ...: committed epoch E: nothing moves (...)
  *   mp_worker[i]: re-tune: C communicator(s) made, K copies
  * With --fail R (and T = 1) the re-tune is what fails on R alone.
+ *
+ * --nomem-hostcopy R: past the point of no return of the first transition
+ * over NCCL, R cannot have its first host copy (NRS_WORKER_NOMEM=R:hostcopy:0):
+ * it must come back NRS_ERR_NOMEM, with every device buffer of the new state
+ * still freed at finalize (tests/fakegpu FAKE_LEAKS); it prints
+ *   mp_worker[R]: transition 1: no host copies (...): the device state freed at finalize
+ * and ends 0; use --count 1 (the others commit and end).
  *
  * Before the chain every rank calls each public function with a NULL
  * handle (each must return its failure value and name itself in
@@ -445,7 +452,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 1;
     int count = 4, kill = -1, kill_ponr = -1, kill_census = -1, fail = -1, rc = 1;
-    int nomem = 0, nomem_census = -1, retune = -1;
+    int nomem = 0, nomem_census = -1, retune = -1, nomem_hostcopy = -1;
     unsigned transports = 0; /* NRS_XFER_* mask for runtime.transports; 0: the drawn spec's */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nomem"))
@@ -454,6 +461,8 @@ int main(int argc, char **argv)
             break;
         else if (!strcmp(argv[i], "--nomem-census"))
             nomem_census = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--nomem-hostcopy"))
+            nomem_hostcopy = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--retune"))
             retune = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed"))
@@ -524,9 +533,10 @@ int main(int argc, char **argv)
         snprintf(v, sizeof v, nomem ? "%d:vote:0" : "%d:0", fail);
         setenv(nomem ? "NRS_WORKER_NOMEM" : "NRS_WORKER_TRANS_FAIL", v, 1);
     }
-    if (nomem_census >= 0) {
+    if (nomem_census >= 0 || nomem_hostcopy >= 0) {
         char v[32];
-        snprintf(v, sizeof v, "%d:census:0", nomem_census);
+        snprintf(v, sizeof v, nomem_census >= 0 ? "%d:census:0" : "%d:hostcopy:0",
+                 nomem_census >= 0 ? nomem_census : nomem_hostcopy);
         setenv("NRS_WORKER_NOMEM", v, 1);
     }
     long comms0 = 0, copies0 = 0, comms1 = 0, copies1 = 0;
@@ -573,6 +583,18 @@ int main(int argc, char **argv)
         e = nrs_worker_transition(w, &next);
         fake = fake || fakegpu_counts_get(&comms1, &copies1);
         device_kept("nrs_worker_transition");
+        if (t == 1 && me == nomem_hostcopy) {
+            const char *msg = nrs_worker_last_error(w);
+            if (e != NRS_ERR_NOMEM || !strstr(msg, "out of memory for host copies")) {
+                fprintf(stderr, "mp_worker[%d]: transition 1 without host copies: %s: %s\n", me,
+                        nrs_worker_strerror(e), msg);
+                goto out;
+            }
+            printf("mp_worker[%d]: transition 1: no host copies (%s): the device state freed at "
+                   "finalize\n", me, msg);
+            rc = 0;
+            goto out;
+        }
         if (fail >= 0 && t == 1 && !failed++) {
             /* rank fail votes no; the others abort with it; all keep the old state */
             char no[64];

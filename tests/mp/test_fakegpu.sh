@@ -227,6 +227,14 @@ mp_case "fake GPU: worker, rank 2 without a GPU: every rank stages" 0 120 \
 got=$(grep -c "4 transition(s) committed, every shard verified" "$mp_out")
 [ "$got" -eq 4 ] && ! grep -q "over NCCL" "$mp_out" && { echo "[       OK ] fake GPU: worker, mixed memory: host staging on every rank, 4 of 4 verified"; mp_pass=$((mp_pass + 1)); } \
     || { echo "[  FAILED  ] fake GPU: worker, mixed memory: $got of 4 verified"; mp_fail=$((mp_fail + 1)); }
+# Past the point of no return over NCCL, rank 1 cannot have its first host
+# copy (NRS_WORKER_NOMEM=1:hostcopy:0): NRS_ERR_NOMEM, and the new state's
+# device buffers are all freed at finalize (FAKE_LEAKS). They used to leak:
+# only those before the failed copy reached the handle.
+mp_case "fake GPU: worker over NCCL, rank 1 without host copies past the PONR: no device memory leaks" \
+    0 60 env "$fake" FAKE_NCCL_STRICT=1 NRS_WORKER_TIMEOUT=15 "$SRV" -q -n 4 -t 50 -- "$W" \
+    --seed 15 --count 1 --nomem-hostcopy 1
+mp_grep "fake GPU: worker: rank 1 said why" "mp_worker\[1\]: transition 1: no host copies (out of memory for host copies"
 mp_case "fake GPU: worker over NCCL, rank 1 SIGKILLed before the PONR" 137 60 env "$fake" \
     "$SRV" -n 4 -t 50 -- "$W" --seed 15 --count 3 --kill 1
 got=$(grep -c "aborted after .* old state intact" "$mp_out")
