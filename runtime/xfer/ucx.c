@@ -830,6 +830,13 @@ static int advance(nrs_ucx_op_t *op, double now)
             op->on_done(op->on_done_arg, 0);
         return events + 1;
     }
+    /* UCX frees a closed endpoint: no chunk goes to one that
+     * nrs_ucx_disconnect closed (a failed peer's closes forcibly, below) */
+    if (u->peers[op->peer].closed && u->peers[op->peer].failed == UCS_OK) {
+        op_fail(op, "ucx: %s rank %d tag %llu: its endpoint is closed",
+                op->is_send ? "send to" : "recv from", op->peer, (unsigned long long)op->tag);
+        return events;
+    }
     if (nrs_ucx_peer_failed(u, op->peer)) {
         ucs_status_t st = u->peers[op->peer].failed;
         op_fail(op, "ucx: peer rank %d failed (%s) during %s of tag %llu", op->peer,
@@ -863,7 +870,10 @@ static int post_op(nrs_ucx_t *u, int is_send, int peer, void *buf, size_t len, u
                TAG_USER_BITS);
         return -1;
     }
-    size_t nchunks = len ? (len + u->o.chunk_bytes - 1) / u->o.chunk_bytes : 1;
+    /* not (len + chunk - 1) / chunk: that wraps for len near SIZE_MAX, and a
+     * message of 0 chunks is done before it starts */
+    size_t nchunks = len / u->o.chunk_bytes + (len % u->o.chunk_bytes != 0);
+    nchunks = nchunks ? nchunks : 1;
     if (nchunks > NRS_UCX_MAX_CHUNKS) {
         nrs_seterr(err, errlen, "ucx: %zu bytes need %zu chunks of %zu (max %d)", len, nchunks,
                u->o.chunk_bytes, NRS_UCX_MAX_CHUNKS);

@@ -68,7 +68,8 @@ void nrs_ucx_mark_failed(nrs_ucx_t *u, int rank);
 int nrs_ucx_connect(nrs_ucx_t *u, void *const *addrs, const size_t *lens, char *err,
                     size_t errlen);
 
-/* Flush and close every endpoint (bounded by timeout_s, then forced). */
+/* Flush and close every endpoint (bounded by timeout_s, then forced). An op
+ * posted to a rank afterwards fails without touching UCX's endpoint. */
 void nrs_ucx_disconnect(nrs_ucx_t *u, double timeout_s);
 
 void nrs_ucx_set_probe(nrs_ucx_t *u, nrs_ucx_probe_fn fn, void *arg);

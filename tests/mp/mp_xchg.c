@@ -1,7 +1,7 @@
 /* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
  *
  *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
- *           [--kill RANK] [--op-timeout S] [--late-free]
+ *           [--kill RANK] [--op-timeout S] [--late-free] [--edges]
  *
  * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
  * rank, then per epoch every rank sends a deterministic buffer to every rank
@@ -12,6 +12,10 @@
  * others must see the failure within 10 s, finish the exchanges with the
  * living, verify those, agree among themselves and exit 4 ("peer failure
  * detected as expected"); 5 if detection took longer; 1 on anything else.
+ *
+ * --edges (any number of ranks): a message whose chunk count overflows, a tag
+ * of 33 bits and a send after nrs_ucx_disconnect must not be taken (refused,
+ * or an op that failed at once); exit 1 if one is.
  *
  * --late-free (2 ranks, one host, tcp): rank 1 receives --bytes from rank 0
  * through the executor's UCX transport and SIGSTOPs rank 0 once the data
@@ -89,7 +93,7 @@ static void fill(unsigned char *p, size_t n, int src, int dst, int epoch)
 
 typedef struct {
     size_t bytes;
-    int epochs, kill, late_free;
+    int epochs, kill, late_free, edges;
     double timeout;
     nrs_ucx_opts_t uo;
 } args_t;
@@ -102,9 +106,11 @@ static void parse(int argc, char **argv, args_t *a)
     a->timeout = 20;
     nrs_ucx_opts_init(&a->uo);
     a->uo.chunk_bytes = 256 << 10;
-    a->late_free = 0;
-    for (int i = 1; i < argc; i++)
+    a->late_free = a->edges = 0;
+    for (int i = 1; i < argc; i++) {
         a->late_free |= !strcmp(argv[i], "--late-free");
+        a->edges |= !strcmp(argv[i], "--edges");
+    }
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--bytes"))
             a->bytes = strtoull(argv[++i], NULL, 0);
@@ -375,6 +381,35 @@ static int late_free(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int me)
     return rc;
 }
 
+/* --edges: what must not be taken: refused, or an op that failed at once */
+static int edges(nrs_ucx_t *u, int me)
+{
+    char err[512], b[8];
+    int bad = 0;
+    struct {
+        const char *what;
+        size_t len;
+        uint64_t tag;
+    } cases[] = {
+        {"a message of SIZE_MAX bytes", SIZE_MAX, 1},
+        {"a message of SIZE_MAX - 1 bytes", SIZE_MAX - 1, 1},
+        {"a tag of 2^32", 1, 1ull << 32},
+        {"a send after nrs_ucx_disconnect", sizeof b, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        nrs_ucx_op_t *op = NULL;
+        if (i == 3)
+            nrs_ucx_disconnect(u, 2.0);
+        int rc = nrs_ucx_isend(u, me, b, cases[i].len, cases[i].tag, &op, err, sizeof err);
+        int st = rc ? -1 : nrs_ucx_test(op);
+        printf("mp_xchg[%d]: %s: %s\n", me, cases[i].what,
+               rc ? err : st < 0 ? nrs_ucx_op_error(op) : st ? "done" : "pending");
+        bad += st >= 0;
+        nrs_ucx_op_free(op);
+    }
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -409,6 +444,10 @@ int main(int argc, char **argv)
     }
     if (me == 0)
         printf("mp_xchg: %d ranks connected in %.3f s\n", n, now_s() - t0);
+    if (a.edges) {
+        rc = edges(u, me);
+        goto out;
+    }
     if (a.late_free) {
         rc = late_free(r, u, &a, me);
         int d = rc ? 0 : exchange(r, u, &a, 1, dead, &(double){0}, &(int){0});

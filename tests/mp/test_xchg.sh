@@ -15,6 +15,12 @@ for tls in sm tcp; do
 done
 mp_case "xchg tcp 2 ranks, tiny and empty messages" 0 30 env UCX_TLS=tcp \
     "$SRV" -q -n 2 -t 25 -- "$X" --epochs 2 --bytes 0
+# Not taken (refused, or failed at once): a length whose chunk count wrapped
+# (SIZE_MAX bytes were "0 chunks", done at once with nothing moved), a tag of
+# 33 bits, a send on an endpoint nrs_ucx_disconnect closed (UCX has freed it:
+# SIGSEGV).
+mp_case "xchg: an overflowing length, a 33-bit tag, a send after disconnect are not taken" 0 30 \
+    env UCX_TLS=sm "$SRV" -q -n 1 -t 25 -- "$X" --edges
 # An aborted receive UCX cannot cancel (its sender stalls mid-rendezvous)
 # keeps its memory until it ends: the data must not land in freed memory.
 mp_case "xchg tcp 2 ranks, memory of an uncancellable receive freed at the abort" 0 60 \
