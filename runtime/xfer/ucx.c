@@ -429,10 +429,14 @@ static void watch_peers(nrs_ucx_t *u, double now)
         bool gone = false;
         if (!p->watch || p->failed != UCS_OK)
             continue;
-        if (kill(p->pid, 0) && errno == ESRCH)
+        if (kill(p->pid, 0) && errno == ESRCH) {
             gone = true;
-        else if (p->start && proc_start(p->pid, &gone) != p->start)
-            gone = true;
+        } else if (p->start) {
+            /* 0: /proc unreadable here (out of file descriptors, say), which
+             * says nothing of the peer; another start time: pid reused */
+            uint64_t start = proc_start(p->pid, &gone);
+            gone = gone || (start && start != p->start);
+        }
         if (gone)
             p->failed = UCS_ERR_CONNECTION_RESET;
     }

@@ -1,7 +1,7 @@
 /* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
  *
  *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
- *           [--kill RANK] [--op-timeout S] [--late-free] [--edges]
+ *           [--kill RANK] [--op-timeout S] [--late-free] [--edges] [--no-fds]
  *
  * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
  * rank, then per epoch every rank sends a deterministic buffer to every rank
@@ -12,6 +12,10 @@
  * others must see the failure within 10 s, finish the exchanges with the
  * living, verify those, agree among themselves and exit 4 ("peer failure
  * detected as expected"); 5 if detection took longer; 1 on anything else.
+ *
+ * --no-fds: from epoch 2 on, every rank runs with no file descriptor left
+ * (all taken by dup): nothing may fail for it (the pid watch of the peers
+ * of this host took an unreadable /proc for a dead peer).
  *
  * --edges (any number of ranks): a message whose chunk count overflows, a tag
  * of 33 bits and a send after nrs_ucx_disconnect must not be taken (refused,
@@ -30,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,7 +98,7 @@ static void fill(unsigned char *p, size_t n, int src, int dst, int epoch)
 
 typedef struct {
     size_t bytes;
-    int epochs, kill, late_free, edges;
+    int epochs, kill, late_free, edges, no_fds;
     double timeout;
     nrs_ucx_opts_t uo;
 } args_t;
@@ -106,10 +111,11 @@ static void parse(int argc, char **argv, args_t *a)
     a->timeout = 20;
     nrs_ucx_opts_init(&a->uo);
     a->uo.chunk_bytes = 256 << 10;
-    a->late_free = a->edges = 0;
+    a->late_free = a->edges = a->no_fds = 0;
     for (int i = 1; i < argc; i++) {
         a->late_free |= !strcmp(argv[i], "--late-free");
         a->edges |= !strcmp(argv[i], "--edges");
+        a->no_fds |= !strcmp(argv[i], "--no-fds");
     }
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--bytes"))
@@ -410,6 +416,42 @@ static int edges(nrs_ucx_t *u, int me)
     return bad ? 1 : 0;
 }
 
+/* --no-fds: take every free descriptor (*fds, their count) under a soft limit
+ * of at most 4096 (a hard limit of millions would take long); give them back */
+static struct rlimit fd_limit;
+
+static int take_fds(int **fds)
+{
+    int n = 0, cap = 0, fd;
+    struct rlimit low;
+    *fds = NULL;
+    getrlimit(RLIMIT_NOFILE, &fd_limit);
+    low = fd_limit;
+    low.rlim_cur = low.rlim_cur > 4096 ? 4096 : low.rlim_cur;
+    setrlimit(RLIMIT_NOFILE, &low);
+    while ((fd = dup(2)) >= 0) {
+        if (n == cap) {
+            int *v = realloc(*fds, (size_t)(cap = cap ? 2 * cap : 256) * sizeof(*v));
+            if (!v) {
+                close(fd);
+                break;
+            }
+            *fds = v;
+        }
+        (*fds)[n++] = fd;
+    }
+    return n;
+}
+
+static void give_fds(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    free(fds);
+    if (n)
+        setrlimit(RLIMIT_NOFILE, &fd_limit);
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -459,10 +501,17 @@ int main(int argc, char **argv)
     int nbad = 0;
     rc = 0;
     int bad_total = 0;
+    int *fds = NULL, nfds = 0;
     for (int e = 1; e <= a.epochs && !rc; e++) { /* survivors run every epoch */
+        if (a.no_fds && e == 2) { /* and long enough for the pid watch to look */
+            printf("mp_xchg[%d]: %d file descriptor(s) taken, none left\n", me,
+                   nfds = take_fds(&fds));
+            progress_for(u, 0.3);
+        }
         rc = exchange(r, u, &a, e, dead, &t_fail, &nbad);
         bad_total += nbad;
     }
+    give_fds(fds, nfds);
     if (rc)
         goto out;
     if (bad_total) {

@@ -26,6 +26,11 @@ mp_case "xchg: an overflowing length, a 33-bit tag, a send after disconnect are 
 mp_case "xchg tcp 2 ranks, memory of an uncancellable receive freed at the abort" 0 60 \
     env UCX_TLS=tcp "$SRV" -q -n 2 -t 50 -- "$X" --late-free --bytes $((256 << 20)) \
     --chunk $((256 << 20))
+# A rank out of file descriptors cannot read /proc/<pid>/stat: that says
+# nothing of its peers (the pid watch took it for their death, and each rank
+# declared the other dead within 0.1 s).
+mp_case "xchg sm 2 ranks, no file descriptor left: nobody dies" 0 30 env UCX_TLS=sm \
+    "$SRV" -q -n 2 -t 25 -- "$X" --epochs 3 --bytes $((4 * 1048576 + 3)) --chunk 1048576 --no-fds
 # The pid watch is for peers whose pid names them here: of this host and of
 # this pid namespace (another host's pid names some other process here, or
 # none). NRS_UCX_ERRMODE=none with a peer on another host: rank 1 gets a host
