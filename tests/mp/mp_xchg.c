@@ -1,7 +1,8 @@
 /* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
  *
  *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
- *           [--kill RANK] [--op-timeout S] [--late-free] [--edges] [--no-fds]
+ *           [--kill RANK] [--stop RANK] [--op-timeout S] [--late-free] [--edges]
+ *           [--no-fds]
  *
  * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
  * rank, then per epoch every rank sends a deterministic buffer to every rank
@@ -12,6 +13,12 @@
  * others must see the failure within 10 s, finish the exchanges with the
  * living, verify those, agree among themselves and exit 4 ("peer failure
  * detected as expected"); 5 if detection took longer; 1 on anything else.
+ *
+ * --stop R: rank R SIGSTOPs itself once its transfers of epoch 1 are under
+ * way (more chunks than a window each). The others fail what involves it by
+ * the stall time-out (--op-timeout), free their buffers through nrs_ucx_free
+ * and resume it (SIGCONT); it fails what they gave up. Everybody drops what
+ * is left under tag 1 (nrs_ucx_purge), then epoch 2 must go through whole.
  *
  * --no-fds: from epoch 2 on, every rank runs with no file descriptor left
  * (all taken by dup): nothing may fail for it (the pid watch of the peers
@@ -98,7 +105,8 @@ static void fill(unsigned char *p, size_t n, int src, int dst, int epoch)
 
 typedef struct {
     size_t bytes;
-    int epochs, kill, late_free, edges, no_fds;
+    int epochs, kill, stop, late_free, edges, no_fds;
+    pid_t stop_pid; /* --stop's victim */
     double timeout;
     nrs_ucx_opts_t uo;
 } args_t;
@@ -108,6 +116,7 @@ static void parse(int argc, char **argv, args_t *a)
     a->bytes = (1u << 20) + 4093;
     a->epochs = 2;
     a->kill = -1;
+    a->stop = -1;
     a->timeout = 20;
     nrs_ucx_opts_init(&a->uo);
     a->uo.chunk_bytes = 256 << 10;
@@ -132,6 +141,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->uo.op_timeout_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--kill"))
             a->kill = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--stop"))
+            a->stop = atoi(argv[++i]);
     }
 }
 
@@ -141,14 +152,16 @@ static bool probe(void *arg, int rank)
 }
 
 /* Wait for every op; failed ones are reported, not fatal, so the exchanges
- * with living peers still finish. Returns the number that failed. */
-static int wait_each(nrs_ucx_t *u, nrs_ucx_op_t **ops, int n, int me, double *t_fail,
+ * with living peers still finish. ops[i] is the receive from rank i, ops[n + i]
+ * the send to rank i: lost[i] is set when one of them failed. Returns the
+ * number that failed. */
+static int wait_each(nrs_ucx_t *u, nrs_ucx_op_t **ops, int n, int me, int *lost, double *t_fail,
                      char *first, size_t firstlen)
 {
     int failed = 0;
     for (;;) {
         int pending = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < 2 * n; i++) {
             if (!ops[i])
                 continue;
             int st = nrs_ucx_test(ops[i]);
@@ -160,6 +173,7 @@ static int wait_each(nrs_ucx_t *u, nrs_ucx_op_t **ops, int n, int me, double *t_
                     snprintf(first, firstlen, "%s", nrs_ucx_op_error(ops[i]));
                 }
                 fprintf(stderr, "mp_xchg[%d]: %s\n", me, nrs_ucx_op_error(ops[i]));
+                lost[i % n] = 1;
                 nrs_ucx_op_free(ops[i]);
                 ops[i] = NULL;
             }
@@ -180,8 +194,9 @@ static int exchange(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int epoch, int 
     unsigned char **sbuf = calloc((size_t)n, sizeof(*sbuf)), **rbuf = calloc((size_t)n, sizeof(*rbuf));
     nrs_ucx_op_t **ops = calloc(2 * (size_t)n, sizeof(*ops));
     uint64_t *sums = calloc((size_t)n, sizeof(*sums));
+    int *lost = calloc((size_t)n, sizeof(*lost));
     char err[512], first[512] = "";
-    if (!sbuf || !rbuf || !ops || !sums)
+    if (!sbuf || !rbuf || !ops || !sums || !lost)
         goto oom;
     for (int j = 0; j < n; j++) {
         if (!(sbuf[j] = malloc(a->bytes ? a->bytes : 1)) || !(rbuf[j] = malloc(a->bytes ? a->bytes : 1)))
@@ -201,16 +216,20 @@ static int exchange(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int epoch, int 
     for (int k = 0; k < n; k++) { /* staggered order: rank me talks to me+k first */
         int j = (me + k) % n, from = (me - k + n) % n;
         /* A peer known dead gets no ops; the others go on. */
-        if (nrs_ucx_peer_failed(u, from) && !failed++)
-            snprintf(first, sizeof first, "rank %d known dead: skipped", from);
-        else if (nrs_ucx_irecv(u, from, rbuf[from], a->bytes, (uint64_t)epoch, &ops[from], err,
-                               sizeof err))
+        if (nrs_ucx_peer_failed(u, from)) {
+            if (!failed++)
+                snprintf(first, sizeof first, "rank %d known dead: skipped", from);
+        } else if (nrs_ucx_irecv(u, from, rbuf[from], a->bytes, (uint64_t)epoch, &ops[from], err,
+                                 sizeof err)) {
             goto post_failed;
-        if (nrs_ucx_peer_failed(u, j) && !failed++)
-            snprintf(first, sizeof first, "rank %d known dead: skipped", j);
-        else if (nrs_ucx_isend(u, j, sbuf[j], a->bytes, (uint64_t)epoch, &ops[n + j], err,
-                               sizeof err))
+        }
+        if (nrs_ucx_peer_failed(u, j)) {
+            if (!failed++)
+                snprintf(first, sizeof first, "rank %d known dead: skipped", j);
+        } else if (nrs_ucx_isend(u, j, sbuf[j], a->bytes, (uint64_t)epoch, &ops[n + j], err,
+                                 sizeof err)) {
             goto post_failed;
+        }
     }
     if (me == a->kill) {
         /* Let a few chunks go out, then die without any clean-up. */
@@ -222,14 +241,30 @@ static int exchange(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int epoch, int 
         stamp_kill();
         raise(SIGKILL);
     }
-    failed += wait_each(u, ops, 2 * n, me, t_fail, first, sizeof first);
+    if (me == a->stop && epoch == 1) {
+        /* Stop with its first chunks under way (more than a window of them
+         * per message: the rest waits for this rank); the others time out,
+         * abort and resume this rank. */
+        fprintf(stderr, "mp_xchg[%d]: SIGSTOP myself mid-transfer\n", me);
+        raise(SIGSTOP);
+        fprintf(stderr, "mp_xchg[%d]: resumed\n", me);
+    }
+    failed += wait_each(u, ops, n, me, lost, t_fail, first, sizeof first);
+    if (a->stop >= 0 && a->stop != me && epoch == 1)
+        kill(a->stop_pid, SIGCONT);
     for (int j = 0; j < n; j++)
         if (nrs_ucx_peer_failed(u, j))
             dead[j] = 1;
     *nbad = failed;
     int verified = 0;
+    for (int i = 0; a->stop >= 0 && a->stop != me && epoch == 1 && i < n; i++)
+        if (lost[i] != (i == a->stop)) { /* only what involves the stopped rank fails */
+            fprintf(stderr, "mp_xchg[%d]: epoch 1: transfers with rank %d %s\n", me, i,
+                    lost[i] ? "failed" : "did not fail");
+            rc = 1;
+        }
     for (int i = 0; i < n; i++) {
-        if (dead[i])
+        if (dead[i] || lost[i])
             continue;
         void *blob;
         size_t len;
@@ -269,16 +304,18 @@ oom:
 out:
     for (int j = 0; ops && j < 2 * n; j++)
         nrs_ucx_op_free(ops[j]);
+    /* a request UCX could not cancel (a stopped peer's) may still use them */
     for (int j = 0; j < n; j++) {
         if (sbuf)
-            free(sbuf[j]);
+            nrs_ucx_free(u, sbuf[j], a->bytes);
         if (rbuf)
-            free(rbuf[j]);
+            nrs_ucx_free(u, rbuf[j], a->bytes);
     }
     free(sbuf);
     free(rbuf);
     free(ops);
     free(sums);
+    free(lost);
     return rc;
 }
 
@@ -385,6 +422,50 @@ static int late_free(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int me)
         rc = 1;
     }
     return rc;
+}
+
+/* --stop R: epoch 1 with rank R stopped mid-transfer (the others fail what
+ * involves it by the stall time-out, resume it and go on; it fails what the
+ * others gave up), everybody drops what is left under tag 1, then epoch 2 must
+ * go through whole. */
+static int stop_run(nrs_rdv_t *r, nrs_ucx_t *u, args_t *a, int me, int *dead)
+{
+    char err[512];
+    pid_t pid = getpid();
+    void **blobs = NULL;
+    size_t *lens = NULL;
+    int nbad = 0;
+    double t0 = wall_s(), t_fail = 0;
+    if (a->stop < 0 || a->stop >= nrs_rdv_size(r) ||
+        nrs_rdv_allgather(r, 0, "pid", &pid, sizeof pid, &blobs, &lens, a->timeout, err,
+                          sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: %s\n", me, a->stop < 0 ? "--stop: no such rank" : err);
+        return 1;
+    }
+    memcpy(&a->stop_pid, blobs[a->stop], sizeof a->stop_pid);
+    nrs_rdv_free_blobs(r, blobs, lens);
+    if (exchange(r, u, a, 1, dead, &t_fail, &nbad))
+        return 1;
+    if (!nbad) {
+        fprintf(stderr, "mp_xchg[%d]: epoch 1: nothing failed: nothing tested\n", me);
+        return 1;
+    }
+    if (me != a->stop)
+        printf("mp_xchg[%d]: stalled rank %d's transfers failed after %.2f s\n", me, a->stop,
+               t_fail - t0);
+    if (nrs_rdv_fence(r, 101, NULL, a->timeout, err, sizeof err)) {
+        fprintf(stderr, "mp_xchg[%d]: fence: %s\n", me, err);
+        return 1;
+    }
+    printf("mp_xchg[%d]: %zu stale message(s) of epoch 1 dropped\n", me,
+           nrs_ucx_purge(u, 1, UINT32_MAX));
+    if (exchange(r, u, a, 2, dead, &t_fail, &nbad))
+        return 1;
+    if (nbad) {
+        fprintf(stderr, "mp_xchg[%d]: epoch 2: %d op(s) failed\n", me, nbad);
+        return 1;
+    }
+    return 0;
 }
 
 /* --edges: what must not be taken: refused, or an op that failed at once */
@@ -501,8 +582,10 @@ int main(int argc, char **argv)
     int nbad = 0;
     rc = 0;
     int bad_total = 0;
+    if (a.stop >= 0 && (rc = stop_run(r, u, &a, me, dead)))
+        goto out;
     int *fds = NULL, nfds = 0;
-    for (int e = 1; e <= a.epochs && !rc; e++) { /* survivors run every epoch */
+    for (int e = 1; e <= a.epochs && a.stop < 0 && !rc; e++) { /* survivors run every epoch */
         if (a.no_fds && e == 2) { /* and long enough for the pid watch to look */
             printf("mp_xchg[%d]: %d file descriptor(s) taken, none left\n", me,
                    nfds = take_fds(&fds));
