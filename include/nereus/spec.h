@@ -18,7 +18,11 @@ enum {
     NRS_ERR_MAX = 512,
     NRS_SPEC_MAX_BYTES = 1 << 20, /* input bound: 1 MiB */
     NRS_SPEC_MAX_DEPTH = 16,      /* nesting bound */
-    NRS_SPEC_MAX_ALIASES = 64     /* alias expansions bound */
+    NRS_SPEC_MAX_ALIASES = 64,    /* alias expansions bound */
+    /* Bound of a model's layers * hidden: a layer tensor stacks every
+     * layer's hidden rows or columns (runtime/emu/geometry.h), in int32
+     * shard coordinates; 2^30 leaves room for a sum of two. */
+    NRS_MODEL_MAX_STACKED = 1 << 30
 };
 
 typedef enum { NRS_DTYPE_BF16, NRS_DTYPE_FP16, NRS_DTYPE_FP32 } nrs_dtype_t;

@@ -152,6 +152,13 @@ int nrs_emu_layout_check(const nrs_model_t *m, const nrs_layout_t *l, char *err,
                  m->layers, m->heads, m->kv_heads, m->hidden);
         return -1;
     }
+    if ((int64_t)m->layers * m->hidden > NRS_MODEL_MAX_STACKED) {
+        /* the loader refuses these; a spec built in code is checked here */
+        snprintf(err, errlen, "model dims: layers %d * hidden %d exceeds %d, the bound of a "
+                 "stacked layer tensor's coordinates", m->layers, m->hidden,
+                 NRS_MODEL_MAX_STACKED);
+        return -1;
+    }
     if (l->pp > m->layers) {
         snprintf(err, errlen, "pp=%d > layers=%d", l->pp, m->layers);
         return -1;

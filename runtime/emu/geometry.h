@@ -87,7 +87,8 @@ int nrs_emu_layer_part(const nrs_model_t *m, int t, const nrs_emu_rect_t *box, i
                        nrs_emu_rect_t *in, nrs_emu_rect_t *local);
 
 /* 0 if layout l is valid for model m (tp | heads, kv heads split or replicated
- * evenly, 1 <= pp <= layers); -1 with the reason otherwise. */
+ * evenly, 1 <= pp <= layers, layers * hidden <= NRS_MODEL_MAX_STACKED); -1
+ * with the reason otherwise. */
 int nrs_emu_layout_check(const nrs_model_t *m, const nrs_layout_t *l, char *err, size_t errlen);
 
 /* Weight boxes of rank (p, t) in canonical order (tensor id, then q|k|v).

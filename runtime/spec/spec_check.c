@@ -102,6 +102,13 @@ static int check_model(nrs_sctx_t *c, const nrs_spec_t *s, nrs_role_t r)
         return nrs_diag_at(&c->d, model_mark2(ms, NRS_MD_HIDDEN, NRS_MD_HEADS),
                            "models.%s: hidden (%d) must be a multiple of heads (%d)", name,
                            m->hidden, m->heads);
+    long long stacked = (long long)m->layers * m->hidden;
+    if (stacked > NRS_MODEL_MAX_STACKED)
+        return nrs_diag_at(&c->d, model_mark2(ms, NRS_MD_HIDDEN, NRS_MD_LAYERS),
+                           "models.%s: layers * hidden (%d * %d = %lld) must be at most 2^30 "
+                           "(%d): the layer tensors stack every layer in 32-bit shard "
+                           "coordinates",
+                           name, m->layers, m->hidden, stacked, NRS_MODEL_MAX_STACKED);
     for (int st = 0; st < 3; st++)
         if (c->tp_pp[r][st].bits && check_layout(c, s, r, st) < 0)
             return -1;

@@ -82,6 +82,47 @@ static void test_gqa_kv_split_and_replication(void **state)
     assert_non_null(strstr(err, "tp=3"));
 }
 
+/* A layer tensor's stacked coordinate is layers * hidden, an int32: layers
+ * 4096 and hidden 2^20 wrapped it to 0 (qkv 3145728 x 0). The geometry
+ * refuses such a model as the loader does; at the bound the shapes and a
+ * rank's boxes are exact. */
+static void test_stacked_coordinates_fit(void **state)
+{
+    nrs_model_t m;
+    nrs_layout_t l = {1, 2, 1, 1};
+    nrs_emu_tbox_t bx[32];
+    char err[256];
+    int rows, cols;
+    (void)state;
+    tu_model(&m, 4096, 1 << 20, 4096, 8, 8, 1000);
+    assert_int_equal(nrs_emu_layout_check(&m, &l, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "layers 4096 * hidden 1048576 exceeds 1073741824"));
+    tu_model(&m, 1024, 1 << 20, 4096, 8, 8, 1000); /* exactly NRS_MODEL_MAX_STACKED */
+    if (nrs_emu_layout_check(&m, &l, err, sizeof(err)))
+        fail_msg("%s", err);
+    nrs_emu_tensor_shape(&m, NRS_EMU_T_GLOBALS + NRS_EMU_LT_QKV, &rows, &cols);
+    assert_int_equal(rows, 3 << 20);
+    assert_int_equal(cols, NRS_MODEL_MAX_STACKED);
+    nrs_emu_tensor_shape(&m, NRS_EMU_T_GLOBALS + NRS_EMU_LT_DOWN, &rows, &cols);
+    assert_int_equal(rows, NRS_MODEL_MAX_STACKED);
+    int n = nrs_emu_rank_boxes(&m, 1, 2, 1, 0, bx, (int)(sizeof(bx) / sizeof(bx[0])));
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        int t = bx[i].tensor - NRS_EMU_T_GLOBALS;
+        const nrs_emu_rect_t *b = &bx[i].box;
+        if (t == NRS_EMU_LT_QKV || t == NRS_EMU_LT_GATE || t == NRS_EMU_LT_UP) {
+            assert_int_equal(b->c0, 512 << 20); /* stage 1 of 2: layers [512, 1024) */
+            assert_int_equal(b->c1, NRS_MODEL_MAX_STACKED);
+            seen++;
+        } else if (t == NRS_EMU_LT_O || t == NRS_EMU_LT_DOWN) {
+            assert_int_equal(b->r0, 512 << 20);
+            assert_int_equal(b->r1, NRS_MODEL_MAX_STACKED);
+            seen++;
+        }
+    }
+    assert_int_equal(seen, 3 + 2 + 2); /* q|k|v, gate, up; o, down */
+}
+
 /* Every element of every tensor is held by the replica's ranks exactly as
  * often as it is replicated: once for split tensors, tp times for norms and a
  * value head, tp/kv times for kv rows when tp > kv heads. */
@@ -955,6 +996,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_balanced),
         cmocka_unit_test(test_gqa_kv_split_and_replication),
+        cmocka_unit_test(test_stacked_coordinates_fit),
         cmocka_unit_test(test_replica_covers_every_tensor),
         cmocka_unit_test(test_zero1_partitions_rank_shard),
         cmocka_unit_test(test_reshard_cases),

@@ -363,6 +363,47 @@ static void test_overrides(void **state)
     assert_false(r->value_head);
 }
 
+/* Load a GRPO spec whose actor has these dims; 0, or -1 with err. */
+static int load_dims(int layers, int hidden, int ffn, int heads, int kv, int vocab, char *err,
+                     size_t errlen)
+{
+    char buf[1024];
+    nrs_spec_t s;
+    int n = snprintf(buf, sizeof(buf),
+                     "cluster: {gpu_mem_gib: 80, peak_tflops: 989, hbm_gbps: 3350, "
+                     "gpus_per_node: 8, nodes: 1, intra_gbps: 450, inter_gbps: 50}\n"
+                     "models:\n"
+                     "  actor: {layers: %d, hidden: %d, ffn: %d, heads: %d, kv_heads: %d, "
+                     "vocab: %d}\n"
+                     "algorithm: {name: grpo, reward: rule, kl: false}\n"
+                     "workload: {global_batch: 8, samples_per_prompt: 4, prompt_len: 128, "
+                     "response_len: 128, steps: 10}\n",
+                     layers, hidden, ffn, heads, kv, vocab);
+    assert_true(n > 0 && (size_t)n < sizeof(buf));
+    return nrs_spec_load_buffer("d", buf, (size_t)n, &s, err, errlen);
+}
+
+/* layers * hidden is the largest coordinate of a stacked layer tensor, an
+ * int32: every key in its range (layers 4096, hidden 2^20) gave 2^32, which
+ * wrapped to a qkv of 3145728 x 0. Refused above 2^30, at hidden's value;
+ * a 405B-class model is 1/520 of the bound. */
+static void test_stacked_bound(void **state)
+{
+    (void)state;
+    char err[NRS_ERR_MAX];
+    if (load_dims(126, 16384, 53248, 128, 8, 128256, err, sizeof(err)))
+        fail_msg("405B-class: %s", err);
+    assert_true(126LL * 16384 * 512 < NRS_MODEL_MAX_STACKED);
+    if (load_dims(1024, 1 << 20, 4096, 8, 8, 1000, err, sizeof(err))) /* exactly 2^30 */
+        fail_msg("at the bound: %s", err);
+    assert_int_equal(load_dims(1025, 1 << 20, 4096, 8, 8, 1000, err, sizeof(err)), -1);
+    assert_string_equal(err, "d:3:33: models.actor: layers * hidden (1025 * 1048576 = "
+                             "1074790400) must be at most 2^30 (1073741824): the layer "
+                             "tensors stack every layer in 32-bit shard coordinates");
+    assert_int_equal(load_dims(4096, 1 << 20, 4096, 8, 8, 1000, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "(4096 * 1048576 = 4294967296) must be at most 2^30"));
+}
+
 static void test_aliases_within_bounds(void **state)
 {
     nrs_spec_t s;
@@ -390,7 +431,7 @@ static const char *const bad_cases[] = {
     "overflow-int32", "overflow-int64", "pp-layers", "preset-unknown", "preset-unknown-far",
     "range-calib-alpha", "range-calib-alpha-zero", "range-efficiency", "range-emulation-scale",
     "range-min-gain", "range-tp", "raw-nul", "ref-without-kl", "reward-rule-with-model",
-    "root-scalar", "string-too-long", "syntax", "syntax-flow", "syntax-indent", "tag-binary",
+    "root-scalar", "stacked-overflow", "string-too-long", "syntax", "syntax-flow", "syntax-indent", "tag-binary",
     "tag-local", "too-big-int", "tp-gpus-per-node", "tp-heads", "tp-kv-heads", "tp-pp-gpus",
     "train-ref", "transport-empty", "transport-scalar", "transport-twice", "underflow-double",
     "unknown-key", "unknown-key-case", "unknown-key-list", "unknown-key-transposed",
@@ -693,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_preset_names),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_stacked_bound),
         cmocka_unit_test(test_aliases_within_bounds),
         cmocka_unit_test(test_bad_files_all_listed),
         cmocka_unit_test(test_buffer_bounds),
