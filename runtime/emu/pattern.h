@@ -13,7 +13,8 @@
  * transitions happen at step boundaries, where gradients are reset. */
 void nrs_emu_pattern_fill(const nrs_emu_buf_t *b, void *dst);
 
-/* Checksum of n bytes (XXH64 when libxxhash is present, FNV-1a otherwise). */
+/* XXH64 (seed 0, libxxhash's) of n bytes: the same sum in every build and
+ * on every host (configure requires xxhash.h). */
 uint64_t nrs_emu_checksum(const void *p, size_t n);
 
 /* Checksum b's contents must have; scratch holds at least b->bytes. */

@@ -13,6 +13,7 @@
 
 #include "emu/exec.h"
 #include "emu/geometry.h"
+#include "emu/pattern.h"
 #include "emu/testutil.h"
 #include "fixtures.h"
 #include "nereus/cost.h"
@@ -121,6 +122,35 @@ static void test_stacked_coordinates_fit(void **state)
         }
     }
     assert_int_equal(seen, 3 + 2 + 2); /* q|k|v, gate, up; o, down */
+}
+
+/* nrs_emu_checksum is XXH64 (seed 0) in every build: ranks and checkpoints
+ * of different builds compare these sums (it once was FNV-1a in builds
+ * without libxxhash). Fixed vectors from libxxhash 0.8.1 ("" and "abc" as
+ * the xxHash documentation gives them), lengths through every branch
+ * (32-byte stripes, 8-, 4- and 1-byte tails). */
+static void test_checksum_is_xxh64(void **state)
+{
+    static const struct {
+        size_t n;
+        uint64_t h;
+    } v[] = {
+        {0, 0xef46db3751d8e999ull},   {1, 0xa96c7f0ce858bbb7ull},   {3, 0xbed43740ee6332bbull},
+        {4, 0xfa212ae44b3bb23dull},   {5, 0xd339dcc9ac8e6776ull},   {7, 0x2744460dd675d2c0ull},
+        {8, 0x994b676b71ce94ddull},   {9, 0x572b84c18b983af8ull},   {12, 0xb92f588ce720786eull},
+        {31, 0x6711d55e306b5d8full},  {32, 0x07f7b8e3bc5d6e25ull},  {33, 0x09f85eeb4e1cbe9full},
+        {40, 0xd25150177ba46490ull},  {63, 0xb7c9968c066cb6a5ull},  {64, 0x50d4159a0411632eull},
+        {100, 0x9ddada11d3dc2d8full}, {1000, 0x0bf0bdbcc82eb373ull}, {4109, 0xb90e0ee5573f05d5ull},
+    };
+    unsigned char b[4200];
+    (void)state;
+    for (size_t i = 0; i < sizeof(b); i++)
+        b[i] = (unsigned char)(i * 131 + 7);
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+        if (nrs_emu_checksum(b, v[i].n) != v[i].h)
+            fail_msg("%zu bytes: %016llx, XXH64 is %016llx", v[i].n,
+                     (unsigned long long)nrs_emu_checksum(b, v[i].n), (unsigned long long)v[i].h);
+    assert_true(nrs_emu_checksum("abc", 3) == 0x44bc2cf5ad770999ull);
 }
 
 /* Every element of every tensor is held by the replica's ranks exactly as
@@ -997,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_split_balanced),
         cmocka_unit_test(test_gqa_kv_split_and_replication),
         cmocka_unit_test(test_stacked_coordinates_fit),
+        cmocka_unit_test(test_checksum_is_xxh64),
         cmocka_unit_test(test_replica_covers_every_tensor),
         cmocka_unit_test(test_zero1_partitions_rank_shard),
         cmocka_unit_test(test_reshard_cases),
