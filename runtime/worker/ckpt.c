@@ -19,7 +19,24 @@
  * tensor per layer: its ids and boxes mean other things, so it is refused. */
 #define CK_MAGIC "NRSCKPT2"
 #define CK_MAGIC_V1 "NRSCKPT1"
-enum { CK_HEAD = 32 }; /* magic[8], u32 esize, u32 0, u64 bytes, u64 checksum */
+/* The header: magic[8], u8 esize, u8 0 [3], u8 checksum, u8 byte order,
+ * u8 0 [2], u64 bytes, u64 checksum of the payload; integers little-endian. */
+enum { CK_HEAD = 32 };
+/* Which checksum (byte 12). Files written before it was recorded hold 0 and
+ * an XXH64, or an FNV-1a where that build lacked libxxhash. */
+enum { CK_SUM_UNRECORDED, CK_SUM_XXH64 };
+/* The byte order of the payload, as the writer held it (byte 13): a restore
+ * copies bytes, and the other order's would pass the checksum and be wrong. */
+enum { CK_ORDER_UNRECORDED, CK_ORDER_LITTLE, CK_ORDER_BIG };
+
+static int host_order(void)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return CK_ORDER_BIG;
+#else
+    return CK_ORDER_LITTLE;
+#endif
+}
 
 typedef struct {
     int role, tensor, kind;
@@ -123,6 +140,8 @@ int nrs_ckpt_write(const char *dir, long step, const nrs_emu_state_t *st, const 
         memset(head, 0, sizeof head);
         memcpy(head, CK_MAGIC, 8);
         head[8] = b->esize;
+        head[12] = CK_SUM_XXH64;
+        head[13] = (unsigned char)host_order();
         put64(head + 16, (uint64_t)b->bytes);
         put64(head + 24, nrs_emu_checksum(bytes[k], (size_t)b->bytes));
         file_name(name, sizeof name, b->role, b->tensor, b->kind, &b->box);
@@ -375,29 +394,68 @@ int nrs_ckpt_open(nrs_ckpt_t **out, const char *dir, long step, char *err, size_
     return 0;
 }
 
-/* The payload of file f, checked (magic, element size and the zero bytes
- * after it, length, checksum: the checksum covers only the payload). */
+/* FNV-1a: what a build without libxxhash wrote before the checksum was
+ * recorded (a file of CK_SUM_UNRECORDED). */
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#define CK_CORRUPT "corrupt (header, size or checksum)"
+
+/* Whether header head fits a file of want bytes of esize: 0, or -1 with
+ * why[n] saying what is wrong. */
+static int head_check(const unsigned char *head, int esize, int64_t want, char *why, size_t n)
+{
+    static const char *const order[] = {"", "little", "big"};
+    if (!memcmp(head, CK_MAGIC_V1, 8))
+        snprintf(why, n, "format 1 (one tensor per layer, written by an older Nereus): this "
+                 "version reads format 2 (layers stacked)");
+    else if (memcmp(head, CK_MAGIC, 8) || head[8] != esize || head[9] || head[10] || head[11] ||
+             head[13] > CK_ORDER_BIG || head[14] || head[15] ||
+             (int64_t)get64(head + 16) != want)
+        snprintf(why, n, CK_CORRUPT);
+    else if (head[12] > CK_SUM_XXH64)
+        snprintf(why, n, "checksum kind %d, unknown to this version (written by a newer "
+                 "Nereus?)", head[12]);
+    else if (head[13] && head[13] != host_order())
+        snprintf(why, n, "written on a %s-endian host, this one is %s-endian (a checkpoint "
+                 "holds its writer's bytes)", order[head[13]], order[host_order()]);
+    else
+        return 0;
+    return -1;
+}
+
+/* Whether payload d (n bytes) has the checksum its header names. */
+static int sum_ok(const unsigned char *head, const unsigned char *d, size_t n)
+{
+    uint64_t want = get64(head + 24);
+    return nrs_emu_checksum(d, n) == want ||
+           (head[12] == CK_SUM_UNRECORDED && fnv1a(d, n) == want);
+}
+
+/* The payload of file f, checked (head_check, then the length and the
+ * checksum: the checksum covers only the payload). */
 static unsigned char *load(const nrs_ckpt_t *c, const ck_file_t *f, int esize, char *err,
                            size_t errlen)
 {
-    char p[4200];
+    char p[4200], why[200] = CK_CORRUPT;
     unsigned char head[CK_HEAD];
     int64_t area = nrs_emu_rect_area(&f->box);
     int64_t want = esize > 0 && area <= (INT64_MAX - 1) / esize ? area * esize : -1;
     snprintf(p, sizeof p, "%s/%s", c->dir, f->name);
     FILE *fp = fopen(p, "rb");
     unsigned char *d = NULL;
-    size_t got = fp ? fread(head, 1, sizeof head, fp) : 0;
-    if (got == sizeof head && !memcmp(head, CK_MAGIC_V1, 8)) {
-        nrs_seterr(err, errlen, "checkpoint: %s: format 1 (one tensor per layer, written by an "
-                   "older Nereus): this version reads format 2 (layers stacked)", p);
-    } else if (!fp || want < 0 || got != sizeof head || memcmp(head, CK_MAGIC, 8) ||
-               head[8] != esize || memcmp(head + 9, "\0\0\0\0\0\0\0", 7) ||
-        (int64_t)get64(head + 16) != want ||
-        !(d = malloc((size_t)want + 1)) || fread(d, 1, (size_t)want, fp) != (size_t)want ||
-        fgetc(fp) != EOF || nrs_emu_checksum(d, (size_t)want) != get64(head + 24)) {
-        nrs_seterr(err, errlen, "checkpoint: %s: %s", p,
-                   !fp ? strerror(errno) : "corrupt (header, size or checksum)");
+    if (!fp)
+        snprintf(why, sizeof why, "%s", strerror(errno));
+    if (!fp || want < 0 || fread(head, 1, sizeof head, fp) != sizeof head ||
+        head_check(head, esize, want, why, sizeof why) || !(d = malloc((size_t)want + 1)) ||
+        fread(d, 1, (size_t)want, fp) != (size_t)want || fgetc(fp) != EOF ||
+        !sum_ok(head, d, (size_t)want)) {
+        nrs_seterr(err, errlen, "checkpoint: %s: %s", p, why);
         free(d);
         d = NULL;
     }

@@ -1,7 +1,8 @@
 /* Checkpoints in global coordinates (runtime/worker/ckpt.h): state written
  * under one plan's layout restores under any other's, every box equal to the
- * pattern; a corrupt or missing file, or one of format 1, is refused with a
- * message; publishing keeps the newest two; an unpublished one is never read. */
+ * pattern; a corrupt or missing file, or one of format 1, another byte order
+ * or an unknown checksum kind, is refused with a message; publishing keeps
+ * the newest two; an unpublished one is never read. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -451,18 +452,38 @@ static void test_republish_over_old_step(void **state)
     nrs_emu_state_free(&sb);
 }
 
-/* A file of the checkpoint with its header, box and payload: what the
- * library writes (the test plants files of its own). */
-static void plant(const char *path, const nrs_emu_buf_t *b, const nrs_emu_rect_t *box,
-                  const unsigned char *payload, int reserved)
+/* Header byte 12 (the checksum kind) and 13 (the payload's byte order), as
+ * ckpt.c writes them: XXH64, this host's order. */
+enum { SUM_UNRECORDED, SUM_XXH64 };
+enum { ORDER_UNRECORDED, ORDER_LITTLE, ORDER_BIG };
+static int host_order(void)
+{
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one ? ORDER_LITTLE : ORDER_BIG;
+}
+
+/* FNV-1a, which builds without libxxhash once wrote (with byte 12 zero). */
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A file of the checkpoint with its header, box and payload, checksum sum of
+ * the payload, kind and order in bytes 12 and 13, reserved in byte 14. */
+static void plant_as(const char *path, const nrs_emu_buf_t *b, const nrs_emu_rect_t *box,
+                     const unsigned char *payload, uint64_t sum, int kind, int order, int reserved)
 {
     size_t n = (size_t)nrs_emu_rect_area(box) * b->esize;
     unsigned char head[32];
-    uint64_t sum = nrs_emu_checksum(payload, n);
     memset(head, 0, sizeof head);
     memcpy(head, "NRSCKPT2", 8);
     head[8] = b->esize;
-    head[12] = (unsigned char)reserved;
+    head[12] = (unsigned char)kind;
+    head[13] = (unsigned char)order;
+    head[14] = (unsigned char)reserved;
     for (int i = 0; i < 8; i++) {
         head[16 + i] = (unsigned char)((uint64_t)n >> (8 * i));
         head[24 + i] = (unsigned char)(sum >> (8 * i));
@@ -472,6 +493,14 @@ static void plant(const char *path, const nrs_emu_buf_t *b, const nrs_emu_rect_t
     assert_int_equal(fwrite(head, 1, sizeof head, f), sizeof head);
     assert_int_equal(fwrite(payload, 1, n, f), n);
     fclose(f);
+}
+
+/* What the library writes (the test plants files of its own). */
+static void plant(const char *path, const nrs_emu_buf_t *b, const nrs_emu_rect_t *box,
+                  const unsigned char *payload, int reserved)
+{
+    uint64_t sum = nrs_emu_checksum(payload, (size_t)nrs_emu_rect_area(box) * b->esize);
+    plant_as(path, b, box, payload, sum, SUM_XXH64, host_order(), reserved);
 }
 
 /* Files that overlap inside a buffer (its first row planted under as many
@@ -553,6 +582,89 @@ static void test_overlapping_files_refused(void **state)
     nrs_emu_state_free(&sa);
 }
 
+/* Fill w from checkpoint step 5 of dir: 0 with got equal to full, or -1
+ * with err. */
+static int fill_one(const char *dir, const nrs_emu_buf_t *w, const unsigned char *full,
+                    unsigned char *got, char *err, size_t errlen)
+{
+    nrs_ckpt_t *c;
+    assert_int_equal(nrs_ckpt_open(&c, dir, 5, err, errlen), 0);
+    memset(got, 0xa5, (size_t)w->bytes);
+    int rc = nrs_ckpt_fill(c, w, got, err, errlen);
+    nrs_ckpt_close(c);
+    if (!rc)
+        assert_memory_equal(got, full, (size_t)w->bytes);
+    return rc;
+}
+
+/* The header records which checksum the writer used and its byte order, so
+ * every build reads every build's files: one written before that was
+ * recorded by a build without libxxhash (FNV-1a, byte 12 zero) restores, not
+ * "corrupt"; an unknown checksum kind, or the other byte order (whose bytes
+ * would pass the checksum and be wrong), is refused saying so. */
+static void test_header_names_checksum_and_order(void **state)
+{
+    (void)state;
+    nrs_spec_t s;
+    nrs_plan_t a;
+    nrs_emu_state_t sa;
+    char err[512], dir[300], path[700];
+    unsigned char head[32];
+    build(&s, &a, &sa, 42, 4);
+    snprintf(dir, sizeof dir, "%s/h", root);
+    write_all(dir, 5, &sa);
+    assert_int_equal(nrs_ckpt_publish(dir, 5, &sa, err, sizeof err), 0);
+    const nrs_emu_buf_t *w = NULL;
+    for (size_t i = 0; i < sa.nbuf && !w; i++)
+        if (nrs_ckpt_wanted(&sa, &sa.buf[i]) && sa.buf[i].kind != NRS_EMU_GRAD)
+            w = &sa.buf[i];
+    assert_non_null(w);
+    snprintf(path, sizeof path, "%s/step-5/m%d-t%d-k%d-%d_%d_%d_%d.bin", dir, w->role, w->tensor,
+             w->kind, w->box.r0, w->box.r1, w->box.c0, w->box.c1);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(head, 1, sizeof head, f), sizeof head);
+    fclose(f);
+    assert_int_equal(head[12], SUM_XXH64);
+    assert_int_equal(head[13], host_order());
+
+    size_t n = (size_t)w->bytes;
+    unsigned char *full = malloc(n + 1), *got = malloc(n + 1);
+    nrs_emu_pattern_fill(w, full);
+    uint64_t xxh = nrs_emu_checksum(full, n), fnv = fnv1a(full, n);
+    assert_true(xxh != fnv);
+    /* written before the kind was recorded: by an XXH64 build or an FNV-1a one */
+    plant_as(path, w, &w->box, full, xxh, SUM_UNRECORDED, ORDER_UNRECORDED, 0);
+    if (fill_one(dir, w, full, got, err, sizeof err))
+        fail_msg("unrecorded XXH64: %s", err);
+    plant_as(path, w, &w->box, full, fnv, SUM_UNRECORDED, ORDER_UNRECORDED, 0);
+    if (fill_one(dir, w, full, got, err, sizeof err))
+        fail_msg("unrecorded FNV-1a: %s", err);
+    /* XXH64 recorded: an FNV-1a sum is a mismatch, a changed byte too */
+    plant_as(path, w, &w->box, full, fnv, SUM_XXH64, host_order(), 0);
+    assert_int_equal(fill_one(dir, w, full, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "corrupt"));
+    full[n / 2] ^= 1;
+    plant_as(path, w, &w->box, full, xxh, SUM_UNRECORDED, ORDER_UNRECORDED, 0);
+    assert_int_equal(fill_one(dir, w, full, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "corrupt"));
+    full[n / 2] ^= 1;
+    plant_as(path, w, &w->box, full, xxh, 7, host_order(), 0);
+    assert_int_equal(fill_one(dir, w, full, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, "checksum kind 7, unknown to this version"));
+    plant_as(path, w, &w->box, full, xxh, SUM_XXH64, ORDER_LITTLE + ORDER_BIG - host_order(), 0);
+    assert_int_equal(fill_one(dir, w, full, got, err, sizeof err), -1);
+    assert_non_null(strstr(err, host_order() == ORDER_LITTLE
+                                    ? "written on a big-endian host, this one is little-endian"
+                                    : "written on a little-endian host, this one is big-endian"));
+    plant(path, w, &w->box, full, 0); /* as written: restores */
+    if (fill_one(dir, w, full, got, err, sizeof err))
+        fail_msg("%s", err);
+    free(full);
+    free(got);
+    nrs_emu_state_free(&sa);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -564,6 +676,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_box_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_republish_over_old_step, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overlapping_files_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_header_names_checksum_and_order, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
