@@ -14,15 +14,18 @@
  * before they go out as a group: fewer, larger groups. */
 #define GROUP_MIN 16
 
+/* Offsets of the regions packed into one staging buffer for one group. */
+#define STAGE_ALIGN 256
+
 typedef struct {
     nrs_xreq_t *req;
     int is_send, peer; /* communicator rank */
     nrs_xregion_t r;
-    void *stage; /* strided: packed here on the way */
-    size_t stage_bytes;
     int64_t ticket; /* -1 until it went out */
 } npost_t;
 
+/* A staging buffer: strided regions are packed into it (sends) or received
+ * into it (receives), at distinct offsets within one group. */
 typedef struct {
     void *p;
     size_t n;
@@ -37,8 +40,8 @@ typedef struct {
     double timeout_s;
     npost_t *q; /* posts in order: [head, head + n), the first nout of them out */
     size_t head, n, nout, cap;
-    stage_t *pool; /* staging buffers not in use */
-    size_t npool, poolcap;
+    stage_t stage[2];  /* [1] for strided sends, [0] for strided receives */
+    size_t stage_want; /* their size: the graph's chunk (preconnect), else what a post needs */
     void **dfree; /* device frees deferred while transfers were posted */
     size_t ndfree, dfcap;
     int failed;
@@ -157,41 +160,58 @@ static int n_copy(void *ctx, const nrs_xregion_t *dst, const nrs_xregion_t *src)
     return 0;
 }
 
-/* A staging buffer of at least n bytes: from the pool, else a new one. */
-static void *stage_get(xn_t *X, size_t n, size_t *got)
+/* ---- staging ---------------------------------------------------------------------------
+ * The transition's reserve (NRS_COST_RESERVE_BYTES, docs/transitions.md
+ * "Memory") is two chunks of every GPU: one strided send and one strided
+ * receive in flight, each packed through at most a chunk. So the device
+ * staging is two buffers, one for the sends and one for the receives, of a
+ * chunk each (preconnect: the graph's), made at the first strided post that
+ * needs them. A group packs its strided sends at distinct offsets of the
+ * send buffer and receives its strided receives into distinct offsets of
+ * the receive buffer; a run ends before a strided post that no longer fits
+ * (run_length). The next group reuses the buffers at once: everything
+ * (packing, the group, unpacking) is on the communicator's stream, so the
+ * next group's packing runs after the last group's transfers and its
+ * receives after the last unpacking. Nothing waits for a buffer, and the
+ * groups stay consecutive runs of the posts (the deadlock argument,
+ * xport_nccl.h). Only a post larger than a buffer (no preconnect: sized by
+ * the posts; never one of a graph's, whose strided transfers are at most a
+ * chunk) waits: the buffer is replaced, which needs cudaFree, when nothing
+ * is out. */
+
+static void stage_free(xn_t *X)
 {
-    for (size_t i = 0; i < X->npool; i++)
-        if (X->pool[i].n >= n) {
-            void *p = X->pool[i].p;
-            *got = X->pool[i].n;
-            X->pool[i] = X->pool[--X->npool];
-            return p;
-        }
-    char err[256];
-    void *p;
-    if (nrs_cuda_alloc(X->device, n, &p, err, sizeof err)) {
-        xn_fail(X, "nccl xport: staging buffer: %s", err);
-        return NULL;
+    for (int d = 0; d < 2; d++) {
+        nrs_cuda_free(X->device, X->stage[d].p);
+        X->stage[d] = (stage_t){0};
     }
-    *got = n;
-    return p;
 }
 
-static void stage_put(xn_t *X, void *p, size_t n)
+static size_t stage_round(size_t n) { return (n + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN; }
+
+/* Bytes of post p packed into a staging buffer, 0 when it needs none. */
+static size_t staged_bytes(const npost_t *p)
 {
-    if (!p)
-        return;
-    if (X->npool == X->poolcap) {
-        size_t cap = X->poolcap ? 2 * X->poolcap : 16;
-        stage_t *v = realloc(X->pool, cap * sizeof(*v));
-        if (!v) {
-            nrs_cuda_free(X->device, p);
-            return;
-        }
-        X->pool = v;
-        X->poolcap = cap;
-    }
-    X->pool[X->npool++] = (stage_t){p, n};
+    return contiguous(&p->r) ? 0 : p->r.rows * p->r.row_bytes;
+}
+
+/* The buffer of direction d holds at least bytes: 0; 1 when it cannot be
+ * replaced yet (posts out); -1 failed. */
+static int stage_fit(xn_t *X, int d, size_t bytes)
+{
+    stage_t *s = &X->stage[d];
+    char err[256];
+    if (s->n >= bytes)
+        return 0;
+    if (s->p && X->nout)
+        return 1;
+    nrs_cuda_free(X->device, s->p); /* nothing out: it does not wait for a peer */
+    *s = (stage_t){0};
+    size_t n = bytes > X->stage_want ? bytes : X->stage_want;
+    if (nrs_cuda_alloc(X->device, n, &s->p, err, sizeof err))
+        return xn_fail(X, "nccl xport: staging buffer: %s", err);
+    s->n = n;
+    return 0;
 }
 
 /* ---- transfers ------------------------------------------------------------------------ */
@@ -245,29 +265,34 @@ static int n_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, n
 }
 
 /* How many of the k posts at p go out together: the longest run with at
- * most one transfer per peer and direction, and at most RUN_ROUNDS
- * rounds. NCCL progresses the transfers of a group to different peers
- * independently, but runs a second one to the same peer after the first,
- * behind whatever shares its channel; a rank whose peer waits for that
- * second one could wait for ever. Rounds: NCCL files a group's transfers
- * by round, the distance to the peer (a send to me + r and a receive from
- * me - r are round r), and a channel's batch holds at most 8 transfers,
- * each of another round; a channel runs its batches one after another
- * (NVIDIA/nccl enqueue.cc, NCCL_MAX_DEV_WORK_P2P_PER_BATCH). So a group
- * of more than 8 rounds could hold a transfer whose peer has not posted it
- * yet in front of the one the peer waits for: beyond 9 ranks only.
- * NRS_NCCL_GROUP_ROUNDS=N (1-64; 0: no bound) changes the 8, for the tests
- * (test_fakegpu.sh: the strict double counts rounds the same way). */
+ * most one transfer per peer and direction, its strided regions within the
+ * staging buffers (after the first of each direction, which fits: issue),
+ * and at most RUN_ROUNDS rounds. NCCL progresses the transfers of a group
+ * to different peers independently, but runs a second one to the same peer
+ * after the first, behind whatever shares its channel; a rank whose peer
+ * waits for that second one could wait for ever. Rounds: NCCL files a
+ * group's transfers by round, the distance to the peer (a send to me + r
+ * and a receive from me - r are round r), and a channel's batch holds at
+ * most 8 transfers, each of another round; a channel runs its batches one
+ * after another (NVIDIA/nccl enqueue.cc, NCCL_MAX_DEV_WORK_P2P_PER_BATCH).
+ * So a group of more than 8 rounds could hold a transfer whose peer has not
+ * posted it yet in front of the one the peer waits for: beyond 9 ranks
+ * only. NRS_NCCL_GROUP_ROUNDS=N (1-64; 0: no bound) changes the 8, for the
+ * tests (test_fakegpu.sh: the strict double counts rounds the same way). */
 #define RUN_ROUNDS 8
 #define RUN_ROUNDS_MAX 64
 static size_t run_length(const xn_t *X, const npost_t *p, size_t k)
 {
     int me = nrs_nccl_rank(X->c), size = nrs_nccl_size(X->c), round[RUN_ROUNDS_MAX], nround = 0;
-    size_t n = 0;
+    size_t n = 0, packed[2] = {0, 0};
     for (; n < k; n++) {
         for (size_t j = 0; j < n; j++)
             if (p[j].peer == p[n].peer && p[j].is_send == p[n].is_send)
                 return n;
+        size_t b = staged_bytes(&p[n]); /* into the staging buffer (above) */
+        if (b && packed[p[n].is_send] && packed[p[n].is_send] + b > X->stage[p[n].is_send].n)
+            return n;
+        packed[p[n].is_send] = stage_round(packed[p[n].is_send] + b);
         int r = ((p[n].is_send ? p[n].peer - me : me - p[n].peer) % size + size) % size, seen = 0;
         for (int j = 0; j < nround && !seen; j++)
             seen = round[j] == r;
@@ -279,12 +304,32 @@ static size_t run_length(const xn_t *X, const npost_t *p, size_t k)
     return n;
 }
 
+/* The first strided post of each direction among the k at p has a
+ * staging buffer that holds it: 0; 1 when one must wait (stage_fit); -1. */
+static int stage_ready(xn_t *X, const npost_t *p, size_t k)
+{
+    int seen[2] = {0, 0};
+    for (size_t i = 0; i < k && !(seen[0] && seen[1]); i++) {
+        size_t b = staged_bytes(&p[i]);
+        if (!b || seen[p[i].is_send]++)
+            continue;
+        int rc = stage_fit(X, p[i].is_send, b);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* The next run of the posts not yet out, as one group between their
- * packing and unpacking. */
+ * packing and unpacking: 1, 0 when it must wait for a staging buffer
+ * (nothing went out), or -1. */
 static int issue(xn_t *X)
 {
     npost_t *p = X->q + X->head + X->nout;
-    size_t k = run_length(X, p, X->n - X->nout);
+    size_t k = run_length(X, p, X->n - X->nout), at[2] = {0, 0};
+    int ready = stage_ready(X, p, k); /* (buffers only grow: the run still fits) */
+    if (ready)
+        return ready > 0 ? 0 : -1;
     nrs_cuda_copy2d_t *pre = calloc(k, sizeof(*pre)), *post = calloc(k, sizeof(*post));
     nrs_nccl_xfer_t *x = calloc(k, sizeof(*x));
     int npre = 0, npost = 0, rc = -1;
@@ -297,18 +342,18 @@ static int issue(xn_t *X)
         const nrs_xregion_t *r = &p[i].r;
         size_t bytes = r->rows * r->row_bytes;
         void *buf = base(r);
-        if (!contiguous(r) && bytes) {
-            if (!(p[i].stage = stage_get(X, bytes, &p[i].stage_bytes)))
-                goto out;
-            nrs_cuda_copy2d_t packed = {p[i].stage, r->row_bytes, base(r), r->pitch,
-                                        r->row_bytes, r->rows};
-            nrs_cuda_copy2d_t unpacked = {base(r), r->pitch, p[i].stage, r->row_bytes,
-                                          r->row_bytes, r->rows};
-            if (p[i].is_send)
+        if (staged_bytes(&p[i])) {
+            int d = p[i].is_send;
+            buf = (char *)X->stage[d].p + at[d];
+            at[d] = stage_round(at[d] + bytes);
+            nrs_cuda_copy2d_t packed = {buf, r->row_bytes, base(r), r->pitch, r->row_bytes,
+                                        r->rows};
+            nrs_cuda_copy2d_t unpacked = {base(r), r->pitch, buf, r->row_bytes, r->row_bytes,
+                                          r->rows};
+            if (d)
                 pre[npre++] = packed;
             else
                 post[npost++] = unpacked;
-            buf = p[i].stage;
         }
         x[i] = (nrs_nccl_xfer_t){p[i].peer, p[i].is_send, buf, bytes};
     }
@@ -321,7 +366,7 @@ static int issue(xn_t *X)
     for (size_t i = 0; i < k; i++)
         p[i].ticket = t;
     X->nout += k;
-    rc = 0;
+    rc = 1;
 out:
     free(pre);
     free(post);
@@ -340,9 +385,7 @@ static int n_progress(void *ctx)
         return xn_fail(X, "nccl xport: %s", err);
     int completed = 0;
     while (X->nout && X->q[X->head].ticket < done) {
-        npost_t *p = &X->q[X->head];
-        stage_put(X, p->stage, p->stage_bytes);
-        p->req->done = 1;
+        X->q[X->head].req->done = 1;
         X->head++;
         X->n--;
         X->nout--;
@@ -354,10 +397,13 @@ static int n_progress(void *ctx)
     }
     /* out now when the stream has drained (nothing would wait behind it)
      * or enough have gathered; each group a run of them (run_length) */
-    if (X->n > X->nout && (X->nout == 0 || X->n - X->nout >= GROUP_MIN))
-        while (X->n > X->nout)
-            if (issue(X))
-                return -1;
+    if (X->n > X->nout && (X->nout == 0 || X->n - X->nout >= GROUP_MIN)) {
+        int rc = 1;
+        while (X->n > X->nout && (rc = issue(X)) > 0)
+            ;
+        if (rc < 0)
+            return -1;
+    }
     return completed;
 }
 
@@ -367,11 +413,8 @@ static void drop_all(xn_t *X)
 {
     if (X->nout)
         nrs_nccl_abort(X->c);
-    for (size_t i = 0; i < X->n; i++) {
-        npost_t *p = &X->q[X->head + i];
-        nrs_cuda_free(X->device, p->stage);
-    }
     X->head = X->n = X->nout = 0;
+    stage_free(X);
     flush_frees(X);
 }
 
@@ -379,9 +422,6 @@ static void n_destroy(void *ctx)
 {
     xn_t *X = ctx;
     drop_all(X);
-    for (size_t i = 0; i < X->npool; i++)
-        nrs_cuda_free(X->device, X->pool[i].p);
-    free(X->pool);
     free(X->dfree);
     free(X->q);
     free(X->comm_rank);
@@ -434,8 +474,10 @@ void nrs_xport_nccl_cancel(nrs_xport_t *x)
 void nrs_xport_nccl_release(nrs_xport_t *x)
 {
     xn_t *X = x->ctx;
-    if (!X->n)
+    if (!X->n) {
         flush_frees(X);
+        stage_free(X); /* the reserve is the transition's only */
+    }
 }
 
 /* ---- connections before the transfers ------------------------------------------------ */
@@ -460,6 +502,7 @@ int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double t
     char err[256];
     if (!peers)
         return xn_fail(X, "nccl xport: out of memory");
+    X->stage_want = g->chunk > 0 ? (size_t)g->chunk : 0;
     for (size_t i = 0; i < g->nops; i++) {
         const nrs_emu_op_t *op = &g->ops[i];
         if (op->type != NRS_EMU_OP_XFER)

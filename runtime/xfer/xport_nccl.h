@@ -15,9 +15,13 @@
  * connection set up first (NCCL makes one at its first use and blocks
  * until the peer takes part): nrs_xport_nccl_preconnect. Device buffers
  * are freed only when nothing is posted (cudaFree synchronizes the device).
- * Strided regions are packed into (and unpacked from) a device staging
- * buffer on the same stream. Memory of a GPU owner is this rank's device;
- * host memory (owner < 0) can be allocated and copied but never travels.
+ * Strided regions are packed into (and unpacked from) device staging on the
+ * same stream: one buffer for the sends and one for the receives, of a
+ * chunk each, the transition's reserve (NRS_COST_RESERVE_BYTES); a group's
+ * strided regions of one direction share its buffer, so a group holds at
+ * most a chunk of them each way. Memory of a GPU owner is this rank's
+ * device; host memory (owner < 0) can be allocated and copied but never
+ * travels.
  */
 #ifndef NRS_XFER_XPORT_NCCL_H
 #define NRS_XFER_XPORT_NCCL_H
@@ -41,13 +45,14 @@ void nrs_xport_nccl_wrap(nrs_xmem_t *m, void *dev, int owner, size_t bytes);
 /* Before a transition over this transport, on every rank of the
  * communicator (the same graph g): one byte each way with every rank this
  * one exchanges transfers with, in one group, waited for (timeout_s), so
- * that no connection is set up in the middle of the transfers. 0, or -1
- * (the error in nrs_xport_nccl_error; the communicator aborted on a
- * time-out). */
+ * that no connection is set up in the middle of the transfers; the staging
+ * buffers take g's chunk as their size. 0, or -1 (the error in
+ * nrs_xport_nccl_error; the communicator aborted on a time-out). */
 int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double timeout_s);
 
 /* Frees the device buffers whose free waited for the posted transfers to
- * end, if none is posted now (the caller, after a transition). */
+ * end, and the staging buffers, if none is posted now (the caller, after a
+ * transition). */
 void nrs_xport_nccl_release(nrs_xport_t *x);
 
 /* The first transport error since open ("" if none). */

@@ -46,11 +46,15 @@
  * NCCL_IB_DISABLE=1 fails, where real NCCL may hang or crawl; one host's
  * tests must turn IB off), FAKE_LEAKS=1 (a process that exits by itself
  * with device memory not freed, or a communicator neither destroyed nor
- * aborted, exits 99 instead, saying what). Counts: fakegpu_counts (found
- * with dlsym by a test that runs under the fake) gives how many
- * communicators this process made (init, split, shrink) and how many copies
- * (cudaMemcpy*, of any kind) it asked for: a test's check that a code path
- * sets up no communicator and copies nothing.
+ * aborted, exits 99 instead, saying what), FAKE_MEM_CAP=BYTES (a cudaMalloc
+ * that would take a device's allocations over BYTES fails with
+ * cudaErrorMemoryAllocation, saying so on stderr; read at every call).
+ * Counts, found with dlsym by a test that runs under the fake:
+ * fakegpu_counts gives how many communicators this process made (init,
+ * split, shrink) and how many copies (cudaMemcpy*, of any kind) it asked
+ * for: a test's check that a code path sets up no communicator and copies
+ * nothing; fakegpu_mem_stats (below) a device's bytes in use, their peak,
+ * and the number of groups run.
  * Devices: each thread has its current device (cudaSetDevice, cudaGetDevice;
  * 0 at first), as CUDA's. Each device has its own legacy stream, which the
  * CUDA calls without a stream use: the current device's. Streams, events and
@@ -93,9 +97,26 @@ static double now_s(void)
 }
 
 /* ---- device memory ---- */
-typedef struct { char *p; size_t n; } alloc_t;
+#define MAXDEV 16
+typedef struct { char *p; size_t n; int dev; } alloc_t;
 static alloc_t allocs[65536];
 static int nalloc;
+static size_t dev_used[MAXDEV], dev_peak[MAXDEV]; /* bytes allocated per device */
+static long ngroups;                             /* groups with transfers, ever */
+
+/* For the test programs, which look it up with dlsym (the real libraries
+ * have no such symbol): device dev's bytes in use and its peak since the
+ * last reset (reset: the peak starts again from what is in use now), and
+ * the groups with transfers run so far in this process. */
+void fakegpu_mem_stats(int dev, int reset, size_t *used, size_t *peak, long *groups)
+{
+    dev = dev >= 0 && dev < MAXDEV ? dev : 0;
+    *used = dev_used[dev];
+    *peak = dev_peak[dev];
+    *groups = ngroups;
+    if (reset)
+        dev_peak[dev] = dev_used[dev];
+}
 
 static int in_dev(const void *p, size_t n)
 {
@@ -135,7 +156,6 @@ typedef struct fstream {
     int blocking, polls;
     int dev, legacy; /* its device; legacy: that device's legacy stream */
 } fstream_t;
-#define MAXDEV 16
 static fstream_t legacies[MAXDEV];
 static fstream_t *streams[256];
 static int nstreams;
@@ -384,11 +404,20 @@ cudaError_t cudaMalloc(void **p, size_t n)
     touch();
     if (nalloc == (int)(sizeof allocs / sizeof allocs[0]))
         return cudaErrorMemoryAllocation;
+    /* read at every call: a test program may set it between its phases */
+    const char *cap = getenv("FAKE_MEM_CAP");
+    if (cap && *cap && dev_used[cur_dev] + n > strtoull(cap, NULL, 0)) {
+        fprintf(stderr, "fake: cudaMalloc of %zu bytes on device %d refused: %zu in use, "
+                "FAKE_MEM_CAP %s\n", n, cur_dev, dev_used[cur_dev], cap);
+        return cudaErrorMemoryAllocation;
+    }
     char *m = malloc(n);
     if (!m)
         return cudaErrorMemoryAllocation;
     memset(m, 0xee, n > 4096 ? 4096 : n);
-    allocs[nalloc++] = (alloc_t){m, n};
+    allocs[nalloc++] = (alloc_t){m, n, cur_dev};
+    if ((dev_used[cur_dev] += n) > dev_peak[cur_dev])
+        dev_peak[cur_dev] = dev_used[cur_dev];
     *p = m;
     return cudaSuccess;
 }
@@ -405,6 +434,7 @@ cudaError_t cudaFree(void *p)
     for (int i = 0; i < nalloc; i++)
         if (allocs[i].p == p) {
             free(p);
+            dev_used[allocs[i].dev] -= allocs[i].n;
             allocs[i] = allocs[--nalloc];
             return cudaSuccess;
         }
@@ -1105,6 +1135,7 @@ ncclResult_t ncclGroupEnd(void)
     }
     if (nnet)
         push(ns, (op_t){.k = OP_NET, .net = net, .nnet = nnet});
+    ngroups += ngrp > 0;
     ngrp = 0;
     if (c && rand() % 2) {
         c->polls = POLLS;

@@ -34,6 +34,13 @@
  * through host memory: transfers then come from host buffers, sent by the
  * rank of the GPU they were staged from.
  *
+ * --mem-check (with --nccl, under tests/fakegpu): each rank's GPU may hold
+ * no more than the schedule's peak for it (its state at the worst moment
+ * plus the transfer reserve, nrs_emu_graph_peak): FAKE_MEM_CAP is set to
+ * that for the transition, so an allocation beyond it fails the
+ * transition; the peak the fake saw is printed with the groups NCCL ran
+ * and this rank's strided transfers.
+ *
  * --verify: the executor checksums every transfer (runtime.verify).
  * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
  * with a byte flipped (dtrans' test hook); with --verify every rank must
@@ -99,6 +106,10 @@ static void ucx_purge(void *arg, uint64_t tag, uint64_t mask)
     nrs_xport_ucx_purge(arg, tag, mask);
 }
 static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(x); }
+
+/* tests/fakegpu's, when it is preloaded (weak: NULL otherwise) */
+void fakegpu_mem_stats(int dev, int reset, size_t *used, size_t *peak, long *groups)
+    __attribute__((weak));
 
 static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
 static int nccl_dev; /* their GPU: $NRS_MP_DEVICE, else 0 */
@@ -275,6 +286,23 @@ out:
     return E->errors || E->aborted ? -1 : 0;
 }
 
+/* This rank's transfers whose region here is strided. */
+static int64_t strided_here(const nrs_emu_graph_t *g, int me)
+{
+    nrs_dtrans_opts_t o;
+    int64_t n = 0;
+    nrs_dtrans_opts_init(&o, me, me + 1);
+    o.owner_rank = identity;
+    for (size_t i = 0; i < g->nops; i++) {
+        const nrs_emu_op_t *op = &g->ops[i];
+        if (op->type != NRS_EMU_OP_XFER || op->rows <= 1)
+            continue;
+        n += nrs_dtrans_buf_rank(g, &o, op->src_buf) == me && op->src_pitch != op->row_bytes;
+        n += nrs_dtrans_buf_rank(g, &o, op->dst_buf) == me && op->dst_pitch != op->row_bytes;
+    }
+    return n;
+}
+
 #ifdef HAVE_NCCL
 /* Everyone's communicator (rank 0's unique id through the rendezvous) and
  * the NCCL transport over it: executor rank r is communicator rank r. */
@@ -338,7 +366,7 @@ static void fan(int t, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 6, rc = 1, use_fan = 0, use_tight = 0;
+    int count = 6, rc = 1, use_fan = 0, use_tight = 0, use_mem = 0;
     double timeout = 20;
     char err[512];
     nrs_ucx_opts_t uo;
@@ -361,6 +389,11 @@ int main(int argc, char **argv)
         use_verify |= !strcmp(argv[i], "--verify");
         use_fan |= !strcmp(argv[i], "--fan");
         use_tight |= !strcmp(argv[i], "--tight");
+        use_mem |= !strcmp(argv[i], "--mem-check");
+    }
+    if (use_mem && (!use_nccl || !fakegpu_mem_stats)) {
+        fprintf(stderr, "mp_transition: --mem-check: needs --nccl under tests/fakegpu\n");
+        return 2;
     }
 #ifndef HAVE_NCCL
     if (use_nccl) {
@@ -485,6 +518,15 @@ int main(int argc, char **argv)
             goto fail;
         }
         rx_t E;
+        int64_t memcap = nrs_emu_graph_peak(g, me) ? nrs_emu_graph_peak(g, me) : g->reserve;
+        size_t used0 = 0, peak = 0;
+        long groups0 = 0, groups = 0;
+        if (use_mem) { /* the fake refuses what the schedule did not count */
+            char v[32];
+            snprintf(v, sizeof v, "%lld", (long long)memcap);
+            setenv("FAKE_MEM_CAP", v, 1);
+            fakegpu_mem_stats(nccl_dev, 1, &used0, &peak, &groups0);
+        }
         if (!rc && execute(g, (uint64_t)t, &x, u, r, me, n, timeout, (unsigned)t, &E) &&
             E.aborted) {
             nrs_emu_graph_free(g);
@@ -495,6 +537,20 @@ int main(int argc, char **argv)
                     "error(s), first: %s\n", me, t, a.total_gpus, b.total_gpus,
                     (long long)g->nops, (long long)E.errors, E.first);
             rc = 1;
+        }
+        if (use_mem) {
+            size_t used;
+            fakegpu_mem_stats(nccl_dev, 0, &used, &peak, &groups);
+            unsetenv("FAKE_MEM_CAP");
+            printf("mp_transition[%d]: transition %d: device peak %zu bytes of the schedule's "
+                   "%lld (cap %lld, reserve %lld), %ld group(s), %lld strided transfer(s) here\n",
+                   me, t, peak, (long long)memcap, (long long)g->cap, (long long)g->reserve,
+                   groups - groups0, (long long)strided_here(g, me));
+            if (!rc && peak > (size_t)memcap) {
+                fprintf(stderr, "mp_transition[%d]: transition %d: device peak %zu over the "
+                        "schedule's %lld\n", me, t, peak, (long long)memcap);
+                rc = 1;
+            }
         }
         if (!rc && me == 0)
             printf("mp_transition: transition %d: %d -> %d GPUs, %lld ops, %lld staged, graph "

@@ -87,6 +87,23 @@ mp_case "fake GPU: fan-out over NCCL without the bound: the double refuses a gro
     FAKE_NCCL_STRICT=1 FAKE_NCCL_ROUNDS=2 NRS_NCCL_GROUP_ROUNDS=0 "$SRV" -q -n 8 -t 50 --kill-on-fail 2 \
     -- "$T" --nccl --fan --count 4
 mp_grep "fake GPU: fan-out without the bound: too many rounds" "rounds (more than 2)"
+# Device memory: each rank's GPU may hold no more than the schedule's peak
+# for it, its state plus the transfer reserve (two chunks: one strided send
+# and one strided receive in flight, docs/transitions.md "Memory");
+# --mem-check makes that the fake's FAKE_MEM_CAP. Small chunks make many
+# strided transfers: the fan-out's column slices, and random reshards. The
+# NCCL transport packs them through its two staging buffers of a chunk
+# (its old pool gave each post in flight a buffer: up to 3.6 chunks more).
+mp_case "fake GPU: over NCCL, device memory within state + reserve: fan-out, 8 ranks" 0 60 \
+    env "$fake" FAKE_NCCL_STRICT=1 "$SRV" -q -n 8 -t 50 -- "$T" --nccl --fan --count 4 \
+    --chunk 1024 --timeout 10 --mem-check
+mp_grep "fake GPU: fan-out within the reserve: 8 ranks moved their shards" "4 transition(s) over nccl"
+mp_grep "fake GPU: fan-out within the reserve: rank 0 sent strided transfers" \
+    "mp_transition\[0\]: transition 1: device peak .* [1-9][0-9]* strided transfer"
+mp_case "fake GPU: over NCCL, device memory within state + reserve: 4 ranks, 6 random" 0 60 \
+    env "$fake" FAKE_NCCL_STRICT=1 "$SRV" -q -n 4 -t 50 -- "$T" --nccl --seed 7 --count 6 \
+    --chunk 1024 --timeout 10 --mem-check
+mp_grep "fake GPU: random within the reserve: 4 ranks moved their shards" "6 transition(s) over nccl"
 # The worker API with its state in (fake) GPU memory: transitions over NCCL.
 # The first is a re-tune (micro-batches only: nothing moves): it sets up no
 # communicator and copies nothing (it used to set up the job's NCCL
