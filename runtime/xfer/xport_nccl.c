@@ -68,6 +68,33 @@ static int xn_fail(xn_t *X, const char *fmt, ...)
 
 /* ---- memory --------------------------------------------------------------------------- */
 
+static int n_progress(void *ctx);
+
+/* Every post done, and with them the deferred frees (n_free): 0, or -1
+ * (failed; or no transfer completed for timeout_s, the communicator is
+ * aborted then). Free of deadlock as any grouping is (xport_nccl.h): what
+ * is posted comes before the caller's next operation in the global order,
+ * so no peer needs this rank to go further first. */
+static int drain(xn_t *X)
+{
+    double end = nrs_now_s() + X->timeout_s;
+    while (X->n) {
+        int k = n_progress(X);
+        if (k < 0)
+            return -1;
+        if (k > 0) {
+            end = nrs_now_s() + X->timeout_s;
+        } else if (nrs_now_s() > end) {
+            nrs_nccl_abort(X->c);
+            return xn_fail(X, "nccl xport: no transfer completed for %.1f s (%zu posted) "
+                           "before an allocation", X->timeout_s, X->n);
+        } else {
+            nrs_nap_us(20);
+        }
+    }
+    return 0;
+}
+
 static int n_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
 {
     xn_t *X = ctx;
@@ -78,6 +105,13 @@ static int n_alloc(void *ctx, int owner, size_t bytes, nrs_xmem_t *out)
         out->handle = MEM_HOST;
         return out->ptr ? 0 : xn_fail(X, "nccl xport: out of host memory");
     }
+    /* A free the schedule put before this allocation may still wait
+     * (n_free): the schedule counted its bytes as gone, and under a tight
+     * cap this allocation needs them (the scheduler frees old buffers
+     * lazily, when an allocation needs the room). So the posts drain first
+     * and the frees go, then the allocation. */
+    if (X->ndfree && drain(X))
+        return -1;
     if (nrs_cuda_alloc(X->device, bytes, &out->ptr, err, sizeof err))
         return xn_fail(X, "nccl xport: %s", err);
     out->handle = MEM_DEVICE;

@@ -14,7 +14,9 @@
  * ranks done, so it is in the running group of both. That needs every
  * connection set up first (NCCL makes one at its first use and blocks
  * until the peer takes part): nrs_xport_nccl_preconnect. Device buffers
- * are freed only when nothing is posted (cudaFree synchronizes the device).
+ * are freed only when nothing is posted (cudaFree synchronizes the device);
+ * an allocation that comes after such a deferred free waits until the posts
+ * drain and the free is done, as the schedule counted the freed bytes gone.
  * Strided regions are packed into (and unpacked from) device staging on the
  * same stream: one buffer for the sends and one for the receives, of a
  * chunk each, the transition's reserve (NRS_COST_RESERVE_BYTES); a group's

@@ -41,6 +41,12 @@
  * transition; the peak the fake saw is printed with the groups NCCL ran
  * and this rank's strided transfers.
  *
+ * --snug: each transition under the smallest per-GPU cap (to 1/32 of the
+ * range) whose schedule stages nothing (NCCL moves no host memory), found
+ * by bisection between the larger of a GPU's old and new state plus the
+ * reserve and the uncapped schedule's peak: old buffers are freed just as
+ * the allocations after them need the room.
+ *
  * --verify: the executor checksums every transfer (runtime.verify).
  * NRS_MP_CORRUPT_WIRE=RANK:N: the Nth transfer that rank receives arrives
  * with a byte flipped (dtrans' test hook); with --verify every rank must
@@ -286,6 +292,32 @@ out:
     return E->errors || E->aborted ? -1 : 0;
 }
 
+/* --snug: *g again under the smallest cap, to within 1/32 of the range,
+ * whose schedule stages nothing (the uncapped *g stages nothing). */
+static int snug(const nrs_spec_t *s, const nrs_plan_t *a, const nrs_plan_t *b,
+                const nrs_emu_opts_t *eo, nrs_emu_graph_t **g, char *err, size_t errlen)
+{
+    nrs_emu_stats_t st;
+    nrs_emu_graph_stats(*g, &st);
+    int64_t lo = tu_state_need(*g) + (*g)->reserve, hi = st.peak_bytes, step = (hi - lo) / 32 + 1;
+    while (hi - lo > step) {
+        nrs_emu_opts_t o = *eo;
+        nrs_emu_graph_t *h = NULL;
+        o.cap_bytes = lo + (hi - lo) / 2;
+        if (nrs_emu_transition(s, a, b, &o, &h, err, errlen))
+            return -1;
+        if (h->nstaged) {
+            lo = o.cap_bytes;
+            nrs_emu_graph_free(h);
+        } else {
+            hi = o.cap_bytes;
+            nrs_emu_graph_free(*g);
+            *g = h;
+        }
+    }
+    return 0;
+}
+
 /* This rank's transfers whose region here is strided. */
 static int64_t strided_here(const nrs_emu_graph_t *g, int me)
 {
@@ -366,7 +398,7 @@ static void fan(int t, int n, nrs_spec_t *s, nrs_plan_t *a, nrs_plan_t *b)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    int count = 6, rc = 1, use_fan = 0, use_tight = 0, use_mem = 0;
+    int count = 6, rc = 1, use_fan = 0, use_tight = 0, use_mem = 0, use_snug = 0;
     double timeout = 20;
     char err[512];
     nrs_ucx_opts_t uo;
@@ -390,6 +422,7 @@ int main(int argc, char **argv)
         use_fan |= !strcmp(argv[i], "--fan");
         use_tight |= !strcmp(argv[i], "--tight");
         use_mem |= !strcmp(argv[i], "--mem-check");
+        use_snug |= !strcmp(argv[i], "--snug");
     }
     if (use_mem && (!use_nccl || !fakegpu_mem_stats)) {
         fprintf(stderr, "mp_transition: --mem-check: needs --nccl under tests/fakegpu\n");
@@ -459,6 +492,8 @@ int main(int argc, char **argv)
             g = NULL;
             grc = nrs_emu_transition(&s, &a, &b, &to, &g, err, sizeof err);
         }
+        if (!grc && use_snug)
+            grc = snug(&s, &a, &b, &eo, &g, err, sizeof err);
         if (grc) {
             fprintf(stderr, "mp_transition[%d]: transition %d: graph: %s\n", me, t, err);
             nrs_emu_graph_free(g);

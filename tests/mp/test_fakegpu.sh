@@ -104,6 +104,16 @@ mp_case "fake GPU: over NCCL, device memory within state + reserve: 4 ranks, 6 r
     env "$fake" FAKE_NCCL_STRICT=1 "$SRV" -q -n 4 -t 50 -- "$T" --nccl --seed 7 --count 6 \
     --chunk 1024 --timeout 10 --mem-check
 mp_grep "fake GPU: random within the reserve: 4 ranks moved their shards" "6 transition(s) over nccl"
+# Under the smallest caps that stage nothing (--snug), the scheduler frees an
+# old buffer just as the allocation after it needs the room; the transport
+# defers a free while transfers are posted (cudaFree would wait for them),
+# so the allocation must wait for that free (it held up to a chunk more).
+for n in 4 8; do
+    mp_case "fake GPU: over NCCL, snug caps: deferred frees done before allocations, $n ranks" 0 60 \
+        env "$fake" FAKE_NCCL_STRICT=1 "$SRV" -q -n "$n" -t 50 -- "$T" --nccl --seed $((n * 13 + 7)) \
+        --count 6 --chunk 1024 --timeout 10 --mem-check --snug
+    mp_grep "fake GPU: snug caps: $n ranks moved their shards" "6 transition(s) over nccl"
+done
 # The worker API with its state in (fake) GPU memory: transitions over NCCL.
 # The first is a re-tune (micro-batches only: nothing moves): it sets up no
 # communicator and copies nothing (it used to set up the job's NCCL
