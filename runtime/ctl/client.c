@@ -160,10 +160,12 @@ static int read_full(int fd, uint8_t *b, size_t n, double deadline, char *err, s
 {
     size_t got = 0;
     while (got < n) {
-        double left = deadline - nrs_now_s();
+        /* awake time, in slices (util.h): a peer stopped with its job (a
+         * Slurm suspend) that resumes has its answer read, not timed out */
+        double left = deadline - nrs_awake_s();
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int pr = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
-        if (pr < 0 && errno == EINTR)
+        int pr = left > 0 ? poll(&p, 1, nrs_awake_slice_ms(left)) : 0;
+        if ((pr < 0 && errno == EINTR) || (pr == 0 && left > 0)) /* the deadline decides */
             continue;
         if (pr <= 0) {
             snprintf(err, errlen, "no answer from the controller (timed out)");
@@ -185,7 +187,7 @@ static int read_full(int fd, uint8_t *b, size_t n, double deadline, char *err, s
 int nrs_client_recv(int fd, uint8_t *buf, size_t cap, nrs_hdr_t *h, double timeout_s, char *err,
                     size_t errlen)
 {
-    double deadline = nrs_now_s() + timeout_s;
+    double deadline = nrs_awake_s() + timeout_s;
     if (cap < NRS_PROTO_HDR + NRS_PROTO_MAX_PAYLOAD) {
         snprintf(err, errlen, "receive buffer too small");
         return -1;

@@ -50,13 +50,12 @@ typedef struct {
     char contact[sizeof(((struct sockaddr_un *)0)->sun_path) + 16]; /* DIR/ctl.tcp, written */
     FILE *log;
     double t0, last_full;
+    double skipped; /* nrs_awake_skipped_s() at the last look */
 } loop_t;
 
 double nrs_loop_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    return nrs_awake_s(); /* read at every tick (TICK_MS < NRS_AWAKE_SLICE_S) */
 }
 
 /* One log line. Control bytes are written as \xNN: the text may carry what a
@@ -511,6 +510,7 @@ int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t
     L.uid = geteuid();
     L.log = o->log;
     L.t0 = nrs_loop_now();
+    L.skipped = nrs_awake_skipped_s();
     L.max_conns = o->max_conns > 0 ? o->max_conns : 60000;
     L.last_held = -1e9;
     L.last_full = -1e9;
@@ -536,6 +536,11 @@ int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t
             break;
         }
         double now = nrs_loop_now();
+        if (nrs_awake_skipped_s() > L.skipped) { /* stopped: SIGSTOP, a Slurm suspend */
+            lg(&L, "did not run for %.1f s (stopped: a suspended job?): that time counts in no "
+                   "time-out", nrs_awake_skipped_s() - L.skipped);
+            L.skipped = nrs_awake_skipped_s();
+        }
         for (int i = 0; i < n; i++) {
             uint64_t tag = ev[i].data.u64;
             if (tag == TAG_UNIX || tag == TAG_TCP) {

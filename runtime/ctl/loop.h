@@ -17,7 +17,10 @@ typedef struct {
  * (socket removed), -1 with err when the set-up failed. */
 int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t errlen);
 
-/* Monotonic seconds. */
+/* The controller's clock: nrs_awake_s (util.h), so that time it spent
+ * stopped (a suspended job) counts in no time-out: no rank is dropped, no
+ * gather completed without it, no transition aborted for it. Its log's
+ * times are on it too. */
 double nrs_loop_now(void);
 
 #endif

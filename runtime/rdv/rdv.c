@@ -176,9 +176,9 @@ static void register_failures(nrs_rdv_t *r)
     ev_ctx = r;
     pmix_status_t st = PMIx_Register_event_handler(codes, sizeof codes / sizeof codes[0], NULL, 0,
                                                    ev_handler, reg_cb, t);
-    double end = nrs_now_s() + 5.0;
+    double end = nrs_awake_s() + 5.0;
     if (st == PMIX_SUCCESS)
-        while (!atomic_load(&t->done) && nrs_now_s() < end)
+        while (!atomic_load(&t->done) && nrs_awake_s() < end)
             nrs_nap_us(50);
     r->evhdlr_ok = st == PMIX_SUCCESS && atomic_load(&t->done) && t->status == PMIX_SUCCESS;
     trk_drop(r, t);
@@ -420,11 +420,11 @@ static void find_missing(nrs_rdv_t *r, const int *ranks, int nranks, const char 
     for (int i = 0; i < r->size; i++)
         if (in[i] && i != (int)r->me.rank && !(t[i] = get_post(r, i, key, timeout_s, e, sizeof e)))
             missing[i] = 1;
-    double end = nrs_now_s() + timeout_s + 0.5;
+    double end = nrs_awake_s() + timeout_s + 0.5;
     for (int i = 0; i < r->size; i++) {
         if (!t[i])
             continue;
-        while (!atomic_load(&t[i]->done) && nrs_now_s() < end)
+        while (!atomic_load(&t[i]->done) && nrs_awake_s() < end)
             poll_once(r);
         missing[i] = !atomic_load(&t[i]->done) || t[i]->status != PMIX_SUCCESS;
         trk_drop(r, t[i]);
@@ -479,9 +479,9 @@ static int fence(nrs_rdv_t *r, const int *ranks, int nranks, bool survivors, boo
         nrs_seterr(err, errlen, "rdv: PMIx_Fence_nb: %s", PMIx_Error_string(st));
         return -1;
     }
-    double start = nrs_now_s(), end = start + timeout_s;
+    double start = nrs_awake_s(), end = start + timeout_s;
     int dead = -1;
-    while (!atomic_load(&t->done) && nrs_now_s() < end &&
+    while (!atomic_load(&t->done) && nrs_awake_s() < end &&
            (survivors || (dead = first_failed_in(r, ranks, nranks)) < 0))
         poll_once(r);
     if (atomic_load(&t->done)) {
@@ -644,12 +644,12 @@ int nrs_rdv_get(nrs_rdv_t *r, int rank, uint64_t epoch, const char *name, void *
     rdv_trk_t *t = get_post(r, rank, key, timeout_s, err, errlen);
     if (!t)
         return -1;
-    double end = nrs_now_s() + timeout_s + 0.5, grace = 0;
-    while (!atomic_load(&t->done) && nrs_now_s() < end) {
+    double end = nrs_awake_s() + timeout_s + 0.5, grace = 0;
+    while (!atomic_load(&t->done) && nrs_awake_s() < end) {
         if (nrs_rdv_peer_failed(r, rank)) {
             if (!grace)
-                grace = nrs_now_s() + 1.5;
-            else if (nrs_now_s() > grace)
+                grace = nrs_awake_s() + 1.5;
+            else if (nrs_awake_s() > grace)
                 break;
         }
         poll_once(r);
@@ -671,7 +671,7 @@ int nrs_rdv_allgather(nrs_rdv_t *r, uint64_t epoch, const char *name, const void
 {
     void **b = calloc((size_t)r->size, sizeof(*b));
     size_t *l = calloc((size_t)r->size, sizeof(*l));
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     if (!b || !l) {
         free(b);
         free(l);
@@ -691,7 +691,7 @@ int nrs_rdv_allgather(nrs_rdv_t *r, uint64_t epoch, const char *name, const void
             l[i] = len;
             continue;
         }
-        double left = end - nrs_now_s();
+        double left = end - nrs_awake_s();
         if (nrs_rdv_get(r, i, epoch, name, &b[i], &l[i], left > 1 ? left : 1, err, errlen))
             goto fail;
     }
@@ -818,8 +818,8 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
             continue;
         }
         rdv_trk_t *ti = get_post(r, i, k, 1.0, e, sizeof e);
-        double end = nrs_now_s() + 1.5;
-        while (ti && !atomic_load(&ti->done) && nrs_now_s() < end)
+        double end = nrs_awake_s() + 1.5;
+        while (ti && !atomic_load(&ti->done) && nrs_awake_s() < end)
             poll_once(r);
         if (ti)
             take_part(r, ti, i, k, len, all, got);
@@ -827,17 +827,17 @@ int nrs_rdv_gather_read(nrs_rdv_t *r, uint64_t key, const char *name, const void
     double tmo = 1 + nd / 100; /* the dead, all at once */
     for (int j = 0; j < nd; j++)
         t[j] = get_post(r, dead[j], k, tmo, e, sizeof e);
-    double now = nrs_now_s(), last = now, cap = now + tmo + 0.5;
+    double now = nrs_awake_s(), last = now, cap = now + tmo + 0.5;
     unsigned seen = atomic_load(&answers);
     for (int j = 0; j < nd; j++) {
         if (!t[j])
             continue;
-        while (!atomic_load(&t[j]->done) && (now = nrs_now_s()) < last + 1.5 && now < cap) {
+        while (!atomic_load(&t[j]->done) && (now = nrs_awake_s()) < last + 1.5 && now < cap) {
             poll_once(r);
             unsigned a = atomic_load(&answers);
             if (a != seen) {
                 seen = a;
-                last = nrs_now_s();
+                last = nrs_awake_s();
             }
         }
         take_part(r, t[j], dead[j], k, len, all, got);

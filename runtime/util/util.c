@@ -11,6 +11,29 @@ double nrs_now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double awake_last, awake_skipped;
+
+double nrs_awake_s(void)
+{
+    double now = nrs_now_s();
+    if (awake_last > 0 && now - awake_last > NRS_AWAKE_GAP_S)
+        awake_skipped += now - awake_last;
+    awake_last = now;
+    return now - awake_skipped;
+}
+
+double nrs_awake_skipped_s(void)
+{
+    return awake_skipped;
+}
+
+int nrs_awake_slice_ms(double left)
+{
+    if (!(left > 0))
+        return 0;
+    return left < NRS_AWAKE_SLICE_S ? (int)(left * 1000) + 1 : (int)(NRS_AWAKE_SLICE_S * 1000);
+}
+
 void nrs_nap_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};

@@ -1,5 +1,5 @@
-/* Small helpers every module uses: a monotonic clock, a short sleep for
- * progress loops, bounded error formatting, and growing arrays. */
+/* Small helpers every module uses: a monotonic clock, the clock of
+ * time-outs, a short sleep for progress loops, bounded error formatting, and growing arrays. */
 #ifndef NRS_UTIL_H
 #define NRS_UTIL_H
 
@@ -7,8 +7,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Seconds on the monotonic clock. */
+/* Seconds on the monotonic clock: what a measurement reads. */
 double nrs_now_s(void);
+
+/* Seconds on the clock of time-outs: the monotonic clock less the time this
+ * process did not run. Slurm suspends a job (scontrol suspend; preemption or
+ * gang scheduling with PreemptMode=SUSPEND) by SIGSTOP to every process of
+ * it, its controller included, and resumes it with SIGCONT; the monotonic
+ * clock runs on meanwhile, so at the resume every deadline set before the
+ * stop had passed, at every waiter at once, though no peer had failed to
+ * answer. Here a gap of more than NRS_AWAKE_GAP_S between two reads (of any
+ * caller in the process) is time the process was stopped or starved, not
+ * time it waited for an answer: it is left out, entirely. So a wait that
+ * reads this clock must read it at least every NRS_AWAKE_SLICE_S (poll in
+ * slices no longer), or its own sleep would be left out and it would never
+ * time out. One thread at a time (the worker API's rule). */
+#define NRS_AWAKE_GAP_S 1.0
+#define NRS_AWAKE_SLICE_S 0.25
+double nrs_awake_s(void);
+/* The time left out so far: the sum of those gaps. */
+double nrs_awake_skipped_s(void);
+/* poll()'s time-out (ms) for one slice of a wait with left s to go on that
+ * clock: left rounded up, at most NRS_AWAKE_SLICE_S, 0 when none is left. */
+int nrs_awake_slice_ms(double left);
 /* Sleep about `us` microseconds (progress loops that must not spin). */
 void nrs_nap_us(long us);
 /* snprintf into err (if err and len), for "-1 with err" error returns. */

@@ -191,7 +191,7 @@ static void harvest(dt_t *D)
         }
         f->used = 0;
         D->nfl--;
-        D->stall_end = nrs_now_s() + D->o->timeout_s;
+        D->stall_end = nrs_awake_s() + D->o->timeout_s;
     }
 }
 
@@ -220,7 +220,9 @@ static int step(dt_t *D)
              (long long)D->res->my_ops);
         return -1;
     }
-    if (D->nfl && nrs_now_s() > D->stall_end) {
+    /* awake time: a rank stopped with its job (Slurm's suspend) has not
+     * waited for its peers meanwhile (util.h) */
+    if (D->nfl && nrs_awake_s() > D->stall_end) {
         fail(D, "no transfer completed for %.1f s (%d in flight, op %lld)", D->o->timeout_s,
              D->nfl, (long long)D->res->ops_done);
         return -1;
@@ -364,7 +366,7 @@ static int do_xfer(dt_t *D, const nrs_emu_op_t *op, int64_t i)
     if (d == me)
         D->res->bytes_recv += (int64_t)op->rows * op->row_bytes;
     if (D->nfl++ == 0)
-        D->stall_end = nrs_now_s() + D->o->timeout_s;
+        D->stall_end = nrs_awake_s() + D->o->timeout_s;
     if (D->nfl > D->res->max_inflight)
         D->res->max_inflight = D->nfl;
     D->res->xfers++;

@@ -90,17 +90,21 @@ int nrs_wk_ctl_recv(nrs_worker_t *w, double timeout_s, nrs_hdr_t *h)
     int pr;
     /* With UCX up, in slices, progressing it in between: a send this rank
      * counts as done may still sit in UCX's own queue (tcp), and a peer
-     * waits for it while this rank waits here (a vote, a gather). */
-    double end = nrs_now_s() + (timeout_s > 0 ? timeout_s : 0);
+     * waits for it while this rank waits here (a vote, a gather). Awake
+     * time, in slices anyway (util.h): a rank stopped with its job (a Slurm
+     * suspend) has not waited for the controller meanwhile, and reads its
+     * answer after the resume; every wait on the controller goes through
+     * here, and their deadlines are on the same clock. */
+    double end = nrs_awake_s() + (timeout_s > 0 ? timeout_s : 0);
     for (;;) {
-        double left = end - nrs_now_s();
-        int ms = left > 0 ? (int)(left * 1000) : 0;
+        double left = end - nrs_awake_s();
+        int ms = nrs_awake_slice_ms(left);
         if (w->u && ms > 2)
             ms = 2;
         pr = poll(&p, 1, ms);
         if (pr < 0 && errno == EINTR)
             continue;
-        if (pr != 0 || nrs_now_s() >= end)
+        if (pr != 0 || nrs_awake_s() >= end)
             break;
         if (w->u)
             nrs_ucx_progress(w->u);
@@ -148,15 +152,15 @@ int nrs_wk_ctl_ponr(void *arg, char *why, size_t whylen)
 {
     nrs_worker_t *w = arg;
     nrs_hdr_t h;
-    double end = nrs_now_s() + 4 * w->timeout_s;
+    double end = nrs_awake_s() + 4 * w->timeout_s;
     if (w->run_aborted) { /* its ABORT came before the vote passed: no yes from here */
         snprintf(why, whylen, "the controller aborted epoch %u", w->ctl_epoch);
         return -1;
     }
     nrs_wk_ctl_ack(w, w->ctl_epoch, NRS_MSG_PREPARE, 0, 0);
     w->ponr_acked = 1;
-    while (w->ctl_fd >= 0 && nrs_now_s() < end) {
-        int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
+    while (w->ctl_fd >= 0 && nrs_awake_s() < end) {
+        int k = nrs_wk_ctl_recv(w, end - nrs_awake_s(), &h);
         if (k <= 0)
             break;
         if (h.type == NRS_MSG_ERROR) {
@@ -349,9 +353,9 @@ int nrs_worker_control_plan(nrs_worker_t *w, double timeout_s)
     if (w->ctl_fd < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "nrs_worker_control_plan: no control channel: %s",
                              nrs_worker_control(w));
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     while (!w->have_plan) {
-        double left = end - nrs_now_s();
+        double left = end - nrs_awake_s();
         int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
         if (k < 0)
             return w->retired ? nrs_wk_retired_err(w, __func__)
@@ -448,11 +452,11 @@ int nrs_wk_ctl_gather(void *arg, uint64_t key, const char *name, const void *min
     if (!all) /* its answer, when it comes, is one to a gather given up on */
         return 0;
     /* the controller answers within timeout_s of the first contribution */
-    double end = nrs_now_s() + 2 * (timeout_s > 0 ? timeout_s : 30) + 5;
+    double end = nrs_awake_s() + 2 * (timeout_s > 0 ? timeout_s : 30) + 5;
     w->defer = 1; /* a PREPARE that comes meanwhile is kept for the step's agreement */
     for (;;) {
         nrs_hdr_t h;
-        double left = end - nrs_now_s();
+        double left = end - nrs_awake_s();
         int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
         if (k <= 0) {
             snprintf(err, errlen, "gather %s: %s", name,
@@ -830,9 +834,9 @@ int nrs_wk_join_world(nrs_worker_t *w)
     if (w->ctl_fd < 0)
         return nrs_wk_seterr(w, NRS_ERR_INVAL, "a joining rank needs the job's controller: %s",
                              nrs_worker_control(w));
-    double end = nrs_now_s() + nrs_wk_env_double("NRS_WORKER_JOIN_TIMEOUT", 120, 0.01, 1e6);
+    double end = nrs_awake_s() + nrs_wk_env_double("NRS_WORKER_JOIN_TIMEOUT", 120, 0.01, 1e6);
     while (!w->world_gen) {
-        double left = end - nrs_now_s();
+        double left = end - nrs_awake_s();
         int k = left > 0 ? nrs_wk_ctl_recv(w, left, &h) : 0;
         if (k <= 0)
             return nrs_wk_seterr(w, NRS_ERR_RDV, "join: %s", k < 0 ? w->ctl_err

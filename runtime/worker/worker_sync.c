@@ -229,8 +229,8 @@ static void wait_for(nrs_worker_t *w, double end, bool (*done)(const nrs_worker_
 {
     nrs_hdr_t h;
     int rc;
-    while (!done(w, arg) && w->ctl_fd >= 0 && nrs_now_s() < end) {
-        int k = nrs_wk_ctl_recv(w, end - nrs_now_s(), &h);
+    while (!done(w, arg) && w->ctl_fd >= 0 && nrs_awake_s() < end) {
+        int k = nrs_wk_ctl_recv(w, end - nrs_awake_s(), &h);
         if (k < 0)
             break;
         if (k > 0 && (rc = nrs_wk_ctl_frame(w, &h)) < 0 && rc != NRS_ERR_PLAN)
@@ -302,7 +302,7 @@ int nrs_worker_control_step(nrs_worker_t *w)
     unsigned e = agree_prepare(w, w->prep_epoch);
     /* someone has it: it reaches this rank too (the controller sends it to
      * all), unless this rank's channel failed; all take it or none */
-    double end = nrs_now_s() + w->timeout_s;
+    double end = nrs_awake_s() + w->timeout_s;
     if (w->agreed_world > w->world_gen && (rc = switch_world(w, end))) {
         w->defer = 0;
         return rc;

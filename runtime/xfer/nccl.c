@@ -250,7 +250,7 @@ static int wait_comm(nrs_nccl_t *c, double end, const char *what, char *err, siz
 {
     ncclResult_t st = ncclInProgress, q;
     while ((q = ncclCommGetAsyncError(c->comm, &st)) == ncclSuccess && st == ncclInProgress &&
-           nrs_now_s() < end)
+           nrs_awake_s() < end)
         nrs_nap_us(20);
     if (q == ncclSuccess && st == ncclSuccess)
         return 0;
@@ -332,7 +332,7 @@ int nrs_nccl_init(nrs_nccl_t **out, int rank, int size, int device,
                   const unsigned char id[NRS_NCCL_ID_BYTES], double timeout_s, char *err,
                   size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     gpu_guard_t g;
     *out = NULL;
     if (size < 1 || rank < 0 || rank >= size || device < 0) {
@@ -404,7 +404,7 @@ static int derive_refused(nrs_nccl_t *c, nrs_nccl_t *d, const char *call, ncclRe
 static int shrink_here(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl_t **out,
                        double timeout_s, char *err, size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     *out = NULL;
     if (!usable(c, err, errlen))
         return -1;
@@ -467,7 +467,7 @@ static int shrink_here(nrs_nccl_t *c, const int *exclude, int nexclude, nrs_nccl
 static int split_here(nrs_nccl_t *c, int color, int key, nrs_nccl_t **out, double timeout_s,
                       char *err, size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     *out = NULL;
     if (!usable(c, err, errlen))
         return -1;
@@ -533,7 +533,7 @@ static void fini_here(nrs_nccl_t *c)
         char err[64];
         ncclResult_t r = ncclCommFinalize(c->comm);
         if ((r == ncclSuccess || r == ncclInProgress) &&
-            wait_comm(c, nrs_now_s() + 10.0, "finalize", err, sizeof err) == 0)
+            wait_comm(c, nrs_awake_s() + 10.0, "finalize", err, sizeof err) == 0)
             ncclCommDestroy(c->comm);
         else
             nrs_nccl_abort(c);
@@ -593,7 +593,7 @@ static int wait_stream(nrs_nccl_t *c, double end, char *err, size_t errlen)
         }
         if (comm_failed(c, err, errlen))
             break;
-        if (nrs_now_s() > end) {
+        if (nrs_awake_s() > end) {
             nrs_seterr(err, errlen, "nccl: transfers not done in time: aborting the communicator");
             break;
         }
@@ -649,7 +649,7 @@ static ncclResult_t post_group(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, s
 static int exchange_here(nrs_nccl_t *c, const nrs_nccl_xfer_t *x, int n, size_t chunk_bytes,
                          double timeout_s, char *err, size_t errlen)
 {
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     size_t nchunks;
     if (!usable(c, err, errlen))
         return -1;
@@ -753,7 +753,7 @@ static int64_t post_here(nrs_nccl_t *c, const nrs_cuda_copy2d_t *pre, int npre,
             nrs_nccl_abort(c);
             return -1;
         }
-        if (r == ncclInProgress && wait_comm(c, nrs_now_s() + timeout_s, "enqueue", err, errlen))
+        if (r == ncclInProgress && wait_comm(c, nrs_awake_s() + timeout_s, "enqueue", err, errlen))
             return -1;
     }
     e = copies(c, post, npost);

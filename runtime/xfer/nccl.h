@@ -3,7 +3,8 @@
  * CUDA runtime and NCCL (HAVE_NCCL).
  *
  * Communicators are non-blocking (config.blocking = 0): every wait polls
- * ncclCommGetAsyncError and the stream under a deadline, and a communicator
+ * ncclCommGetAsyncError and the stream under a deadline (on nrs_awake_s:
+ * time the rank was stopped, as in a suspended job, counts in none), and a communicator
  * that fails or times out is aborted (ncclCommAbort), never waited on.
  * Transfers are grouped ncclSend/ncclRecv, cut into chunks of the same size
  * on every rank: chunk c of every transfer of a batch goes in group c, so

@@ -444,7 +444,7 @@ static void watch_peers(nrs_ucx_t *u, double now)
 
 bool nrs_ucx_check_peer(nrs_ucx_t *u, int rank)
 {
-    double now = nrs_now_s();
+    double now = nrs_awake_s(); /* the clock of watch_peers' (progress) */
     if (now >= u->next_check) {
         u->next_check = now + 0.01;
         ucp_worker_progress(u->worker); /* endpoint error callbacks run here */
@@ -890,13 +890,13 @@ static int post_op(nrs_ucx_t *u, int is_send, int peer, void *buf, size_t len, u
     }
     *op = (nrs_ucx_op_t){.u = u, .peer = peer, .is_send = is_send, .buf = buf, .len = len,
                          .chunk = u->o.chunk_bytes, .nchunks = nchunks, .tag = tag,
-                         .deadline = nrs_now_s() + u->o.op_timeout_s};
+                         .deadline = nrs_awake_s() + u->o.op_timeout_s};
     op->next = u->ops;
     if (u->ops)
         u->ops->prev = op;
     u->ops = op;
     u->ops_posted++;
-    advance(op, nrs_now_s());
+    advance(op, nrs_awake_s());
     *out = op;
     return 0;
 }
@@ -1100,7 +1100,9 @@ int nrs_ucx_progress(void *arg)
         if (!n)
             break;
     }
-    double now = nrs_now_s(), inflight = 0;
+    /* the stall clock leaves out time this rank was stopped (a suspended
+     * job): at the resume its peers' chunks come, not a time-out */
+    double now = nrs_awake_s(), inflight = 0;
     watch_peers(u, now);
     for (nrs_ucx_op_t *op = u->ops; op; op = op->next) {
         events += advance(op, now);

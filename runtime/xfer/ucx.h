@@ -11,7 +11,8 @@
  * it from the same length and chunk size).
  *
  * Every operation has a stall time-out: it fails when no chunk of it has
- * completed for op_timeout_s. Nothing here blocks without progressing the
+ * completed for op_timeout_s of this rank's awake time (nrs_awake_s: time
+ * the rank was stopped, as in a suspended job, is not counted). Nothing here blocks without progressing the
  * worker; nrs_ucx_progress has the nrs_rdv_progress_fn signature so a PMIx
  * fence can keep UCX moving.
  *

@@ -565,10 +565,10 @@ int nrs_xport_nccl_preconnect(nrs_xport_t *x, const nrs_emu_graph_t *g, double t
         xf[2 * i] = (nrs_nccl_xfer_t){peers[i], 1, (char *)buf + 2 * i, 1};
         xf[2 * i + 1] = (nrs_nccl_xfer_t){peers[i], 0, (char *)buf + 2 * i + 1, 1};
     }
-    double end = nrs_now_s() + timeout_s;
+    double end = nrs_awake_s() + timeout_s;
     int64_t t = nrs_nccl_post(X->c, NULL, 0, xf, 2 * np, NULL, 0, timeout_s, err, sizeof err), done = 0;
     while (t >= 0 && !nrs_nccl_poll(X->c, &done, err, sizeof err) && done <= t &&
-           nrs_now_s() < end)
+           nrs_awake_s() < end)
         nrs_nap_us(50);
     if (t < 0 || done <= t) {
         if (t >= 0 && done <= t && !nrs_nccl_aborted(X->c)) {

@@ -46,6 +46,16 @@ with tests/ctl/nc.py:
       waits for its ACK (before: the committed PLAN alone; its ranks' step
       agreement found it without the PREPARE the others had, and the
       transition aborted to be retried).
+  ctl_cases.py SOCKET stopped-gather  ($NRS_CTL_PID the controller) rank 0
+      opens a gather of 2 s, the controller is SIGSTOPped for 3 s (a Slurm
+      suspend stops it with the ranks), rank 1 contributes after the SIGCONT:
+      both get GATHERED (before: the first tick after the resume found the
+      deadline passed and completed it without rank 1, refused as "already
+      completed without this rank", and so retired, as on the local cluster).
+  ctl_cases.py SOCKET stopped-prepare  (--transition-timeout 2) n2 removed,
+      the survivors get PREPARE, the controller is SIGSTOPped for 3 s, they
+      ACK after the SIGCONT: the epoch commits (before: aborted, "did not
+      prepare within 2.0 s").
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -121,6 +131,30 @@ if case == 'rejoin-gone':
         fail('rank 0 got', a, 'rank 1 got', b)
     print('ok: a rank back after a disconnect takes part in gathers'); sys.exit(0)
 
+
+def suspend_controller(seconds):
+    """SIGSTOP the controller for longer than its time-out, then SIGCONT it
+    and give it time for a tick (where the old one timed out)."""
+    import os, signal
+    pid = int(os.environ['NRS_CTL_PID'])
+    time.sleep(0.2)  # it has read what came before
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.3)
+
+
+if case == 'stopped-gather':
+    out = tuple(range(2, N))
+    W[0].send(nc.gather(78, 'ag1', N, b'x0', out=out, timeout_ms=2000))
+    suspend_controller(3)
+    W[1].send(nc.gather(78, 'ag1', N, b'x1', out=out, timeout_ms=2000))
+    a, b = got(W[0], 1), got(W[1], 1)
+    if [t for t, _ in a] != ['GATHERED'] or [t for t, _ in b] != ['GATHERED']:
+        fail('after the controller was stopped past the gather\'s time-out: rank 0 got', a,
+             'rank 1 got', b)
+    print('ok: a gather open while the controller was stopped waits for its ranks'); sys.exit(0)
+
 cli = nc.Peer(path)
 cli.send(nc.hello(2, 0, 0))
 
@@ -145,6 +179,26 @@ def commit_without_n2():
     S = W[:8]
     return S, commit_without('n2', S)
 
+
+if case == 'stopped-prepare':
+    cli.send(nc.delta(3, hosts=('n2',)))
+    cli.recv(10)
+    S = W[:8]
+    for p in S:
+        x = find(p, 'PREPARE')
+        if not x or x[0] != 'PREPARE':
+            fail('no PREPARE:', x and x[0])
+        ep = struct.unpack_from('<I', x[2])[0]
+    suspend_controller(3)
+    for p in S:
+        p.send(nc.ack(ep, 8))
+    for p in S:
+        seen = [t + (': ' + pl[6:].decode(errors='replace') if t == 'ABORT' else '')
+                for t, f, pl in p.drain(0.1)]
+        if 'COMMIT' not in seen or any(t.startswith('ABORT') for t in seen):
+            fail('after the controller was stopped past the transition time-out, a survivor got',
+                 seen)
+    print('ok: a transition prepared while the controller was stopped commits'); sys.exit(0)
 
 if case == 'dup-world-rank':
     cli.send(nc.delta(3, hosts=('n0',)))

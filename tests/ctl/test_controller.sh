@@ -292,17 +292,19 @@ done
 # a GPU index queued during a COMMIT is read in the numbering of the epoch it came in;
 # a host name with an escape sequence is shown escaped by nereus status;
 # a delta sent during a slow commit (the default transition time-out) is answered;
-# a rank that says HELLO while a transition prepares takes part in it.
+# a rank that says HELLO while a transition prepares takes part in it;
+# a gather, and a transition, open while the controller is SIGSTOPped past
+# their time-outs (a suspended job) wait for the ranks after the SIGCONT.
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare; do
+    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare stopped-gather stopped-prepare; do
     DJ="$tmp/sw-$case"
-    tt=15; [ "$case" = delta-in-commit ] && tt=60
+    tt=15; [ "$case" = delta-in-commit ] && tt=60; [ "$case" = stopped-prepare ] && tt=2
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout "$tt" --log "$tmp/cw-$case.log" \
         "$S/tests/mp/e2e.yaml" 2>/dev/null &
     jpid=$!
     CURLOG="$tmp/cw-$case.log"
     if wait_for 10 test -S "$DJ/ctl.sock"; then
-        check "worker: $case" env NRS_CTL_CLI="$CLI" python3 "$S/tests/ctl/ctl_cases.py" "$DJ/ctl.sock" "$case"
+        check "worker: $case" env NRS_CTL_CLI="$CLI" NRS_CTL_PID="$jpid" python3 "$S/tests/ctl/ctl_cases.py" "$DJ/ctl.sock" "$case"
     else
         ko "worker: $case" "no controller socket"
     fi

@@ -1,6 +1,7 @@
 /* mp_transition: one rank of a distributed transition, run under pmix_srv.
  *
  *   mp_transition [--seed N] [--count K] [--chunk BYTES] [--timeout S] [--fan]
+ *                 [--suspend S]
  *
  * Every rank draws the same K random (spec, old plan, new plan) triples from
  * the seed (reshards, dp up and down, migrations, pools moving), builds the
@@ -52,6 +53,16 @@
  * with a byte flipped (dtrans' test hook); with --verify every rank must
  * abort with its old state intact, exiting 3.
  *
+ * --suspend S (UCX): what Slurm does to a suspended job (scontrol suspend,
+ * then resume), in the middle of a transition: rank 0 SIGSTOPs every other
+ * rank as it posts a receive; if the progress call after it leaves a
+ * transfer waiting (the sender had not sent it all), it stops itself too,
+ * for S seconds (longer than --timeout, the executor's stall time-out), and
+ * they are resumed, rank 0 first, the others 0.2 s later; else it resumes
+ * them and tries again at its next receive. No peer failed: every transition must
+ * commit and verify (before: rank 0's executor had counted the stop in its
+ * stall clock and failed at once, "no transfer completed for 2.0 s").
+ *
  * NRS_MP_STALE=1: before the first transition, the sender of its first
  * transfer between two ranks sends a message of the same size and tag (run
  * and op) full of 0xee: what a run 128 earlier that aborted before the
@@ -64,9 +75,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "emu/graph.h"
+#include "mp_suspend.h"
 #include "emu/pattern.h"
 #include "emu/testutil.h"
 #include "emu/xport.h"
@@ -116,6 +129,59 @@ static const char *ucx_error(const nrs_xport_t *x) { return nrs_xport_ucx_error(
 /* tests/fakegpu's, when it is preloaded (weak: NULL otherwise) */
 void fakegpu_mem_stats(int dev, int reset, size_t *used, size_t *peak, long *groups)
     __attribute__((weak));
+
+/* --suspend: the UCX transport's table with send, recv and progress
+ * counting the posts and their completions (progress returns those) */
+static double suspend_s;
+static pid_t *job_pids;
+static int job_n;
+static const nrs_xport_ops_t *sh_real;
+static nrs_xport_ops_t sh_ops;
+static int64_t sh_posted, sh_done;
+static pid_t sh_resumer; /* 0: not suspended yet */
+static int sh_armed;     /* the others are stopped: a receive was just posted */
+
+static int sh_send(void *ctx, int peer, const nrs_xregion_t *src, uint64_t tag, nrs_xreq_t *req)
+{
+    int rc = sh_real->send(ctx, peer, src, tag, req);
+    sh_posted += rc == 0;
+    return rc;
+}
+
+static int sh_recv(void *ctx, int peer, const nrs_xregion_t *dst, uint64_t tag, nrs_xreq_t *req)
+{
+    if (!sh_resumer && !sh_armed) {
+        mp_signal_others(job_pids, job_n, SIGSTOP);
+        sh_armed = 1;
+    }
+    int rc = sh_real->recv(ctx, peer, dst, tag, req);
+    sh_posted += rc == 0;
+    return rc;
+}
+
+static int sh_progress(void *ctx)
+{
+    int n = sh_real->progress(ctx);
+    sh_done += n > 0 ? n : 0;
+    if (sh_armed) {
+        sh_armed = 0;
+        if (n >= 0 && sh_posted > sh_done) /* a transfer waits for a (stopped) peer */
+            sh_resumer = mp_suspend_job(job_pids, job_n, suspend_s, "mid-transition");
+        else
+            mp_signal_others(job_pids, job_n, SIGCONT);
+    }
+    return n;
+}
+
+static void suspend_shim(nrs_xport_t *x)
+{
+    sh_real = x->ops;
+    sh_ops = *x->ops;
+    sh_ops.send = sh_send;
+    sh_ops.recv = sh_recv;
+    sh_ops.progress = sh_progress;
+    x->ops = &sh_ops;
+}
 
 static int use_nccl; /* --nccl: buffers in GPU memory, reached through host copies */
 static int nccl_dev; /* their GPU: $NRS_MP_DEVICE, else 0 */
@@ -445,6 +511,8 @@ int main(int argc, char **argv)
             timeout = atof(argv[++i]);
         else if (!strcmp(argv[i], "--cap")) /* per-GPU memory cap: transfers after the PONR */
             eo.cap_bytes = strtoll(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--suspend"))
+            suspend_s = atof(argv[++i]);
     }
     if (nrs_rdv_init(&r, err, sizeof err)) {
         fprintf(stderr, "mp_transition: %s\n", err);
@@ -470,6 +538,13 @@ int main(int argc, char **argv)
     if (nrs_xport_ucx_open(&x, u, identity, NULL)) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
+    }
+    if (suspend_s > 0) {
+        if (mp_gather_pids(r, timeout, &job_pids))
+            goto out;
+        job_n = n;
+        if (me == 0)
+            suspend_shim(&x);
     }
     tu_rng_t rng = {seed * 0x9e3779b97f4a7c15ull + 1};
     int64_t tot_x = 0, tot_b = 0, tot_v = 0;
@@ -593,6 +668,10 @@ int main(int argc, char **argv)
                    "shard(s)\n", t, a.total_gpus, b.total_gpus, (long long)g->nops,
                    (long long)g->nstaged, (unsigned long long)st.hash, (long long)E.xfers,
                    (long long)E.max_inflight, (long long)E.verified);
+        if (sh_resumer > 0) { /* the wait is over: reap rank 0's resumer */
+            waitpid(sh_resumer, NULL, 0);
+            sh_resumer = -1;
+        }
         tot_x += rc ? 0 : E.xfers;
         tot_b += rc ? 0 : E.bytes;
         tot_v += rc ? 0 : E.verified;
@@ -605,6 +684,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "mp_transition[%d]: %s\n", me, err);
             rc = 1;
         }
+    }
+    if (!rc && me == 0 && suspend_s > 0 && !sh_resumer) {
+        fprintf(stderr, "mp_transition[0]: --suspend: no transfer ever waited: nothing tested\n");
+        rc = 1;
     }
     if (!rc)
         printf("mp_transition[%d/%d]: %d transition(s) over %s: %lld transfer(s), %lld bytes "
@@ -636,5 +719,6 @@ out:
         nrs_rdv_free_blobs(r, addrs, lens);
     nrs_ucx_fini(u);
     nrs_rdv_fini(r);
+    free(job_pids);
     return rc;
 }

@@ -31,6 +31,13 @@
  *   worldpeer N  the same seen from a rank with its memory: the answer has
  *             rank 1's mark (N=0: in the lengths, N=1: in the entries): no
  *             rank switches, and after the lengths no second GATHER;
+ *   suspend   the process SIGSTOPped for 3 s (a Slurm suspend stops the job's
+ *             ranks and its controller) while the worker waits for the
+ *             COMMIT of epoch 2 at the point of no return (NRS_WORKER_TIMEOUT
+ *             0.5: it waits 2 s), the COMMIT sent 0.3 s after the resume:
+ *             the worker commits epoch 2, every shard verified (before: its
+ *             wait had counted the stop, it gave up at the resume, "no
+ *             COMMIT from the controller for epoch 2 (timed out)");
  *   reports   the reports a trainer may make (before any plan, a stage of 0 s,
  *             infinite or huge figures): every REPORT frame the worker sends
  *             decodes as the controller decodes it (a frame it refuses gets
@@ -39,13 +46,16 @@
 #include <config.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../fakegpu/counts.h"
+#include "mp_suspend.h"
 #include "ctl/proto.h"
 #include "nereus/nereus.h"
 #include "nereus/plan.h"
@@ -138,7 +148,7 @@ static void *controller(void *arg)
     nrs_hdr_t h;
     int ngather = 0;
     if (!strcmp(c, "planmid") || !strcmp(c, "abort") || !strcmp(c, "abortmid") ||
-        !strcmp(c, "retune")) {
+        !strcmp(c, "retune") || !strcmp(c, "suspend")) {
         send_plan(&P2, NRS_PLAN_TRANSITION, 1);
         send_epoch(NRS_MSG_PREPARE, 2);
         if (!strcmp(c, "abort"))
@@ -197,9 +207,16 @@ static void *controller(void *arg)
             }
         } else if (h.type == NRS_MSG_ACK) {
             nrs_msg_ack_t a;
-            if (!nrs_dec_ack(p, h.length, &a, NULL, 0) && a.phase == NRS_MSG_PREPARE &&
-                a.status == 0 && strcmp(c, "abort"))
-                send_epoch(NRS_MSG_COMMIT, a.epoch);
+            if (nrs_dec_ack(p, h.length, &a, NULL, 0) || a.phase != NRS_MSG_PREPARE ||
+                a.status != 0 || !strcmp(c, "abort"))
+                continue;
+            if (!strcmp(c, "suspend")) { /* the job stopped while the worker waits */
+                pid_t me = getpid(), resumer = mp_suspend_job(&me, 1, 3.0, "at the PONR");
+                mp_nap_s(0.3); /* the worker looks first */
+                if (resumer > 0)
+                    waitpid(resumer, NULL, 0);
+            }
+            send_epoch(NRS_MSG_COMMIT, a.epoch);
         }
     }
     return NULL;
@@ -227,7 +244,7 @@ int main(int argc, char **argv)
     const char *c = argc > 2 ? argv[2] : "";
     if (argc < 3 || nrs_spec_load(argv[1], &spec, err, sizeof err)) {
         fprintf(stderr, "usage: mp_wkctl SPEC planmid|abort|abortmid|retune|world N|worldmem N|"
-                "worldpeer N|reports%s%s\n", argc > 2 ? ": " : "",
+                "worldpeer N|suspend|reports%s%s\n", argc > 2 ? ": " : "",
                 argc > 2 ? err : "");
         return 2;
     }
@@ -256,6 +273,8 @@ int main(int argc, char **argv)
             return fprintf(stderr, "plan: %s\n", err), 2;
         P3.epoch = 2;
     }
+    if (!strcmp(c, "suspend")) /* a worker that gave up closes its end: say so, no SIGPIPE */
+        signal(SIGPIPE, SIG_IGN);
     nrs_worker_t *w = worker(&spec);
     pthread_t t;
     int rc = 1, e;
@@ -349,13 +368,13 @@ int main(int argc, char **argv)
         if ((e = nrs_worker_set_plan(w, &P1)) || (e = nrs_worker_alloc_state(w, mem, 1)))
             return fprintf(stderr, "set-up: %s\n", nrs_worker_last_error(w)), 2;
         pthread_create(&t, NULL, controller, (void *)c);
-        if (!strcmp(c, "planmid")) {
+        if (!strcmp(c, "planmid") || !strcmp(c, "suspend")) {
             /* the PLAN and the PREPARE may come in two reads: poll until one runs */
             for (int k = 0; k < 100 && (e = nrs_worker_control_poll(w, 0.1)) == 0; k++)
                 ;
             long long v = 0, bad = 0;
             int ve = nrs_worker_verify_state(w, &v, &bad);
-            printf("planmid: control_poll %d (%s), epoch %d, %lld verified, %lld bad\n", e,
+            printf("%s: control_poll %d (%s), epoch %d, %lld verified, %lld bad\n", c, e,
                    e < 0 ? nrs_worker_last_error(w) : "ok", nrs_worker_epoch(w), v, bad);
             rc = e >= 0 && nrs_worker_epoch(w) == 2 && !ve && v > 0 && !bad ? 0 : 1;
         } else if (!strcmp(c, "retune")) {

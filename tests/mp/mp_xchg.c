@@ -1,8 +1,8 @@
 /* mp_xchg: one rank of an all-to-all UCX exchange, run under pmix_srv.
  *
  *   mp_xchg [--bytes N] [--chunk N] [--window N] [--epochs N] [--timeout S]
- *           [--kill RANK] [--stop RANK] [--op-timeout S] [--late-free] [--edges]
- *           [--no-fds]
+ *           [--kill RANK] [--stop RANK] [--suspend S] [--op-timeout S] [--late-free]
+ *           [--edges] [--no-fds]
  *
  * Rendezvous (worker addresses under "nrs.e<epoch>.ucx"), endpoints to every
  * rank, then per epoch every rank sends a deterministic buffer to every rank
@@ -19,6 +19,15 @@
  * the stall time-out (--op-timeout), free their buffers through nrs_ucx_free
  * and resume it (SIGCONT); it fails what they gave up. Everybody drops what
  * is left under tag 1 (nrs_ucx_purge), then epoch 2 must go through whole.
+ *
+ * --suspend S: what Slurm does to a suspended job (scontrol suspend, then
+ * resume): once its transfers of epoch 1 are under way, rank 0 SIGSTOPs every
+ * other rank and itself for S seconds (longer than --op-timeout), then they
+ * are resumed, rank 0 first and the others 0.2 s later (nodes resume one
+ * after another). No peer failed: every transfer must complete, both epochs
+ * verify whole on every rank (before: each rank's stall clock had counted
+ * the stop, and at the resume every op still waiting failed at once, "no
+ * progress for 1.0 s").
  *
  * --no-fds: from epoch 2 on, every rank runs with no file descriptor left
  * (all taken by dup): nothing may fail for it (the pid watch of the peers
@@ -42,11 +51,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
 
+#include "mp_suspend.h"
 #include "rdv/rdv.h"
 #include "xfer/ucx.h"
 #include "xfer/xport_ucx.h"
@@ -107,7 +118,8 @@ typedef struct {
     size_t bytes;
     int epochs, kill, stop, late_free, edges, no_fds;
     pid_t stop_pid; /* --stop's victim */
-    double timeout;
+    pid_t *pids;    /* --suspend: every rank's */
+    double timeout, suspend;
     nrs_ucx_opts_t uo;
 } args_t;
 
@@ -117,6 +129,8 @@ static void parse(int argc, char **argv, args_t *a)
     a->epochs = 2;
     a->kill = -1;
     a->stop = -1;
+    a->suspend = 0;
+    a->pids = NULL;
     a->timeout = 20;
     nrs_ucx_opts_init(&a->uo);
     a->uo.chunk_bytes = 256 << 10;
@@ -143,6 +157,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->kill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stop"))
             a->stop = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--suspend"))
+            a->suspend = atof(argv[++i]);
     }
 }
 
@@ -249,7 +265,11 @@ static int exchange(nrs_rdv_t *r, nrs_ucx_t *u, const args_t *a, int epoch, int 
         raise(SIGSTOP);
         fprintf(stderr, "mp_xchg[%d]: resumed\n", me);
     }
+    pid_t resumer = a->suspend > 0 && me == 0 && epoch == 1
+                        ? mp_suspend_job(a->pids, n, a->suspend, "mid-transfer") : -1;
     failed += wait_each(u, ops, n, me, lost, t_fail, first, sizeof first);
+    if (resumer > 0)
+        waitpid(resumer, NULL, 0);
     if (a->stop >= 0 && a->stop != me && epoch == 1)
         kill(a->stop_pid, SIGCONT);
     for (int j = 0; j < n; j++)
@@ -584,6 +604,8 @@ int main(int argc, char **argv)
     int bad_total = 0;
     if (a.stop >= 0 && (rc = stop_run(r, u, &a, me, dead)))
         goto out;
+    if (a.suspend > 0 && (rc = mp_gather_pids(r, a.timeout, &a.pids)))
+        goto out;
     int *fds = NULL, nfds = 0;
     for (int e = 1; e <= a.epochs && a.stop < 0 && !rc; e++) { /* survivors run every epoch */
         if (a.no_fds && e == 2) { /* and long enough for the pid watch to look */
@@ -628,5 +650,6 @@ out:
     nrs_ucx_fini(u);
     nrs_rdv_fini(r);
     free(dead);
+    free(a.pids);
     return rc;
 }

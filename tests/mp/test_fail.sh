@@ -50,6 +50,24 @@ for v in "sm auto" "tcp peer"; do
     fi
 done
 rm -f "$stamp"
+# The whole job SIGSTOPped mid-transfer (a Slurm suspend) for longer than the
+# stall time-out, then resumed (rank 0 first, the others 0.2 s later): no
+# peer failed, so nothing may fail: time a rank spent stopped is not time its
+# peers failed to answer (before: every op still waiting failed at the first
+# poll after the resume, "no progress for 1.0 s").
+for tls in sm tcp; do
+    mp_case "suspend $tls 3 ranks: all SIGSTOPped mid-transfer for 3 s (op time-out 1 s), resumed" \
+        0 60 env UCX_TLS=$tls "$SRV" -q -n 3 -t 50 -- "$X" --bytes $((8 * 1048576)) \
+        --chunk 1048576 --suspend 3 --op-timeout 1 --timeout 15
+    whole=$(grep -c "epoch [12]: 3 buffer(s) of [0-9]* bytes verified" "$mp_out")
+    if [ "$whole" -eq 6 ]; then
+        echo "[       OK ] suspend $tls: 3 of 3 ranks verified epochs 1 and 2 whole"
+        mp_pass=$((mp_pass + 1))
+    else
+        echo "[  FAILED  ] suspend $tls: $whole of 6 epochs verified whole"
+        mp_fail=$((mp_fail + 1))
+    fi
+done
 # A rank SIGSTOPped mid-transfer is not dead: the others fail what involves it
 # by the stall time-out (--op-timeout) and resume it; it fails what they gave
 # up; all drop what is left of it (nrs_ucx_purge) and the next exchange goes

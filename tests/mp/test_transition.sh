@@ -19,6 +19,15 @@ for tls in sm tcp; do
         env UCX_TLS=$tls NRS_MP_STALE=1 "$SRV" -q -n 2 -t 50 -- "$T" --seed 5 --count 3 --timeout 5
     mp_grep "transition $tls: the stale message was there" "a stale message of .* sent to rank"
 done
+# The whole job SIGSTOPped mid-transition (a Slurm suspend) for longer than the
+# executor's stall time-out (--timeout 2), rank 0 with a receive waiting for a
+# stopped sender, then resumed: no peer failed, every transition must commit
+# and verify (before: rank 0 failed at once, "no transfer completed for 2.0 s").
+for tls in sm tcp; do
+    mp_case "transition $tls 3 ranks: all SIGSTOPped mid-transition for 4 s, resumed" 0 60 \
+        env UCX_TLS=$tls "$SRV" -q -n 3 -t 50 -- "$T" --seed 1 --count 3 --timeout 2 --suspend 4
+    mp_grep "transition $tls: the job was stopped mid-transition" "every rank SIGSTOPped mid-transition"
+done
 # Under a cap that forces host staging: transfers from host buffers are
 # received from the rank of the GPU that staged them (seed 6's first
 # transition on 4 ranks stages two buffers).

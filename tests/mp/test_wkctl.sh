@@ -6,6 +6,12 @@ SPEC="${NRS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}/examples/tiny-cpu.yaml
 export UCX_TLS=sm
 mp_case "worker: a PLAN mid-transition does not replace the running one" 0 60 "$K" "$SPEC" planmid
 mp_grep "worker: the transition committed epoch 2, every shard verified" "epoch 2, [1-9][0-9]* verified, 0 bad"
+# Time the rank spent stopped (a Slurm suspend) is not time the controller
+# failed to answer: a COMMIT that comes after the resume is taken.
+mp_case "worker: stopped 3 s while it waits for the COMMIT (2 s), resumed: epoch 2 commits" 0 60 \
+    env NRS_WORKER_TIMEOUT=0.5 "$K" "$SPEC" suspend
+mp_grep "worker: the COMMIT after the resume taken, every shard verified" \
+    "suspend: control_poll 1 (ok), epoch 2, [1-9][0-9]* verified, 0 bad"
 mp_case "worker: an ABORT read with its PREPARE voids it" 0 60 "$K" "$SPEC" abort
 mp_case "worker: an ABORT mid-transition, its retry under the same epoch: the retry commits" 0 60 \
     env NRS_WORKER_XPORT=ucx "$K" "$SPEC" abortmid
