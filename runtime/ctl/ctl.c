@@ -383,6 +383,7 @@ static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs
         c->announced = c->tr_epoch;
     c->tr_forced = out->decision.forced;
     c->tr_retune = out->retune;
+    c->tr_stopped = false;
     c->tr_nlost = c->rz_nlost;
     memcpy(c->tr_lost, c->rz_lost, sizeof(int) * (size_t)c->rz_nlost);
     c->tr_t0 = c->now;
@@ -620,12 +621,14 @@ static void finish_commit(nrs_ctl_t *c)
     c->step_cur = -1;
     /* A re-tune's empty graph predicts nothing to measure against: its time
      * (the ranks' votes) is no sample of a transition's set-up and makespan */
-    if (worst > 0 && !c->tr_retune)
+    if (worst > 0 && !c->tr_retune && !c->tr_stopped)
         nrs_adapt_measure_transition(&c->a, worst, c->tr_makespan);
     c->tr_retunes += c->tr_retune;
     logf_(c, "epoch %u committed in %.3f s (ranks: %.3f s measured, %.3f s makespan predicted%s)",
           p->epoch, c->tr_last_s, worst, c->tr_makespan,
-          c->tr_retune ? "; micro-batches only: no transition to calibrate" : "");
+          c->tr_retune    ? "; micro-batches only: no transition to calibrate"
+          : c->tr_stopped ? "; the job was stopped during it: not calibrated"
+                          : "");
     lose_gave_up(c);
     run_queued_deltas(c);
 }
@@ -1041,7 +1044,7 @@ static void close_step(nrs_ctl_t *c)
         return;
     if (c->resp_n > 0)
         cond.work.response_len = c->work.response_len = c->resp_sum / c->resp_n;
-    for (int ms = 0; ms < NRS_MS_COUNT; ms++)
+    for (int ms = 0; ms < NRS_MS_COUNT && c->step_cur > c->stop_step; ms++)
         if (c->step_seen[ms])
             nrs_adapt_measure(&c->a, &cond, (nrs_ms_t)ms, c->step_max[ms]);
     c->step_closed = c->step_cur;
@@ -1576,6 +1579,19 @@ void nrs_ctl_tick(nrs_ctl_t *c, double now)
     }
 }
 
+void nrs_ctl_stopped(nrs_ctl_t *c, double now, double seconds)
+{
+    c->now = now;
+    /* the step whose reports come after the resume: the one open now (some
+     * ranks reported it before the stop), else the next */
+    bool open = c->step_n > 0 && c->step_closed != c->step_cur;
+    c->stop_step = open ? c->step_cur : c->step_cur + 1;
+    c->tr_stopped |= c->tr != TR_IDLE;
+    logf_(c, "resumed (SIGCONT: a suspended job?) after %.1f s stopped, which count in no "
+          "time-out; the ranks' times of step %ld%s calibrate nothing", seconds, c->stop_step,
+          c->tr != TR_IDLE ? " and of the transition in flight" : "");
+}
+
 /* ---- life cycle ------------------------------------------------------------ */
 
 int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err, size_t errlen)
@@ -1614,6 +1630,7 @@ int nrs_ctl_new(nrs_ctl_t **out, const nrs_ctl_opts_t *o, double now, char *err,
     if (nrs_adapt_init(&c->a, s, &cond, err, errlen) != 0)
         goto fail;
     c->step_cur = c->step_closed = -1;
+    c->stop_step = -2;
     logf_(c, "epoch %u: %d GPUs, predicted step %.3f s", c->a.plan.epoch, c->alloc_gpus,
           c->a.plan.step_s);
     *out = c;

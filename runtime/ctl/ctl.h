@@ -43,6 +43,12 @@ void nrs_ctl_input(nrs_ctl_t *c, nrs_conn_t *k, double now);
 void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now);
 /* Time-outs of peers and transitions; retries after an abort. */
 void nrs_ctl_tick(nrs_ctl_t *c, double now);
+/* The controller was stopped with its job (a Slurm suspend) and resumed
+ * now (the loop reads its SIGCONT), `seconds` of it left out of now
+ * (util.h's nrs_awake_s): no time-out counts them. Here what the ranks
+ * measured across the stop is set aside: the step open then (or the next
+ * one) and a transition in flight calibrate nothing. */
+void nrs_ctl_stopped(nrs_ctl_t *c, double now, double seconds);
 
 /* Status report as text or JSON (the body of a STATUS reply). */
 void nrs_ctl_status(nrs_ctl_t *c, bool json, double now, FILE *out);

@@ -61,6 +61,7 @@ struct nrs_ctl {
 
     /* The step being gathered. */
     long step_cur, step_closed;
+    long stop_step; /* steps up to this one spanned a stop: not measured */
     int step_n;
     bool step_seen[NRS_MS_COUNT];
     double step_max[NRS_MS_COUNT];
@@ -77,6 +78,7 @@ struct nrs_ctl {
     bool tr_retune; /* micro-batches only: announced and committed like a
                      * transition (the ranks switch at one step), but its
                      * graph is empty: its time calibrates nothing */
+    bool tr_stopped; /* the job was stopped during it: neither does its time */
     int tr_lost[NRS_PROTO_MAX_LOST];
     int tr_nlost;
     int tr_waiting, tr_parts;

@@ -36,6 +36,7 @@ typedef struct {
     int ndirty, cap_dirty;
     int max_conns;
     bool stopping, oom;
+    bool continued; /* a SIGCONT came: the controller had been stopped */
     bool full;      /* the listeners are disarmed: the fd table (or memory) ran out */
     bool full_said; /* that was logged, and no peer was accepted since */
     /* TCP peers that have not said HELLO (nor been closed): at max_pre the
@@ -434,6 +435,10 @@ static int setup(loop_t *L, const nrs_loop_opts_t *o, char *err, size_t el)
      * installs for UCX_DEBUG_SIGNO (HUP by default), which only raises UCX's
      * log level to trace-data: the controller ran on, unnoticed */
     sigaddset(&set, SIGHUP);
+    /* resumed from a stop (SIGSTOP: a Slurm suspend stops the job's
+     * controller with its ranks): blocked, it resumes all the same, and
+     * says so here (a stop is not a gap in the loop: planning may take long) */
+    sigaddset(&set, SIGCONT);
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0 ||
         (L->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         snprintf(err, el, "signalfd: %s", strerror(errno));
@@ -466,6 +471,10 @@ static void on_signal(loop_t *L)
 {
     struct signalfd_siginfo si;
     while (read(L->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGCONT) {
+            L->continued = true;
+            continue;
+        }
         char comm[64] = "?", path[64];
         snprintf(path, sizeof(path), "/proc/%u/comm", si.ssi_pid);
         FILE *f = fopen(path, "r");
@@ -536,17 +545,21 @@ int nrs_loop_run(const nrs_loop_opts_t *o, nrs_ctl_opts_t *co, char *err, size_t
             break;
         }
         double now = nrs_loop_now();
-        if (nrs_awake_skipped_s() > L.skipped) { /* stopped: SIGSTOP, a Slurm suspend */
-            lg(&L, "did not run for %.1f s (stopped: a suspended job?): that time counts in no "
-                   "time-out", nrs_awake_skipped_s() - L.skipped);
-            L.skipped = nrs_awake_skipped_s();
+        /* signals first: a SIGCONT before what the ranks sent after the resume */
+        for (int i = 0; i < n; i++)
+            if (ev[i].data.u64 == TAG_SIGNAL)
+                on_signal(&L);
+        if (L.continued) { /* the time it was stopped: left out of nrs_awake_s' */
+            L.continued = false;
+            nrs_ctl_stopped(L.ctl, now, nrs_awake_skipped_s() - L.skipped);
         }
+        L.skipped = nrs_awake_skipped_s();
         for (int i = 0; i < n; i++) {
             uint64_t tag = ev[i].data.u64;
             if (tag == TAG_UNIX || tag == TAG_TCP) {
                 on_accept(&L, tag == TAG_UNIX ? L.ufd : L.tfd, tag == TAG_TCP, now);
             } else if (tag == TAG_SIGNAL) {
-                on_signal(&L);
+                continue; /* read above */
             } else if (tag == TAG_TIMER) {
                 uint64_t x;
                 if (read(L.timfd, &x, sizeof(x)) < 0)

@@ -55,7 +55,12 @@ with tests/ctl/nc.py:
   ctl_cases.py SOCKET stopped-prepare  (--transition-timeout 2) n2 removed,
       the survivors get PREPARE, the controller is SIGSTOPped for 3 s, they
       ACK after the SIGCONT: the epoch commits (before: aborted, "did not
-      prepare within 2.0 s").
+      prepare within 2.0 s"), and the ranks' time for it (33 s, the stop
+      included) calibrates nothing (status: no transition sample);
+  ctl_cases.py SOCKET stopped-step  the 12 ranks report step 0, the controller
+      is SIGSTOPped for 1.5 s, then they report step 1 taking 100 s (the stop
+      in it): step 1 is no sample of the calibration, step 2 is (before: step
+      1 went in).
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -192,13 +197,33 @@ if case == 'stopped-prepare':
     suspend_controller(3)
     for p in S:
         p.send(nc.ack(ep, 8))
-    for p in S:
+    for p in S:  # (within the 2 s: a commit that times out measures nothing)
         seen = [t + (': ' + pl[6:].decode(errors='replace') if t == 'ABORT' else '')
                 for t, f, pl in p.drain(0.1)]
         if 'COMMIT' not in seen or any(t.startswith('ABORT') for t in seen):
             fail('after the controller was stopped past the transition time-out, a survivor got',
                  seen)
-    print('ok: a transition prepared while the controller was stopped commits'); sys.exit(0)
+        p.send(nc.ack(ep, 10, 0, 33.0))  # the ranks' clocks ran on
+    time.sleep(0.3)
+    st = nc.status(path)
+    if st['epoch'] != ep or st['calibration']['sync']['samples'] != 0:
+        fail('after the commit: epoch', st['epoch'], 'transition samples',
+             st['calibration']['sync']['samples'], '(the stop taken for transition time)')
+    print('ok: a transition prepared while the controller was stopped commits, uncalibrated')
+    sys.exit(0)
+
+if case == 'stopped-step':
+    def step(n, secs):
+        for p in W:
+            p.send(nc.report(1, n, stages=((0, secs),)))
+        time.sleep(0.3)
+        return nc.status(path)['calibration']['actor.generate']['samples']
+    before = step(0, 0.01)
+    suspend_controller(1.5)
+    during, after = step(1, 100.0), step(2, 0.01)
+    if (before, during, after) != (1, 1, 2):
+        fail('actor.generate samples after steps 0, 1 (stopped in it), 2:', (before, during, after))
+    print('ok: a step the job was stopped in is no sample of the calibration'); sys.exit(0)
 
 if case == 'dup-world-rank':
     cli.send(nc.delta(3, hosts=('n0',)))

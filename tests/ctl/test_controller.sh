@@ -294,9 +294,10 @@ done
 # a delta sent during a slow commit (the default transition time-out) is answered;
 # a rank that says HELLO while a transition prepares takes part in it;
 # a gather, and a transition, open while the controller is SIGSTOPped past
-# their time-outs (a suspended job) wait for the ranks after the SIGCONT.
+# their time-outs (a suspended job) wait for the ranks after the SIGCONT;
+# what the ranks measured across the stop (a step, a transition) calibrates nothing.
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare stopped-gather stopped-prepare; do
+    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare stopped-gather stopped-prepare stopped-step; do
     DJ="$tmp/sw-$case"
     tt=15; [ "$case" = delta-in-commit ] && tt=60; [ "$case" = stopped-prepare ] && tt=2
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout "$tt" --log "$tmp/cw-$case.log" \

@@ -279,6 +279,47 @@ static void test_reports_calibrate(void **st)
     assert_int_equal(nrs_ctl_nworkers(ctl), N - 1);
 }
 
+/* What the ranks measured across a stop of the job (a Slurm suspend stops the
+ * controller with them; the loop calls nrs_ctl_stopped at the resume) is no
+ * sample: the step half reported before the stop, the step after a stop
+ * between two, and a transition in flight (tests/ctl: stopped-step and
+ * stopped-prepare, through a real SIGSTOP). */
+static void test_stopped_not_measured(void **st)
+{
+    (void)st;
+    const nrs_adapt_t *a = nrs_ctl_adapt(ctl);
+    nrs_msg_delta_reply_t r;
+    double gen = a->plan.ms_time[NRS_MS_ACTOR_GENERATE];
+    for (int i = 0; i < N; i++)
+        report(w[i], 1, 0, gen);
+    for (int i = 0; i < N / 2; i++) /* step 1 open: half of it before the stop */
+        report(w[i], 1, 1, gen);
+    nrs_ctl_stopped(ctl, now, 30);
+    for (int i = N / 2; i < N; i++)
+        report(w[i], 1, 1, gen + 30);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 1);
+    for (int i = 0; i < N; i++)
+        report(w[i], 1, 2, gen);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 2);
+    nrs_ctl_stopped(ctl, now, 30); /* between steps 2 and 3: step 3 spans it */
+    for (int i = 0; i < N; i++)
+        report(w[i], 1, 3, gen + 30);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 2);
+    for (int i = 0; i < N; i++)
+        report(w[i], 1, 4, gen);
+    assert_int_equal(a->cal.n[NRS_MS_ACTOR_GENERATE], 3);
+    drain_all();
+    delta_lost_host(cli, "node1", &r);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    nrs_ctl_stopped(ctl, now, 30);
+    for (int i = 0; i < 8; i++)
+        ack(w[i], 2, NRS_MSG_PREPARE, 0);
+    for (int i = 0; i < 8; i++)
+        ack(w[i], 2, NRS_MSG_COMMIT, 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 2);
+    assert_int_equal(nrs_ctl_adapt(ctl)->cal.sync_n, 0);
+}
+
 static void test_lost_node_commit(void **st)
 {
     (void)st;
@@ -1133,6 +1174,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hello_gets_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_calibrate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_node_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stopped_not_measured, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retune_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delta_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_on_gone_rank, setup, teardown),
