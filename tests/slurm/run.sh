@@ -50,7 +50,7 @@ if ! cluster up --nodes 4 --spank "$so" --poll-interval 1 "${acct[@]}"; then
 fi
 
 tests=("$@")
-[ "${#tests[@]}" -gt 0 ] || tests=(cluster submit untouched pmix shrink nodefail expand controller concurrent recover join resize2 epilog hostile plugstack statedir options watcher harness)
+[ "${#tests[@]}" -gt 0 ] || tests=(cluster submit untouched pmix shrink nodefail expand controller concurrent recover join resize2 epilog hostile plugstack statedir options watcher harness suspend)
 rc=0
 for t in "${tests[@]}"; do
     echo "==> tests/slurm/test_$t.sh"
