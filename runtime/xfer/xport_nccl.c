@@ -77,14 +77,14 @@ static int n_progress(void *ctx);
  * so no peer needs this rank to go further first. */
 static int drain(xn_t *X)
 {
-    double end = nrs_now_s() + X->timeout_s;
+    double end = nrs_awake_s() + X->timeout_s;
     while (X->n) {
         int k = n_progress(X);
         if (k < 0)
             return -1;
         if (k > 0) {
-            end = nrs_now_s() + X->timeout_s;
-        } else if (nrs_now_s() > end) {
+            end = nrs_awake_s() + X->timeout_s;
+        } else if (nrs_awake_s() > end) {
             nrs_nccl_abort(X->c);
             return xn_fail(X, "nccl xport: no transfer completed for %.1f s (%zu posted) "
                            "before an allocation", X->timeout_s, X->n);
