@@ -510,6 +510,7 @@ static void enter_commit(nrs_ctl_t *c)
 }
 
 static void lose_gave_up(nrs_ctl_t *c);
+static void line_host_remember(nrs_ctl_t *c, const char *host, int gpus);
 
 /* No rank of the join step is left (each placed, refused or gone; leaving:
  * one about to be): no join is pending, and the next join step starts anew
@@ -594,6 +595,9 @@ static void finish_commit(nrs_ctl_t *c)
             continue; /* no room for it in this plan (or its world came meanwhile): it waits */
         }
         if (g < 0 || g >= p->total_gpus || c->by_gpu[g]) {
+            /* (its GPU, still counted: out of the count with its node's LOST) */
+            if (k->gpu >= 0)
+                line_host_remember(c, k->host, 1);
             k->gpu = -1;
             drop(c, k, NRS_PERR_REFUSED, "no place in epoch %u", p->epoch);
             continue;
@@ -737,24 +741,37 @@ static bool in_line(const nrs_conn_t *k)
     return k->role == NRS_ROLE_WORKER && k->joiner && k->gpu < 0 && k->state == NRS_CONN_READY;
 }
 
-static bool line_host_known(const nrs_ctl_t *c, const char *host)
+static int line_host_find(const nrs_ctl_t *c, const char *host)
 {
     for (int i = 0; i < c->nline_host; i++)
         if (!strcmp(c->line_host[i], host))
-            return true;
-    return false;
+            return i;
+    return -1;
 }
 
-/* A joiner leaves the line without a GPU: its host stays known (the last
- * NRS_CTL_LINE_HOSTS), for the LOST that may follow. */
-static void line_host_remember(nrs_ctl_t *c, const char *host)
+static bool line_host_known(const nrs_ctl_t *c, const char *host)
 {
-    if (!host[0] || line_host_known(c, host))
+    return line_host_find(c, host) >= 0;
+}
+
+/* A joiner leaves the line without a GPU, or ranks of the plan are left
+ * without a place by a plan of whole nodes (gpus of them, which alloc_gpus
+ * still counts): their host stays known (the last NRS_CTL_LINE_HOSTS), for
+ * the LOST that may follow once no GPU of the plan runs there. */
+static void line_host_remember(nrs_ctl_t *c, const char *host, int gpus)
+{
+    if (!host[0])
         return;
-    snprintf(c->line_host[c->line_host_next], sizeof(c->line_host[0]), "%s", host);
-    c->line_host_next = (c->line_host_next + 1) % NRS_CTL_LINE_HOSTS;
-    if (c->nline_host < NRS_CTL_LINE_HOSTS)
-        c->nline_host++;
+    int i = line_host_find(c, host);
+    if (i < 0) {
+        i = c->line_host_next;
+        snprintf(c->line_host[i], sizeof(c->line_host[0]), "%s", host);
+        c->line_gpus[i] = 0; /* (the oldest's: they stay counted) */
+        c->line_host_next = (c->line_host_next + 1) % NRS_CTL_LINE_HOSTS;
+        if (c->nline_host < NRS_CTL_LINE_HOSTS)
+            c->nline_host++;
+    }
+    c->line_gpus[i] += gpus;
 }
 
 void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
@@ -779,7 +796,7 @@ void nrs_ctl_detach(nrs_ctl_t *c, nrs_conn_t *k, double now)
     if (k->role == NRS_ROLE_WORKER && k->joiner) {
         join_settle(c, k);
         if (k->gpu < 0)
-            line_host_remember(c, k->host);
+            line_host_remember(c, k->host, 0);
     }
     for (int i = 0; i < c->ndq; i++)
         if (c->dq[i].from == k)
@@ -1225,6 +1242,21 @@ static bool host_named(const nrs_msg_delta_t *m, const char *host)
     return false;
 }
 
+/* GPUs on the hosts of delta m that were planned away without a place and
+ * that alloc_gpus still counts (line_gpus); with take, no longer. */
+static int planned_away(nrs_ctl_t *c, const nrs_msg_delta_t *m, bool take)
+{
+    int n = 0;
+    for (int i = 0; i < c->nline_host; i++) {
+        if (!c->line_gpus[i] || !host_named(m, c->line_host[i]))
+            continue;
+        n += c->line_gpus[i];
+        if (take)
+            c->line_gpus[i] = 0;
+    }
+    return n;
+}
+
 /* The joiners in line on the delta's hosts are retired: no GPU of theirs will
  * ever be planned. How many. */
 static int retire_line(nrs_ctl_t *c, const nrs_msg_delta_t *m, uint64_t gen)
@@ -1234,7 +1266,7 @@ static int retire_line(nrs_ctl_t *c, const nrs_msg_delta_t *m, uint64_t gen)
         nrs_conn_t *k = c->conns[i];
         if (!in_line(k) || !host_named(m, k->host))
             continue;
-        line_host_remember(c, k->host);
+        line_host_remember(c, k->host, 0);
         drop(c, k, NRS_PERR_REFUSED, "%s: rank retired (resource delta %llu): it held no GPU",
              m->kind == NRS_DELTA_LOST ? "node lost" : "node removed", (unsigned long long)gen);
         n++;
@@ -1242,27 +1274,34 @@ static int retire_line(nrs_ctl_t *c, const nrs_msg_delta_t *m, uint64_t gen)
     return n;
 }
 
-/* A REMOVE/LOST whose hosts hold no GPU of the plan, only joiners in line:
- * applied, they are retired, and nothing else changes. No decision: the plan
- * and its GPUs are as they were (a transition in PREPARE goes on, unless a
- * retired joiner takes part in it: then it aborts, as for any participant
- * gone). The allocation's count stays too: an ADD counts nodes, not hosts,
- * so whether this node's GPUs were counted is not known; a count too high
- * is bounded by the ranks there are (plan_gpus), one too low would keep a
- * later joiner off GPUs the job has. */
+/* A REMOVE/LOST whose hosts hold no GPU of the plan, only joiners in line,
+ * or GPUs planned away before without a place (planned_away): applied, the
+ * joiners are retired, those GPUs leave the allocation's count, and nothing
+ * else changes. No decision: the plan and its GPUs are as they were (a
+ * transition in PREPARE goes on, unless a retired joiner takes part in it:
+ * then it aborts, as for any participant gone). For joiners the count
+ * stays: an ADD counts nodes, not hosts, so whether this node's GPUs were
+ * counted is not known; a count too high is bounded by the ranks there are
+ * (plan_gpus), one too low would keep a later joiner off GPUs the job has. */
 static void retire_line_only(nrs_ctl_t *c, nrs_conn_t *from, const nrs_msg_delta_t *m,
                              uint64_t gen)
 {
     char text[NRS_PROTO_TEXT_MAX], src[NRS_ERR_MAX];
     c->generation = gen;
-    int n = retire_line(c, m, gen);
+    int n = retire_line(c, m, gen), out = planned_away(c, m, true);
     const nrs_plan_t *cur = committed(c);
-    logf_(c, "resource delta %llu: %s of %d joining rank(s) without a GPU, retired: plan kept "
-          "(epoch %u, %d GPUs), from %s", (unsigned long long)gen,
-          m->kind == NRS_DELTA_LOST ? "lost" : "remove", n, cur->epoch, cur->total_gpus,
-          delta_source(from, src, sizeof(src)));
-    snprintf(text, sizeof(text), "applied: %d joining rank(s) retired, they held no GPU; plan "
-             "kept: epoch %u on %d GPUs", n, cur->epoch, cur->total_gpus);
+    c->alloc_gpus -= out;
+    logf_(c, "resource delta %llu: %s of %d joining rank(s) without a GPU, retired, and %d GPU(s) "
+          "planned away before: plan kept (epoch %u, %d GPUs; allocation %d), from %s",
+          (unsigned long long)gen, m->kind == NRS_DELTA_LOST ? "lost" : "remove", n, out,
+          cur->epoch, cur->total_gpus, c->alloc_gpus, delta_source(from, src, sizeof(src)));
+    char jn[64] = "", ou[80] = "";
+    if (n > 0)
+        snprintf(jn, sizeof(jn), "%d joining rank(s) retired, they held no GPU; ", n);
+    if (out > 0)
+        snprintf(ou, sizeof(ou), "%d GPU(s) out that a plan had left without a place; ", out);
+    snprintf(text, sizeof(text), "applied: %d GPUs; %s%splan kept: epoch %u on %d GPUs",
+             c->alloc_gpus, jn, ou, cur->epoch, cur->total_gpus);
     send_delta_reply(c, from, gen, true, 0, text);
 }
 
@@ -1270,7 +1309,7 @@ static void retire_line_only(nrs_ctl_t *c, nrs_conn_t *from, const nrs_msg_delta
 static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
 {
     char text[NRS_PROTO_TEXT_MAX], err[NRS_ERR_MAX];
-    int gone[NRS_PROTO_MAX_LOST], ngone = 0, nline = 0;
+    int gone[NRS_PROTO_MAX_LOST], ngone = 0, nline = 0, nout = 0;
     const nrs_plan_t *cur = committed(c);
     uint64_t gen = m->generation ? m->generation : c->generation + 1;
     nrs_adapt_out_t out;
@@ -1310,7 +1349,8 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
         /* rz_lost holds every GPU lost until a plan takes them away */
         if (c->rz_nlost + ngone > NRS_PROTO_MAX_LOST)
             return too_many_lost(c, from, gen);
-        if (ngone == 0 && nline > 0)
+        nout = planned_away(c, m, false);
+        if (ngone == 0 && (nline > 0 || nout > 0))
             return retire_line_only(c, from, m, gen);
         if (ngone == 0) {
             /* Every host and GPU named is already out of the allocation: the
@@ -1325,7 +1365,7 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
                   m->kind == NRS_DELTA_LOST ? "lost" : "remove", (unsigned long long)c->generation);
             return send_delta_reply(c, from, c->generation, true, c->a.plan.epoch, text);
         }
-        if (c->alloc_gpus - ngone < 1)
+        if (c->alloc_gpus - ngone - nout < 1)
             return send_delta_reply(c, from, gen, false, 0, "that would leave no GPU");
     }
     /* The delta is a fact about the allocation: from here on it is applied. */
@@ -1344,7 +1384,7 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
                      (unsigned long long)gen);
         }
         qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
-        c->alloc_gpus -= ngone;
+        c->alloc_gpus -= ngone + planned_away(c, m, true);
         retire_line(c, m, gen);
     }
     logf_(c, "resource delta %llu: %s -> %d GPUs (%d lost since epoch %u) from %s",

@@ -29,7 +29,9 @@ with tests/ctl/nc.py:
   ctl_cases.py SOCKET lost-one-gpu  LOST of GPU 1 (n0): the 8-GPU plan that
       follows is n1 and n2, whole nodes, and n0's other ranks get "no place"
       (before: survivors kept their order, pools straddled n0-n1 and n1-n2,
-      and n2's last 3 ranks were refused);
+      and n2's last 3 ranks were refused); a LOST of n0 after that takes
+      their 3 GPUs out of the allocation's count, a second is "already
+      applied" (before: "unknown host", rejected, and they stayed counted);
   ctl_cases.py SOCKET generation-wrap  after a delta of generation 2^64-1,
       one of generation 0 (the controller numbers it) must not wrap the
       count to 0, after which generation 1, long stale, was accepted again.
@@ -79,6 +81,15 @@ def got(peer, t=0.5):
 
 
 find = nc.find
+
+
+def lost_node(cli, host):
+    """LOST host from cli: the DELTA_REPLY's (accepted, text)."""
+    cli.send(nc.delta(3, hosts=(host,)))
+    x = find(cli, 'DELTA_REPLY')
+    if not x or x[0] != 'DELTA_REPLY':
+        fail('no reply to LOST', host, x and x[0])
+    return struct.unpack_from('<I', x[2], 8)[0], x[2][22:].decode(errors='replace')
 
 
 if case == 'prehello-length':
@@ -355,7 +366,17 @@ if case == 'lost-one-gpu':
     if st['plan']['total_gpus'] != 8 or hosts != ['n1'] * 4 + ['n2'] * 4 or refused != [0, 2, 3]:
         fail('after LOST GPU 1 of 12 (4 a node): %d GPUs on %s; no place for ranks %s (want n1 x4, '
              'n2 x4; 0, 2, 3)' % (st['plan']['total_gpus'], hosts, refused))
-    print('ok: LOST of one GPU: the plan of whole nodes is n1 and n2, the rest of n0 has no place')
+    # n0 fails after all: its LOST (twice: a released node's hint, the watcher's
+    # poll) takes the 3 GPUs left without a place out of the allocation's count
+    # (before: "unknown host 'n0'", rejected, and they stayed counted)
+    a = [lost_node(cli, 'n0') for i in range(2)]
+    st = nc.status(path)
+    if not (a[0][0] and 'applied: 8 GPUs' in a[0][1] and a[1][0] and 'already applied' in a[1][1]) \
+            or st['gpus'] != 8 or st['pending_epoch']:
+        fail('LOST n0 twice after its other ranks had no place: %s; %d GPUs, pending epoch %s'
+             % (a, st['gpus'], st['pending_epoch']))
+    print('ok: LOST of one GPU: the plan of whole nodes is n1 and n2, the rest of n0 has no place;'
+          ' LOST n0 then:', ' / '.join(t for _, t in a))
     sys.exit(0)
 if case == 'generation-wrap':
     def gen_delta(g):
