@@ -227,6 +227,7 @@ static void record(nrs_ctl_t *c, const decision_t *d)
 }
 
 static void start_transition(nrs_ctl_t *c, const nrs_adapt_out_t *out, const nrs_adapt_t *saved);
+static int lose_gone(nrs_ctl_t *c);
 
 /* GPUs a plan may use: the allocation's, but only those with a rank: the
  * committed plan's that are not lost, and the joiners whose world is
@@ -263,8 +264,6 @@ static int plan_gpus(const nrs_ctl_t *c)
 static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs_adapt_out_t *out,
                   char *err, size_t errlen)
 {
-    nrs_cond_t cond = {plan_gpus(c), c->work};
-    nrs_resize_t rz = {c->rz_lost, c->rz_nlost};
     nrs_adapt_t saved = c->a;
     decision_t d;
     int rc;
@@ -277,6 +276,9 @@ static int decide(nrs_ctl_t *c, const char *source, long step, bool memfail, nrs
         logf_(c, "decision (%s) skipped: %s", source, err);
         return -1;
     }
+    lose_gone(c); /* a plan is for the ranks there are */
+    nrs_cond_t cond = {plan_gpus(c), c->work};
+    nrs_resize_t rz = {c->rz_lost, c->rz_nlost};
     rc = nrs_adapt_step(&c->a, step < 0 ? 0 : (int)step, &cond, c->rz_nlost ? &rz : NULL, memfail,
                         out, err, errlen);
     d.step = step;
@@ -754,10 +756,11 @@ static bool line_host_known(const nrs_ctl_t *c, const char *host)
     return line_host_find(c, host) >= 0;
 }
 
-/* A joiner leaves the line without a GPU, or ranks of the plan are left
- * without a place by a plan of whole nodes (gpus of them, which alloc_gpus
- * still counts): their host stays known (the last NRS_CTL_LINE_HOSTS), for
- * the LOST that may follow once no GPU of the plan runs there. */
+/* A joiner leaves the line without a GPU, or GPUs of the plan go without a
+ * delta (lose_gone; ranks without a place in a plan of whole nodes: gpus
+ * of them, which alloc_gpus still counts): their host stays known (the
+ * last NRS_CTL_LINE_HOSTS), for the LOST that may follow once no GPU of the
+ * plan runs there. */
 static void line_host_remember(nrs_ctl_t *c, const char *host, int gpus)
 {
     if (!host[0])
@@ -1422,11 +1425,54 @@ static void apply_delta(nrs_ctl_t *c, nrs_conn_t *from, nrs_msg_delta_t *m)
     send_delta_reply(c, from, gen, true, out.changed ? c->a.plan.epoch : 0, text);
 }
 
+/* GPU g of the committed plan had a rank, which left: its HELLO named the
+ * host (gpu_host, kept and renumbered with the GPU), no worker holds it now,
+ * and it is not lost already. */
+static bool gpu_gone(const nrs_ctl_t *c, int g)
+{
+    return !c->by_gpu[g] && c->gpu_host[g][0] && !in_list(c->rz_lost, c->rz_nlost, g);
+}
+
+/* The GPUs of the committed plan whose rank is gone for good (its process
+ * crashed or was killed, or the controller dropped it) while its node stays
+ * in the allocation, so that no watcher reports it: lost like a LOST delta's
+ * GPUs (out of the allocation, planned away, the host remembered for the
+ * LOST that may come all the same), without a generation. Called when the
+ * controller decides: the plan it announces must hold only GPUs with a rank,
+ * since the ranks' votes count every rank of the plan and the gone one's
+ * never comes (every transition aborted, a forced move never committed).
+ * Until then a HELLO for the GPU takes it back. None while no worker is
+ * connected: the job has ended (or not begun), there is nobody to plan for.
+ * How many. */
+static int lose_gone(nrs_ctl_t *c)
+{
+    const nrs_plan_t *cur = committed(c);
+    int n = 0;
+    if (c->tr != TR_IDLE || c->nworkers == 0)
+        return 0;
+    for (int g = 0; g < cur->total_gpus && g < NRS_PROTO_MAX_GPUS; g++) {
+        if (!gpu_gone(c, g))
+            continue;
+        if (c->rz_nlost == NRS_PROTO_MAX_LOST || c->alloc_gpus <= 1)
+            break; /* (the rest at the next plan) */
+        c->rz_lost[c->rz_nlost++] = g;
+        c->alloc_gpus--;
+        line_host_remember(c, c->gpu_host[g], 0);
+        logf_(c, "GPU %d of epoch %u lost: its rank (on %s) is gone and none took it back", g,
+              cur->epoch, c->gpu_host[g]);
+        n++;
+    }
+    if (n > 0)
+        qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
+    return n;
+}
+
 /* The GPUs of ranks that gave up on the committed epoch (gave_up): their
  * nodes are fine, so no watcher will report them, yet the rank is retired
  * and its state is not the others'; they are lost like a LOST delta's GPUs
  * (out of the allocation, planned away), without a generation of the
- * watcher's numbering. */
+ * watcher's numbering. So are those of ranks gone (lose_gone): at the end
+ * of a commit, a participant that left after its COMMIT. */
 static void lose_gave_up(nrs_ctl_t *c)
 {
     nrs_adapt_out_t out;
@@ -1446,12 +1492,17 @@ static void lose_gave_up(nrs_ctl_t *c)
         logf_(c, "GPU %d of epoch %u lost: its rank gave up on the epoch", g, cur->epoch);
     }
     c->ngu = 0;
-    if (n == 0)
+    if (n > 0) {
+        qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
+        if (c->tr == TR_PREPARE)
+            abort_transition(c, "%d GPU(s) lost: ranks gave up on epoch %u", n, cur->epoch);
+    }
+    /* and those of ranks gone during the commit (or since): planned now, not
+     * at the survivors' next step (with a partial state they wait for it) */
+    int ng = lose_gone(c);
+    if (n + ng == 0)
         return;
-    qsort(c->rz_lost, (size_t)c->rz_nlost, sizeof(int), cmp_int);
-    if (c->tr == TR_PREPARE)
-        abort_transition(c, "%d GPU(s) lost: ranks gave up on epoch %u", n, cur->epoch);
-    snprintf(src, sizeof(src), "gave up at step %ld", c->step_closed);
+    snprintf(src, sizeof(src), "%s at step %ld", n ? "gave up" : "ranks gone", c->step_closed);
     c->retry = false;
     decide(c, src, c->step_closed, false, &out, err, sizeof(err));
 }
@@ -1613,6 +1664,7 @@ void nrs_ctl_tick(nrs_ctl_t *c, double now)
         nrs_adapt_out_t out;
         char err[NRS_ERR_MAX];
         c->retry = false;
+        lose_gone(c); /* (a rank gone, e.g. the one whose leaving aborted) */
         if (plan_gpus(c) != c->a.plan.total_gpus || c->rz_nlost)
             if (decide(c, "retry", c->step_closed, false, &out, err, sizeof(err)) != 0)
                 c->retry = false; /* no plan: wait for the next delta */

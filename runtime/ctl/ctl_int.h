@@ -111,12 +111,13 @@ struct nrs_ctl {
     unsigned world_gen;
     int join_base, join_m, join_have;
     /* Hosts of joiners that left the line without ever holding a GPU (gone,
-     * or retired by a delta), and hosts of ranks of the plan left without a
-     * place by a plan of whole nodes, the last NRS_CTL_LINE_HOSTS: as
-     * gpu_host for the plan's GPUs, a LOST of a node whose ranks went first,
-     * or the same LOST from a second source, names a known host. line_gpus:
-     * of those hosts' GPUs, how many alloc_gpus still counts (ranks left
-     * without a place): out of it when a REMOVE or LOST names the host. */
+     * or retired by a delta), and hosts of GPUs planned away without a delta
+     * (their rank gone, or left without a place by a plan of whole nodes),
+     * the last NRS_CTL_LINE_HOSTS: as gpu_host for the plan's GPUs, a LOST
+     * of a node whose ranks went first, or the same LOST from a second
+     * source, names a known host. line_gpus: of those hosts' GPUs, how many
+     * alloc_gpus still counts (ranks left without a place): out of it when
+     * a REMOVE or LOST names the host. */
     char line_host[NRS_CTL_LINE_HOSTS][NRS_PROTO_STR_MAX];
     int line_gpus[NRS_CTL_LINE_HOSTS];
     int nline_host, line_host_next;

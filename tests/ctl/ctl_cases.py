@@ -40,10 +40,11 @@ with tests/ctl/nc.py:
       ranks take 32 s to confirm a COMMIT is answered "accepted" once it
       completes (before: the CLI gave up after 30 s, "timed out", exit 1, and
       the controller applied the delta all the same).
-  ctl_cases.py SOCKET hello-in-prepare  rank 11 gone, the others report
+  ctl_cases.py SOCKET hello-in-prepare  rank 11 not connected yet (one that
+      left would be lost at the next step: crashed-rank), the others report
       steps of a growing response length until the controller announces a
       workload transition (the allocation unchanged, so a rank of the job may
-      still say HELLO); while they prepare it a new rank 11 says HELLO: it gets the
+      still say HELLO); while they prepare it rank 11 says HELLO: it gets the
       committed PLAN, then the announced PLAN and its PREPARE, and the commit
       waits for its ACK (before: the committed PLAN alone; its ranks' step
       agreement found it without the PREPARE the others had, and the
@@ -63,6 +64,19 @@ with tests/ctl/nc.py:
       is SIGSTOPped for 1.5 s, then they report step 1 taking 100 s (the stop
       in it): step 1 is no sample of the calibration, step 2 is (before: step
       1 went in).
+  ctl_cases.py SOCKET crashed-rank  rank 5 closes (its process died, n1
+      stays in the allocation: no delta); the others report steps of a
+      growing response length and vote as real ranks do (no to a PLAN that
+      keeps GPU 5: "rank 5 did not vote (dead)"): the controller loses GPU 5
+      at their next step, the forced 8-GPU plan of n0 and n2 commits, n1's
+      other ranks get "no place"; a LOST of n1 after that takes their 3 GPUs
+      out of the allocation's count, and a second one is "already applied"
+      (before: every plan kept GPU 5, every transition aborted);
+  ctl_cases.py SOCKET dropped-rank  the same for a rank 5 the controller
+      dropped for breaking the protocol (a GATHER it is left out of);
+  ctl_cases.py SOCKET gone-in-prepare  the same for a rank 5 that closes at
+      the PREPARE of the first (workload) transition: ABORT, then the retry
+      leaves GPU 5 out and commits.
 Prints "ok: ..." and exits 0, or "FAIL: ..." and exits 1."""
 import socket, struct, sys, time
 import nc
@@ -106,10 +120,12 @@ if case == 'prehello-length':
     print('ok: a long frame before HELLO is refused with ERROR(LENGTH)'); sys.exit(0)
 
 W = [nc.Peer(path) for r in range(N)]
+late = N - 1 if case == 'hello-in-prepare' else None  # a rank not connected yet
 for r, p in enumerate(W):
-    p.send(nc.hello(1, r, N, host='n%d' % (r // 4) + ('\x1b[2J\u00e9' if case == 'host-escape' and r == 0 else '')))
-for p in W:
-    x = p.recv(5)
+    if r != late:
+        p.send(nc.hello(1, r, N, host='n%d' % (r // 4) + ('\x1b[2J\u00e9' if case == 'host-escape' and r == 0 else '')))
+for r, p in enumerate(W):
+    x = p.recv(5) if r != late else ('PLAN',)
     if not x or x[0] != 'PLAN':
         fail('worker got', x and x[0])
 
@@ -257,7 +273,7 @@ if case == 'dup-world-rank':
     print('ok: a HELLO as a survivor\'s world rank is refused'); sys.exit(0)
 
 if case == 'hello-in-prepare':
-    W[11].s.close()  # gone before the transition: not one of its participants
+    W[11].s.close()  # (never said HELLO: one that left would be lost at the next step)
     time.sleep(0.3)
     S = W[:11]
     for step in range(60):  # the response length grows by a fifth a step
@@ -291,6 +307,101 @@ if case == 'hello-in-prepare':
             fail('no COMMIT once rank 11 prepared:', x and x[0])
     print('ok: a rank that says HELLO while epoch', ep, 'prepares gets', ' '.join(seen),
           'and the commit waits for it')
+    sys.exit(0)
+
+def follow(ranks, dead, leave_in_prepare=None, steps=100):
+    """ranks ({rank: Peer}, all on epoch 1) report steps of a growing response
+    length and answer the controller as real ranks do: a transition whose PLAN
+    keeps the GPU of a rank in dead (its lost list does not name it) cannot
+    pass their votes, which count every rank of the plan ("rank 5 did not
+    vote (dead)"): ACK(PREPARE, 1); any other ACK(PREPARE, 0), then ACK of its
+    COMMIT. Rank leave_in_prepare closes at its first PREPARE instead (it
+    dies in a transition), and is dead from then on. Until every rank left
+    holds a committed epoch. What the first of them saw, and who was retired."""
+    epoch = {r: 1 for r in ranks}
+    lost, seen, retired = {}, [], {}
+    first = min(ranks)
+    for step in range(steps):
+        resp = 32 * 1.2 ** min(step, 40)
+        for r, p in ranks.items():
+            if r not in retired and r not in dead:
+                p.send(nc.report(epoch[r], step, stages=((0, 0.01 * resp / 32), (3, 0.01)), resp=resp))
+        time.sleep(0.05)
+        for r, p in ranks.items():
+            if r in retired or r in dead:
+                continue
+            for t, f, pl in p.drain(0.001):
+                e = struct.unpack_from('<I', pl)[0] if t in ('PLAN', 'PREPARE', 'COMMIT', 'ABORT') else 0
+                ev = '%s(%d)' % (t, e)
+                if t == 'PLAN':
+                    e, prev, fl, total, lg = nc.plan_info(pl)
+                    if not fl & 1:
+                        continue
+                    lost[e] = lg
+                    ev = 'PLAN(%d prev %d, %d GPUs, lost %s%s)' % (e, prev, total, lg,
+                                                                   ', forced' if fl & 2 else '')
+                elif t == 'PREPARE' and r == leave_in_prepare:
+                    p.s.close()
+                    dead.add(r)
+                    break
+                elif t == 'PREPARE':
+                    ok = all(d in lost.get(e, ()) for d in dead)
+                    p.send(nc.ack(e, 8, 0 if ok else 1))
+                    ev += '' if ok else ': no'
+                elif t == 'COMMIT':
+                    p.send(nc.ack(e, 10, 0, 0.1))
+                    epoch[r] = e
+                elif t in ('ERROR', 'EOF'):
+                    retired[r] = nc.errtext(pl)[1] if t == 'ERROR' else t
+                    break
+                elif t != 'ABORT':
+                    continue
+                if r == first:
+                    seen.append(ev)
+        left = [r for r in ranks if r not in retired and r not in dead]
+        if all(epoch[r] > 1 for r in left):
+            break
+    time.sleep(0.2)  # (those with no place in it are told once it completes)
+    for r in left:
+        for t, f, pl in ranks[r].drain(0.05):
+            if t == 'ERROR':
+                retired[r] = nc.errtext(pl)[1]
+    return seen, retired
+
+
+if case in ('crashed-rank', 'dropped-rank', 'gone-in-prepare'):
+    # rank 5 (n1, which stays in the allocation) crashes between steps, is
+    # dropped for breaking the protocol, or dies at its first PREPARE
+    dead = set()
+    if case == 'crashed-rank':
+        W[5].s.close()
+        dead.add(5)
+    elif case == 'dropped-rank':
+        W[5].send(nc.gather(3, 'ag3', N, b'x', out=(5,)))
+        g = got(W[5])
+        if not g or g[0][0] != 'ERROR':
+            fail('a GATHER of a rank left out of it got', g)
+        dead.add(5)
+    seen, retired = follow({r: p for r, p in enumerate(W) if r not in dead}, dead,
+                           5 if case == 'gone-in-prepare' else None)
+    st = nc.status(path)
+    hosts = [x['host'] for x in sorted(st.get('workers', []), key=lambda x: x['rank'])]
+    noplace = sorted(r for r, e in retired.items() if 'no place' in e)
+    if st['epoch'] < 2 or st['plan']['total_gpus'] != 8 or hosts != ['n0'] * 4 + ['n2'] * 4 \
+            or noplace != [4, 6, 7]:
+        fail('rank 5 gone (%s), n1 kept: epoch %d on %d GPUs (%s), %d aborted; no place for %s '
+             '(want n0 x4, n2 x4; 4, 6, 7); rank 0 saw %s'
+             % (case, st['epoch'], st['plan']['total_gpus'], hosts, st['transitions']['aborted'],
+                noplace, ' '.join(seen)))
+    # the watcher's LOST of n1 all the same (it failed after all), twice
+    a = [lost_node(cli, 'n1') for i in range(2)]
+    st = nc.status(path)
+    if not (a[0][0] and 'applied: 8 GPUs' in a[0][1] and a[1][0] and 'already applied' in a[1][1]) \
+            or st['gpus'] != 8 or st['pending_epoch']:
+        fail('LOST n1 twice after its GPUs were planned away: %s; %d GPUs, pending epoch %s'
+             % (a, st['gpus'], st['pending_epoch']))
+    print('ok: rank 5 gone (%s): its GPU lost, epoch %d of n0 and n2 committed; rank 0 saw %s; '
+          'LOST n1 then: %s' % (case, st['epoch'], ' '.join(seen), ' / '.join(t for _, t in a)))
     sys.exit(0)
 
 if case == 'gaveup-lost':

@@ -24,9 +24,11 @@ nodes of 4 GPUs), over its unix socket, with tests/ctl/nc.py:
       n3's close, then LOST n3 is accepted too (their host is remembered),
       and LOST n2 again is "already applied": the plan is never touched.
   join_cases.py SOCKET commit-gone-joiner  4 joiners on n1 prepare the
-      join's epoch and get its COMMIT, then n1 dies before they ACK it: the
-      LOST n1 that follows must take their GPUs out of the plan (before:
-      their host was forgotten, "already applied", GPUs without a rank kept).
+      join's epoch and get its COMMIT, then n1 dies before they ACK it: their
+      GPUs, without a rank, are lost once the commit completes (a plan of 8
+      announced; before: kept until a LOST came), and the LOST n1 that
+      follows is known (before: their host was forgotten, "already applied",
+      GPUs without a rank kept).
   join_cases.py SOCKET commit-hello-joiner  a 2-rank join step whose rank 0
       says HELLO while epoch 2 commits (it gets the plan of epoch 1): once
       the commit completes it must be told epoch 2, as its rank 1 is (before:
@@ -154,6 +156,11 @@ if case == 'commit-gone-joiner':
     st = nc.status(path)
     if st['epoch'] != ep or st['plan']['total_gpus'] != 12:
         print('FAIL: epoch %s on %d GPUs after the join\'s commit' % (st['epoch'], st['plan']['total_gpus'])); sys.exit(1)
+    # their GPUs have no rank: lost when the commit completes, without a delta
+    pend = (st.get('pending_plan') or {}).get('total_gpus')
+    if not st['pending_epoch'] or pend != 8:
+        print('FAIL: after the join\'s commit without its joiners: pending epoch %s on %s GPUs'
+              % (st['pending_epoch'], pend)); sys.exit(1)
     cli.send(nc.delta(3, hosts=('n1',)))
     x = find(cli, 'DELTA_REPLY')
     if not x or x[0] != 'DELTA_REPLY':

@@ -25,6 +25,16 @@ def gather(key,name,nranks,data=b'',out=(),timeout_ms=30000):
     p=struct.pack('<Q',key)+s(name)+struct.pack('<Ii',timeout_ms,nranks)+struct.pack('<I',len(out))+b''.join(struct.pack('<i',o) for o in out)+struct.pack('<I',len(data))+data
     return frame('GATHER',p)
 def status_req(fmt=1): return frame('STATUS_REQ',struct.pack('<I',fmt))
+def plan_info(p):
+    """A PLAN payload's (epoch, prev_epoch, flags, total_gpus, lost GPUs)."""
+    ep,prev,fl,total,npools=struct.unpack_from('<IIIiB',p); o=17+8*npools
+    nms=p[o]; o+=1
+    for _ in range(nms):
+        has=p[o]; o+=1
+        if has: o+=1+4*4+2*8
+    o+=6*8
+    nl,=struct.unpack_from('<I',p,o)
+    return ep,prev,fl,total,list(struct.unpack_from('<%di'%nl,p,o+4))
 class Peer:
     def __init__(self,path):
         self.s=socket.socket(socket.AF_UNIX,socket.SOCK_STREAM); self.s.connect(path); self.buf=b''; self.closed=False

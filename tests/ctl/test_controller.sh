@@ -295,9 +295,13 @@ done
 # a rank that says HELLO while a transition prepares takes part in it;
 # a gather, and a transition, open while the controller is SIGSTOPped past
 # their time-outs (a suspended job) wait for the ranks after the SIGCONT;
-# what the ranks measured across the stop (a step, a transition) calibrates nothing.
+# what the ranks measured across the stop (a step, a transition) calibrates nothing;
+# a rank gone for good while its node stays (crashed, dropped for breaking the
+# protocol, dead in a transition) has its GPU lost: the next plan leaves it out
+# and commits (before: every transition aborted on the gone rank's vote).
 for case in generation-wrap rejoin-gone dup-world-rank gaveup-lost gather-slots prehello-length queued-deltas host-escape \
-    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare stopped-gather stopped-prepare stopped-step; do
+    queued-gpu-delta lost-one-gpu delta-in-commit hello-in-prepare stopped-gather stopped-prepare stopped-step \
+    crashed-rank dropped-rank gone-in-prepare; do
     DJ="$tmp/sw-$case"
     tt=15; [ "$case" = delta-in-commit ] && tt=60; [ "$case" = stopped-prepare ] && tt=2
     "$CTL" --socket-dir "$DJ" --gpus 12 --transition-timeout "$tt" --log "$tmp/cw-$case.log" \

@@ -6,11 +6,16 @@
 #   2. a node's 4 ranks SIGKILLed, `nereus delta --lost node0` -> forced
 #      transition on the 4 survivors (renumbered survivors first), state
 #      rebuilt from dp replicas -> the job finishes, every checksum intact;
+#  2b. one rank SIGKILLed between steps, its node kept, no delta: the
+#      controller loses its GPU itself -> forced transition to the other
+#      node (whole nodes), the dead rank's node-mates retired, the survivors
+#      rebuild from replicas and finish;
 #   3. peers that send garbage, a bad REPORT, or disconnect do not take the
 #      controller down;
 #   4. a rank SIGKILLed in the middle of a transition: every survivor aborts
-#      with its old state intact, the controller sends ABORT, the job ends on
-#      epoch 1 with every survivor's checksums intact;
+#      with its old state intact, the controller sends ABORT; then it plans
+#      without the dead rank's GPU (and its node), the survivors on the
+#      other node move there with every checksum intact;
 #   5. `nereus delta --remove node1` with node1's ranks alive: they are told
 #      "rank retired" and leave, the survivors transition without waiting for
 #      them (fences over the participants only);
@@ -155,8 +160,10 @@ kill -KILL $pids 2>/dev/null
 wait_for 10 jq_ok "$D" '.nworkers == 4'
 timeout 10 "$NRS" delta --lost node0 --socket-dir "$D" >"$tmp/delta.out" 2>&1
 drc=$?
-check "lost node: delta --lost node0 accepted, forced new epoch" \
-    "[ $drc -eq 0 ] && grep -q 'forced' '$tmp/delta.out'" "exit $drc: $(cat "$tmp/delta.out")"
+# (the controller may have planned node0's GPUs away already, on the
+# survivors' next step: their ranks were gone; then the LOST was applied)
+check "lost node: delta --lost node0 accepted, forced new epoch (or planned already)" \
+    "[ $drc -eq 0 ] && grep -qE 'forced|already applied' '$tmp/delta.out'" "exit $drc: $(cat "$tmp/delta.out")"
 wait_srv 450
 check "lost node: the job ended (server exit 137: the 4 killed ranks)" "[ $rc -eq 137 ]" "exit $rc"
 survivors "$tmp/w2.log" 8 0 1 2 3
@@ -180,6 +187,38 @@ check "bad peers were dropped, the controller stayed up" \
 if [ "$mp_fail" -gt 0 ]; then show "$tmp/w2.log" 40; grep -v 'report' "$tmp/c2.log" | show /dev/stdin 30; fi
 stop_ctl "lost node"
 
+# --- 2b. a rank SIGKILLed between steps, its node kept: no delta comes ---------------
+# Its GPU is lost at the controller's next decision (the survivors' next step),
+# like a LOST delta of that GPU: the plan of whole nodes leaves node1 out, the
+# survivors on node0 rebuild the state from replicas and go on (before: every
+# later transition aborted on the dead rank's missing votes).
+D="$tmp/s2b"
+start_ctl "$D" "$tmp/c2b.log"
+export NEREUS_SOCKET_DIR="$D"
+echo "[ RUN      ] gone rank: 8 ranks, rank 5 SIGKILLed after epoch 2, node1 kept, no delta"
+"$SRV" -q -n 8 -t 50 --break-fences --exits -- "$WK" --spec "$SPEC" --steps 48 --step-ms 30 \
+    --gpus-per-host 4 --response-len 32 --max-response-len 256 >"$tmp/w2b.log" 2>&1 &
+spid=$!
+wait_for 30 jq_ok "$D" '.epoch >= 2 and .nworkers == 8 and .transition_phase == "idle"'
+pid5=$(sed -n "s/^rank 5 of 8: pid \([0-9]*\),.*/\1/p" "$tmp/w2b.log")
+check "gone rank: found rank 5's pid, epoch 2 committed first" "[ -n '$pid5' ] && jq_ok '$D' '.epoch >= 2'"
+[ -n "$pid5" ] && kill -KILL "$pid5" 2>/dev/null
+wait_srv 450 '.plan.total_gpus == 4 and .transition_phase == "idle"' "$tmp/plan2b.json"
+check "gone rank: the job ended (server exit 137: the killed rank)" "[ $rc -eq 137 ]" "exit $rc"
+survivors "$tmp/w2b.log" 8 5
+check "gone rank: the 7 others exited, none died by a signal" '[ -z "$why" ]' "$why"
+check "gone rank: the controller lost GPU 5 itself and forced a plan without it" \
+    "grep -q 'GPU 5 of epoch [0-9]* lost: its rank (on node1) is gone' '$tmp/c2b.log' && grep -q 'trigger resources: ADMITTED (forced)' '$tmp/c2b.log' && [ -s '$tmp/plan2b.json' ]" \
+    "$(grep -E 'lost|ABORT|ADMITTED' "$tmp/c2b.log" | tail -n 5)"
+n=$(grep -E '^rank [0-3]: .*epoch [0-9]+ committed \(GPU [0-3]' "$tmp/w2b.log" | grep -v 'epoch 2 committed' | cut -d: -f1 | sort -u | wc -l)
+check "gone rank: node0's 4 ranks took GPUs 0-3 of the forced epoch" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE '^rank [0-3]: epoch [0-9]+, [0-9]+ transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w2b.log")
+check "gone rank: node0's 4 ranks went on and verified every shard" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE 'pmix_srv: rank [467] ended: exit 4' "$tmp/w2b.log")
+check "gone rank: node1's 3 live ranks had no place in it (retired)" "[ $n -eq 3 ]" "$n of 3"
+[ "$mp_fail" -gt 0 ] && { show "$tmp/w2b.log" 30; grep -v report "$tmp/c2b.log" | show /dev/stdin 30; }
+stop_ctl "gone rank"
+
 # --- 3. a rank dies in the middle of a transition: every survivor aborts -------------
 D="$tmp/s3"
 start_ctl "$D" "$tmp/c3.log"
@@ -192,12 +231,18 @@ survivors "$tmp/w3.log" 8 5
 check "abort: the 7 survivors exited, none died by a signal" '[ -z "$why" ]' "$why"
 n=$(grep 'transition aborted, staying on epoch 1: .*old state intact' "$tmp/w3.log" | cut -d: -f1 | sort -u | wc -l)
 check "abort: the 7 survivors aborted, old state intact" "[ $n -eq 7 ]" "$n of 7"
-n=$(grep -c 'epoch 1, 0 transition(s): verified [0-9]* shards, 0 mismatches' "$tmp/w3.log")
-check "abort: the 7 survivors finished on epoch 1, every shard verified" "[ $n -eq 7 ]" "$n of 7"
+# then the loss: the retry (after its back-off, while the ranks follow the
+# controller for 2 s after their last step) plans without rank 5's GPU, and
+# so without node1 (whole nodes); before, it kept the GPU and every retry
+# aborted on rank 5's missing votes, the job ending on epoch 1
+n=$(grep -cE '^rank [0-3]: epoch [0-9]+, 1 transition\(s\): verified [1-9][0-9]* shards, 0 mismatches' "$tmp/w3.log")
+check "abort: then node0's 4 ranks moved to an epoch without GPU 5, every shard verified" "[ $n -eq 4 ]" "$n of 4"
+n=$(grep -cE 'pmix_srv: rank [467] ended: exit 4' "$tmp/w3.log")
+check "abort: node1's 3 live ranks had no place in it (retired)" "[ $n -eq 3 ]" "$n of 3"
 check "abort: no sanitizer report from a survivor" \
     "! grep -q 'Sanitizer' '$tmp/w3.log'" "$(grep -m1 Sanitizer "$tmp/w3.log")"
-check "abort: the controller sent ABORT and stayed up" \
-    "grep -q 'ABORT before the point of no return: .*rank 5' '$tmp/c3.log' && jq_ok '$D' '.epoch == 1 and .transitions.aborted >= 1 and .transitions.committed == 0'"
+check "abort: the controller sent ABORT, then lost GPU 5, and stayed up" \
+    "grep -q 'ABORT before the point of no return: .*rank 5' '$tmp/c3.log' && grep -q 'GPU 5 of epoch 1 lost: its rank (on node1) is gone' '$tmp/c3.log' && jq_ok '$D' '.plan.total_gpus == 4 and .transitions.aborted >= 1 and .transitions.committed == 1'"
 stop_ctl "abort"
 
 # --- 4. a node removed gracefully: its ranks are alive, retired, not waited for --------

@@ -396,6 +396,8 @@ static void report_len(unsigned epoch, unsigned step, double len)
     nrs_msg_report_t m;
     uint8_t b[256];
     for (int i = 0; i < N; i++) {
+        if (!w[i]) /* (gone) */
+            continue;
         memset(&m, 0, sizeof(m));
         m.epoch = epoch;
         m.step = step;
@@ -446,6 +448,76 @@ static void test_retune_commit(void **st)
     status_has("\"retune\":true,\"saving_s\":0,\"horizon_steps\":");
     status_has("\"cost_s\":0,\"makespan_s\":0,");
     status_has("\"committed\":1,\"aborted\":0,\"retunes\":1,");
+}
+
+/* A rank gone for good while its node stays (its process crashed, or the
+ * controller dropped it; no watcher reports it): its GPU is lost at the
+ * controller's next decision, here the survivors' next step, and the plan
+ * announced leaves it out (forced, the rest of its node with it: whole
+ * nodes). One back before that decision keeps its GPU. Before, the next
+ * plans kept the GPU of the gone rank, whose votes never come: every
+ * transition aborted. */
+static void test_gone_rank_lost(void **st)
+{
+    (void)st;
+    const uint8_t *p;
+    nrs_hdr_t h;
+    static nrs_msg_plan_t m;
+    drain_all();
+    gone(w[3]);
+    w[3] = peer(false); /* back before a decision: the GPU is its again */
+    hello(w[3], NRS_ROLE_WORKER, 3, N, "node0", NULL);
+    expect(w[3], NRS_MSG_PLAN, &p, &h);
+    report_len(1, 0, 0);
+    status_has("\"lost_gpus_pending\":0,");
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    gone(w[3]);
+    w[3] = NULL;
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0); /* (no decision yet) */
+    report_len(1, 1, 0);
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 2);
+    for (int i = 0; i < N; i++) {
+        if (!w[i])
+            continue;
+        expect(w[i], NRS_MSG_PLAN, &p, &h);
+        assert_int_equal(nrs_dec_plan(p, h.length, &m, NULL, 0), 0);
+        assert_int_equal(m.flags, NRS_PLAN_TRANSITION | NRS_PLAN_FORCED);
+        assert_int_equal(m.plan.total_gpus, 8);
+        assert_int_equal(m.nlost, 1);
+        assert_int_equal(m.lost[0], 3);
+        expect(w[i], NRS_MSG_PREPARE, &p, &h);
+    }
+    status_has("\"gpus\":15,\"lost_gpus_pending\":1,");
+    /* lost: a HELLO for it is refused now */
+    nrs_conn_t *d = peer(false);
+    hello(d, NRS_ROLE_WORKER, 3, 15, "node0", NULL);
+    expect(d, NRS_MSG_ERROR, &p, &h);
+    nrs_msg_error_t e;
+    assert_int_equal(nrs_dec_error(p, h.length, &e, NULL, 0), 0);
+    assert_non_null(strstr(e.text, "rank 3 has no GPU"));
+    gone(d);
+    for (int i = 0; i < N; i++)
+        if (w[i])
+            ack(w[i], 2, NRS_MSG_PREPARE, 0);
+    for (int i = 0; i < N; i++)
+        if (w[i])
+            ack(w[i], 2, NRS_MSG_COMMIT, 0);
+    assert_int_equal(nrs_ctl_epoch(ctl), 2);
+    assert_int_equal(nrs_ctl_nworkers(ctl), 8); /* node1's ranks; node0's have no place */
+    status_has("\"gpus\":15,");
+    /* the LOST of node0 all the same (the node failed after all): known, no
+     * new plan; its GPUs left without a place leave the allocation's count,
+     * and a second source's LOST is "already applied" */
+    nrs_msg_delta_reply_t r;
+    delta_lost_host(cli, "node0", &r);
+    assert_int_equal(r.accepted, 1);
+    assert_non_null(strstr(r.text, "applied: 8 GPUs"));
+    assert_int_equal(r.new_epoch, 0);
+    delta_lost_host(cli, "node0", &r);
+    assert_int_equal(r.accepted, 1);
+    assert_non_null(strstr(r.text, "already applied"));
+    assert_int_equal(nrs_ctl_pending_epoch(ctl), 0);
+    status_has("\"gpus\":8,");
 }
 
 /* The same release from two sources (a released node's hint, then the
@@ -1177,6 +1249,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stopped_not_measured, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retune_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delta_twice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gone_rank_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_on_gone_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prepare_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_peers, setup, teardown),
