@@ -60,7 +60,7 @@ typedef int (*nrs_owner_rank_fn)(void *arg, int owner);
 int nrs_xport_local_open(nrs_xport_t *x);
 void nrs_xport_close(nrs_xport_t *x);
 
-/* Whether region r lies inside its memory. */
+/* Whether region r has memory and lies inside it (zero rows: any memory). */
 int nrs_xregion_ok(const nrs_xregion_t *r);
 
 #endif

@@ -19,12 +19,16 @@ typedef struct {
 } local_t;
 
 /* off + (rows - 1) * pitch + row_bytes <= bytes, without wrapping around
- * size_t: a negative offset (as size_t) or a huge pitch must not pass. */
+ * size_t: a negative offset (as size_t) or a huge pitch must not pass. A
+ * region names its memory even with no rows: the transports read r->mem of
+ * every region that passes. */
 int nrs_xregion_ok(const nrs_xregion_t *r)
 {
+    if (!r->mem)
+        return 0;
     if (r->rows == 0)
         return 1;
-    if (!r->mem || !r->mem->ptr || (r->rows > 1 && r->row_bytes > r->pitch))
+    if (!r->mem->ptr || (r->rows > 1 && r->row_bytes > r->pitch))
         return 0;
     size_t n = r->mem->bytes;
     if (r->off > n || r->row_bytes > n - r->off)

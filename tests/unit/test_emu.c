@@ -675,6 +675,16 @@ static void test_region_bounds_do_not_wrap(void **state)
     assert_false(nrs_xregion_ok(&wrap));
     nrs_xregion_t big = {&mem, 8, 8, SIZE_MAX / 4, 8};
     assert_false(nrs_xregion_ok(&big));
+    /* zero rows: in bounds of any memory, but a region without memory is
+     * refused (the transports read r->mem of every region that passes) */
+    nrs_xregion_t none = {&mem, 64, 0, 0, 0}, nomem = {NULL, 0, 0, 0, 0};
+    assert_true(nrs_xregion_ok(&none));
+    assert_false(nrs_xregion_ok(&nomem));
+    nrs_xport_t lx;
+    assert_int_equal(nrs_xport_local_open(&lx), 0);
+    assert_int_equal(lx.ops->copy(lx.ctx, &nomem, &nomem), -1);
+    assert_int_equal(lx.ops->copy(lx.ctx, &none, &none), 0);
+    nrs_xport_close(&lx);
 
     /* through the executor: an op whose source starts 8 bytes before its
      * buffer is a transport error, not a read outside the buffer */
