@@ -152,6 +152,11 @@ int nrs_emu_layout_check(const nrs_model_t *m, const nrs_layout_t *l, char *err,
                  m->layers, m->heads, m->kv_heads, m->hidden);
         return -1;
     }
+    if (m->heads % m->kv_heads) { /* the loader's rule, for a model built in code */
+        snprintf(err, errlen, "model dims: heads %d is not a multiple of kv heads %d", m->heads,
+                 m->kv_heads);
+        return -1;
+    }
     if ((int64_t)m->layers * m->hidden > NRS_MODEL_MAX_STACKED) {
         /* the loader refuses these; a spec built in code is checked here */
         snprintf(err, errlen, "model dims: layers %d * hidden %d exceeds %d, the bound of a "

@@ -81,6 +81,18 @@ static void test_gqa_kv_split_and_replication(void **state)
     char err[128];
     assert_int_equal(nrs_emu_layout_check(&m, &bad, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "tp=3"));
+    /* grouped-query attention: heads a multiple of kv heads, as the spec
+     * loader requires; a model built in code is checked here */
+    nrs_model_t g;
+    nrs_layout_t one = {1, 1, 1, 1};
+    tu_model(&g, 2, 16, 16, 4, 8, 8);
+    assert_int_equal(nrs_emu_layout_check(&g, &one, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "heads 4 is not a multiple of kv heads 8"));
+    tu_model(&g, 2, 24, 16, 6, 4, 8);
+    assert_int_equal(nrs_emu_layout_check(&g, &one, err, sizeof(err)), -1);
+    tu_model(&g, 2, 24, 16, 6, 3, 8);
+    if (nrs_emu_layout_check(&g, &one, err, sizeof(err)))
+        fail_msg("%s", err);
 }
 
 /* A layer tensor's stacked coordinate is layers * hidden, an int32: layers
