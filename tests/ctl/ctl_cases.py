@@ -106,6 +106,20 @@ def lost_node(cli, host):
     return struct.unpack_from('<I', x[2], 8)[0], x[2][22:].decode(errors='replace')
 
 
+def lost_twice(cli, host, after):
+    """LOST host twice (a released node's hint, then the watcher's poll) once
+    a plan of 8 GPUs left its GPUs out: the first applied, taking what is
+    still counted out of the allocation's 8, the second 'already applied'.
+    The two replies' (accepted, text), and the status after them."""
+    a = [lost_node(cli, host) for i in range(2)]
+    st = nc.status(path)
+    if not (a[0][0] and 'applied: 8 GPUs' in a[0][1] and a[1][0] and 'already applied' in a[1][1]) \
+            or st['gpus'] != 8 or st['pending_epoch']:
+        fail('LOST %s twice after %s: %s; %d GPUs, pending epoch %s'
+             % (host, after, a, st['gpus'], st['pending_epoch']))
+    return a, st
+
+
 if case == 'prehello-length':
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
@@ -394,12 +408,7 @@ if case in ('crashed-rank', 'dropped-rank', 'gone-in-prepare'):
              % (case, st['epoch'], st['plan']['total_gpus'], hosts, st['transitions']['aborted'],
                 noplace, ' '.join(seen)))
     # the watcher's LOST of n1 all the same (it failed after all), twice
-    a = [lost_node(cli, 'n1') for i in range(2)]
-    st = nc.status(path)
-    if not (a[0][0] and 'applied: 8 GPUs' in a[0][1] and a[1][0] and 'already applied' in a[1][1]) \
-            or st['gpus'] != 8 or st['pending_epoch']:
-        fail('LOST n1 twice after its GPUs were planned away: %s; %d GPUs, pending epoch %s'
-             % (a, st['gpus'], st['pending_epoch']))
+    a, st = lost_twice(cli, 'n1', 'its GPUs were planned away')
     print('ok: rank 5 gone (%s): its GPU lost, epoch %d of n0 and n2 committed; rank 0 saw %s; '
           'LOST n1 then: %s' % (case, st['epoch'], ' '.join(seen), ' / '.join(t for _, t in a)))
     sys.exit(0)
@@ -480,12 +489,7 @@ if case == 'lost-one-gpu':
     # n0 fails after all: its LOST (twice: a released node's hint, the watcher's
     # poll) takes the 3 GPUs left without a place out of the allocation's count
     # (before: "unknown host 'n0'", rejected, and they stayed counted)
-    a = [lost_node(cli, 'n0') for i in range(2)]
-    st = nc.status(path)
-    if not (a[0][0] and 'applied: 8 GPUs' in a[0][1] and a[1][0] and 'already applied' in a[1][1]) \
-            or st['gpus'] != 8 or st['pending_epoch']:
-        fail('LOST n0 twice after its other ranks had no place: %s; %d GPUs, pending epoch %s'
-             % (a, st['gpus'], st['pending_epoch']))
+    a, st = lost_twice(cli, 'n0', 'its other ranks had no place')
     print('ok: LOST of one GPU: the plan of whole nodes is n1 and n2, the rest of n0 has no place;'
           ' LOST n0 then:', ' / '.join(t for _, t in a))
     sys.exit(0)

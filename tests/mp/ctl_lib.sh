@@ -20,8 +20,8 @@ NRS="$B/nereus"
 WK="$B/nereus-worker"
 SPEC="$S/tests/mp/e2e.yaml"
 export UCX_NET_DEVICES=lo UCX_TLS="${UCX_TLS:-sm}" NRS_WORKER_TIMEOUT=15
-ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
-ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
+ok() { mp_ok "$1"; }
+ko() { mp_ko "$1" "$2"; }
 check() { if eval "$2"; then ok "$1"; else ko "$1" "${3:-check failed}"; fi; }
 wait_for() { # seconds command...
     local n=$(( $1 * 10 )); shift

@@ -50,6 +50,8 @@ mp_grep() { # name pattern: checks the last case's output
         echo "[  FAILED  ] $1: output lacks '$2'"; mp_fail=$((mp_fail + 1))
     fi
 }
+mp_ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }      # name
+mp_ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); } # name why
 mp_skip() { echo "[ SKIPPED  ] $1: $2"; mp_skipped=$((mp_skipped + 1)); }
 mp_done() {
     [ "$mp_pass" -gt 0 ] && echo "[  PASSED  ] $mp_pass test(s)."

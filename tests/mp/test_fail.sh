@@ -15,11 +15,9 @@ survivors() {
     got=$(grep -c "peer failure detected after .* rank 1 lost" "$mp_out")
     ok=$(grep -c "pmix_srv: rank [0-9]* ended: exit 4$" "$mp_out")
     if [ "$got" -eq $(($2 - 1)) ] && [ "$ok" -eq $(($2 - 1)) ]; then
-        echo "[       OK ] $1: $got survivor(s) detected it within 10 s and exited 4"
-        mp_pass=$((mp_pass + 1))
+        mp_ok "$1: $got survivor(s) detected it within 10 s and exited 4"
     else
-        echo "[  FAILED  ] $1: $got of $(($2 - 1)) survivor(s) detected it in time, $ok exited 4"
-        mp_fail=$((mp_fail + 1))
+        mp_ko "$1" "$got of $(($2 - 1)) survivor(s) detected it in time, $ok exited 4"
     fi
 }
 for tls in sm tcp; do
@@ -45,9 +43,8 @@ for v in "sm auto" "tcp peer"; do
     survivors "fail $1 errmode $2, no notice" 4
     mp_grep "fail $1 errmode $2: the transport saw it" \
         "rank 1\( failed (\| tag [0-9]*: \)\(Connection reset\|Endpoint timeout\)"
-    if grep -q "reported by the resource manager" "$mp_out"; then
-        echo "[  FAILED  ] fail $1 errmode $2: the resource manager spoke"; mp_fail=$((mp_fail + 1))
-    fi
+    ! grep -q "reported by the resource manager" "$mp_out" ||
+        mp_ko "fail $1 errmode $2" "the resource manager spoke"
 done
 rm -f "$stamp"
 # The whole job SIGSTOPped mid-transfer (a Slurm suspend) for longer than the
@@ -60,13 +57,8 @@ for tls in sm tcp; do
         0 60 env UCX_TLS=$tls "$SRV" -q -n 3 -t 50 -- "$X" --bytes $((8 * 1048576)) \
         --chunk 1048576 --suspend 3 --op-timeout 1 --timeout 15
     whole=$(grep -c "epoch [12]: 3 buffer(s) of [0-9]* bytes verified" "$mp_out")
-    if [ "$whole" -eq 6 ]; then
-        echo "[       OK ] suspend $tls: 3 of 3 ranks verified epochs 1 and 2 whole"
-        mp_pass=$((mp_pass + 1))
-    else
-        echo "[  FAILED  ] suspend $tls: $whole of 6 epochs verified whole"
-        mp_fail=$((mp_fail + 1))
-    fi
+    if [ "$whole" -eq 6 ]; then mp_ok "suspend $tls: 3 of 3 ranks verified epochs 1 and 2 whole"
+    else mp_ko "suspend $tls" "$whole of 6 epochs verified whole"; fi
 done
 # A rank SIGSTOPped mid-transfer is not dead: the others fail what involves it
 # by the stall time-out (--op-timeout) and resume it; it fails what they gave
@@ -80,11 +72,9 @@ for tls in sm tcp; do
     stalled=$(grep -c "stalled rank 1's transfers failed after" "$mp_out")
     whole=$(grep -c "epoch 2: 3 buffer(s) of [0-9]* bytes verified" "$mp_out")
     if [ "$stalled" -eq 2 ] && [ "$whole" -eq 3 ]; then
-        echo "[       OK ] stop $tls: 2 of 2 others timed it out, 3 of 3 ranks verified epoch 2"
-        mp_pass=$((mp_pass + 1))
+        mp_ok "stop $tls: 2 of 2 others timed it out, 3 of 3 ranks verified epoch 2"
     else
-        echo "[  FAILED  ] stop $tls: $stalled of 2 timed it out, $whole of 3 verified epoch 2"
-        mp_fail=$((mp_fail + 1))
+        mp_ko "stop $tls" "$stalled of 2 timed it out, $whole of 3 verified epoch 2"
     fi
 done
 mp_done

@@ -63,11 +63,9 @@ mp_case "fake GPU: over NCCL, rank 1 SIGKILLed mid-transition" 137 60 env "$fake
 got=$(grep -c "aborted, old state intact" "$mp_out")
 late=$(grep -c "no transfer completed for" "$mp_out")
 if [ "$got" -eq 3 ] && [ "$late" -eq 0 ]; then
-    echo "[       OK ] fake GPU: 3 survivors aborted with their old state intact, none by the stall time-out"
-    mp_pass=$((mp_pass + 1))
+    mp_ok "fake GPU: 3 survivors aborted with their old state intact, none by the stall time-out"
 else
-    echo "[  FAILED  ] fake GPU: $got of 3 survivor(s) aborted intact, $late by the stall time-out"
-    mp_fail=$((mp_fail + 1))
+    mp_ko "fake GPU" "$got of 3 survivor(s) aborted intact, $late by the stall time-out"
 fi
 rm -f "$stamp"
 # The NCCL transport's own rules (FAKE_NCCL_STRICT): one transfer per peer and

@@ -153,8 +153,6 @@ fi
 # flips a byte of rank 1's first received transfer of every sync.
 WK="$B/nereus-worker"
 GRPO="${NRS_SRCDIR:-$B}/examples/grpo-qwen2.5-7b.yaml"
-mp_ok() { echo "[       OK ] $1"; mp_pass=$((mp_pass + 1)); }
-mp_ko() { echo "[  FAILED  ] $1: $2"; mp_fail=$((mp_fail + 1)); }
 # sync_line R: rank R's summary "STEPS BYTES FAILED MISMATCHES HASHED"
 sync_line() {
     sed -nE "s/^rank $1: weight sync: ([0-9]+) steps, ([0-9]+) bytes, ([0-9]+) failed, .* ([0-9]+) mismatches \(.*\); ([0-9]+) bytes hashed$/\1 \2 \3 \4 \5/p" "$mp_out"
